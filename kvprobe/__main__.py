@@ -1,0 +1,5 @@
+"""``python -m kvprobe``."""
+
+from kvprobe.cli import main
+
+main()

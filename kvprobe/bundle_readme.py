@@ -1,0 +1,50 @@
+"""The short human summary written as README.md inside every bundle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _pins(receipt: dict[str, Any]) -> list[str]:
+    lines = []
+    for side in ("base", "head"):
+        pin = receipt["sides"][side]["pin"]
+        if pin["kind"] == "git":
+            lines.append(f"- {side}: commit `{pin['commit']}`")
+        elif pin["kind"] == "wheel":
+            lines.append(f"- {side}: `{pin['filename']}` sha256 `{pin['sha256']}`")
+        else:
+            lines.append(f"- {side}: model switches `{pin['switches']}`")
+    return lines
+
+
+def render_readme(receipt: dict[str, Any]) -> str:
+    exp = receipt["experiment"]
+    comp = receipt["comparison"]
+    counts = comp["counts"]
+    lines = [
+        f"# {exp['id']}: {exp['title']}",
+        "",
+        f"Verdict: **{receipt['verdict']}** ({counts['observations_matched']}/"
+        f"{counts['observations_expected']} expected observations matched, "
+        f"{counts['tests']} upstream test results, {counts['fail_to_pass']} fail-to-pass).",
+        f"Evidence layer: {receipt['evidence']['layer']}. Pin set: {receipt['pin_set']['name']}.",
+        "",
+        "Pins:",
+        *_pins(receipt),
+        "",
+        f"What this shows: {receipt['evidence']['shows']}",
+        "",
+        "What this does not show:",
+        *[f"- {item}" for item in receipt["evidence"]["does_not_show"]],
+        "",
+    ]
+    if comp["reasons"]:
+        lines += ["Reasons:", *[f"- {r}" for r in comp["reasons"]], ""]
+    lines += [
+        "Check it: `kvprobe verify <this directory>` (offline), "
+        "`kvprobe verify --rerun <this directory>` (runs it again), "
+        "or `sha256sum -c --strict SHA256SUMS`.",
+        "",
+    ]
+    return "\n".join(lines)

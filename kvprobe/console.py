@@ -1,0 +1,140 @@
+"""rich on stderr: the Reporter the core is handed, and the tables humans read."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.table import Table
+
+from kvprobe.models import Experiment
+from kvprobe.progress import Reporter
+
+_VERDICT_STYLE = {"reproduced": "bold green", "not-reproduced": "bold red",
+                  "no-expectations": "bold yellow", "error": "bold magenta"}
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=False)
+
+
+class RichReporter(Reporter):
+    """A spinner per long step with live detail; finished steps stay in the scrollback."""
+
+    def __init__(self, console: Console | None = None, quiet: bool = False) -> None:
+        self.console = console or stderr_console()
+        self.quiet = quiet
+        self._status = None
+        self._title = ""
+
+    @contextmanager
+    def step(self, title: str) -> Iterator[None]:
+        if self.quiet:
+            yield
+            return
+        started = time.monotonic()
+        self._title = title
+        with self.console.status(title) as status:
+            self._status = status
+            try:
+                yield
+            finally:
+                self._status = None
+        self.console.print(f"[green]✓[/] {title} [dim]({time.monotonic() - started:.1f}s)[/]")
+
+    def update(self, text: str) -> None:
+        if self._status is not None:
+            self._status.update(f"{self._title} [dim]— {text}[/]")
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(f"[dim]·[/] {text}")
+
+
+def experiments_table(experiments: list[Experiment]) -> Table:
+    table = Table(title="experiments", title_justify="left")
+    for col in ("id", "layer", "fix", "pin sets", "title"):
+        table.add_column(col)
+    for exp in experiments:
+        prs = ", ".join(f"#{n}" for n in exp.fix.prs) or "-"
+        sets = ", ".join(f"{n}*" if n == exp.default_pin_set else n for n in exp.pin_sets)
+        table.add_row(exp.id, exp.layer.value, prs, sets, exp.title)
+    return table
+
+
+def print_experiment(console: Console, exp: Experiment) -> None:
+    console.print(f"[bold]{exp.id}[/]: {exp.title}")
+    console.print(f"layer: {exp.layer.value}   profile: {exp.profile}   upstream: {exp.upstream or '-'}")
+    console.print(f"fix: {', '.join(f'#{n}' for n in exp.fix.prs) or '-'} "
+                  f"(release {exp.fix.release or '-'}): {exp.fix.summary}")
+    pins = Table(title="pin sets (* = default)", title_justify="left")
+    for col in ("name", "kind", "base", "head"):
+        pins.add_column(col, overflow="fold")
+    for name, ps in exp.pin_sets.items():
+        label = f"{name}*" if name == exp.default_pin_set else name
+        pins.add_row(label, ps.kind.value, _pin_text(ps.base.identity()), _pin_text(ps.head.identity()))
+    console.print(pins)
+    for test in exp.tests:
+        console.print(f"upstream test: {test.path} (pins: {', '.join(test.pin_sets or ['all'])})")
+    for probe in exp.probes:
+        console.print(f"probe: {probe.path}")
+    exp_table = Table(title="expectations", title_justify="left")
+    for col in ("case", "observation", "base", "head"):
+        exp_table.add_column(col, overflow="fold")
+    keys = sorted(set(exp.expectations.get("base", {})) | set(exp.expectations.get("head", {})))
+    for key in keys:
+        names = sorted(set(exp.expectations.get("base", {}).get(key, {})) |
+                       set(exp.expectations.get("head", {}).get(key, {})))
+        for name in names:
+            exp_table.add_row(key, name, _val(exp.expectations.get("base", {}).get(key, {}), name),
+                              _val(exp.expectations.get("head", {}).get(key, {}), name))
+    console.print(exp_table if keys else "expectations: none declared")
+    console.print(f"shows: {exp.scope.shows}")
+    for item in exp.scope.does_not_show:
+        console.print(f"does not show: {item}")
+
+
+def _val(values: dict[str, Any], name: str) -> str:
+    return repr(values[name]) if name in values else "-"
+
+
+def _pin_text(identity: dict[str, Any]) -> str:
+    if identity["kind"] == "git":
+        return identity["commit"]
+    if identity["kind"] == "wheel":
+        return f"{identity['filename']}\nsha256:{identity['sha256']}"
+    return ", ".join(f"{k}={v}" for k, v in identity["switches"].items())
+
+
+def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str) -> None:
+    comp = receipt["comparison"]
+    table = Table(title="observations (base vs head)", title_justify="left")
+    for col in ("case", "observation", "base", "head", "expected", "ok"):
+        table.add_column(col, overflow="fold")
+    for row in comp["observations"]:
+        if not (row["expected_base_declared"] or row["expected_head_declared"] or row["changed"]):
+            continue
+        expected = f"{_exp(row, 'base')} → {_exp(row, 'head')}"
+        ok = "✓" if row["base_ok"] and row["head_ok"] else "✗"
+        table.add_row(row["case"], row["observation"], _obs(row, "base"), _obs(row, "head"), expected, ok)
+    if table.row_count:
+        console.print(table)
+    for path, summary in comp["test_summary"].items():
+        console.print(f"upstream {path}: {summary['transitions']}; base failure kinds "
+                      f"{summary['base']['failure_kinds']}")
+    style = _VERDICT_STYLE.get(receipt["verdict"], "bold")
+    console.print(f"verdict: [{style}]{receipt['verdict']}[/]")
+    for reason in comp["reasons"][:20]:
+        console.print(f"  - {reason}")
+    console.print(f"bundle: {bundle}")
+    console.print(f"manifest sha256: {digest}")
+
+
+def _obs(row: dict[str, Any], side: str) -> str:
+    return repr(row[side]) if row[f"{side}_recorded"] else "—"
+
+
+def _exp(row: dict[str, Any], side: str) -> str:
+    return repr(row[f"expected_{side}"]) if row[f"expected_{side}_declared"] else "·"

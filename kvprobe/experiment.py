@@ -1,0 +1,131 @@
+"""Load and validate ``probes/<id>/experiment.toml`` into an :class:`Experiment`."""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from kvprobe import schema
+from kvprobe.errors import ExperimentError, SchemaError
+from kvprobe.models import (
+    ID_RE, Experiment, Fix, GitPin, Layer, ModelPin, PinSet, ProbeCheck, Scope,
+    SourceKind, TestCheck, WheelPin,
+)
+from kvprobe.resources import experiment_dirs
+
+FILENAME = "experiment.toml"
+SCHEMA_VERSION = "kvprobe.experiment/1"
+
+
+def find(experiment_id: str) -> Path:
+    """The experiment.toml for ``experiment_id``; ExperimentError lists what exists."""
+    if not ID_RE.match(experiment_id):
+        raise ExperimentError(
+            f"bad experiment id {experiment_id!r}: use lowercase letters, digits and '-'"
+        )
+    for directory in experiment_dirs():
+        candidate = directory / experiment_id / FILENAME
+        if candidate.is_file():
+            return candidate
+    known = ", ".join(e for e in list_ids()) or "none"
+    raise ExperimentError(f"unknown experiment {experiment_id!r} (known: {known})")
+
+
+def list_ids() -> list[str]:
+    """Every experiment id found on the search path, first occurrence wins."""
+    seen: list[str] = []
+    for directory in experiment_dirs():
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.glob(f"*/{FILENAME}")):
+            if path.parent.name not in seen:
+                seen.append(path.parent.name)
+    return sorted(seen)
+
+
+def load(experiment_id: str) -> Experiment:
+    return load_file(find(experiment_id))
+
+
+def load_file(path: Path) -> Experiment:
+    """Parse, schema-validate and build; every error names the file and the field."""
+    raw = path.read_bytes()
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ExperimentError(f"{path}: not valid TOML: {exc}") from exc
+    try:
+        schema.validate(data, SCHEMA_VERSION, source=str(path))
+    except SchemaError as exc:
+        raise ExperimentError(exc.message, hints=exc.hints) from exc
+    if data["id"] != path.parent.name:
+        raise ExperimentError(f"{path}: id: {data['id']!r} must equal its folder name {path.parent.name!r}")
+    return _build(data, path, hashlib.sha256(raw).hexdigest())
+
+
+def _build(data: dict[str, Any], path: Path, digest: str) -> Experiment:
+    pin_sets = {name: _pin_set(name, spec, path) for name, spec in data["pins"].items()}
+    default = data.get("default_pins", next(iter(pin_sets)))
+    if default not in pin_sets:
+        raise ExperimentError(f"{path}: default_pins: {default!r} is not a pin set")
+    probes = tuple(ProbeCheck(p["path"]) for p in data["checks"].get("probes", []))
+    for probe in probes:
+        if not (path.parent / probe.path).is_file():
+            raise ExperimentError(f"{path}: checks.probes: {probe.path} does not exist in {path.parent}")
+    tests = tuple(
+        TestCheck(t["path"], tuple(t["pins"]) if "pins" in t else None)
+        for t in data["checks"].get("tests", [])
+    )
+    for test in tests:
+        for name in test.pin_sets or ():
+            if name not in pin_sets:
+                raise ExperimentError(f"{path}: checks.tests: {test.path} names unknown pin set {name!r}")
+    if not probes and not tests:
+        raise ExperimentError(f"{path}: checks: declare at least one probe or upstream test")
+    _check_expectation_keys(data.get("expect", {}), probes, path)
+    return Experiment(
+        id=data["id"],
+        title=data["title"],
+        layer=Layer(data["layer"]),
+        upstream=data.get("upstream"),
+        fix=Fix(tuple(data["fix"].get("prs", [])), data["fix"].get("release"), data["fix"]["summary"]),
+        pin_sets=pin_sets,
+        default_pin_set=default,
+        tests=tests,
+        probes=probes,
+        profile=data["profile"],
+        expectations={side: dict(cases) for side, cases in data.get("expect", {}).items()},
+        scope=Scope(data["scope"]["shows"], tuple(data["scope"]["does_not_show"])),
+        directory=path.parent,
+        file_sha256=digest,
+    )
+
+
+def _pin_set(name: str, spec: dict[str, Any], path: Path) -> PinSet:
+    kind = SourceKind(spec["kind"])
+    sides = {}
+    for side in ("base", "head"):
+        pin = spec[side]
+        try:
+            if kind is SourceKind.GIT:
+                sides[side] = GitPin(pin["commit"])
+            elif kind is SourceKind.WHEEL:
+                sides[side] = WheelPin(pin["package"], pin["version"], pin["file"], pin["sha256"])
+            else:
+                sides[side] = ModelPin(pin["switches"])
+        except ValueError as exc:
+            raise ExperimentError(f"{path}: pins.{name}.{side}: {exc}") from exc
+    return PinSet(
+        name=name, kind=kind, base=sides["base"], head=sides["head"], pr=spec.get("pr"),
+        python_path=tuple(spec.get("python_path", ["."])), description=spec.get("description", ""),
+    )
+
+
+def _check_expectation_keys(expect: dict[str, Any], probes: tuple[ProbeCheck, ...], path: Path) -> None:
+    names = {p.name for p in probes}
+    for side, cases in expect.items():
+        for key in cases:
+            if key.split("/", 1)[0] not in names:
+                raise ExperimentError(f"{path}: expect.{side}.{key!r}: no probe named {key.split('/', 1)[0]!r}")

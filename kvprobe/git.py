@@ -1,0 +1,477 @@
+"""Git sources: a cached object store per upstream URL, fetch by full SHA, export one tree.
+
+Every git process goes through :mod:`kvprobe.proc` (timeout, process-group kill, clean
+environment). Git runs with no system or global config, no hooks, no submodules and only
+the https and file transports, so neither the user's config nor the remote can make it run
+anything. URLs and SHAs are checked here, before any git process starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import unicodedata
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator, Mapping
+from urllib.parse import urlsplit
+
+import filelock
+
+from kvprobe import proc
+from kvprobe.errors import CheckoutError, FetchError, PinError, UsageError
+from kvprobe.models import GitPin
+
+# Safety switches on every git invocation. The store's own config can add to these but
+# cannot turn them off, because -c wins over repository config.
+GIT_CONFIG_ARGS: tuple[str, ...] = (
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "protocol.allow=never",
+    "-c", "protocol.https.allow=always",
+    "-c", "protocol.file.allow=always",
+    "-c", "submodule.recurse=false",
+    "-c", "fetch.recurseSubmodules=false",
+    "-c", "core.fsmonitor=false",
+    "-c", "gc.auto=0",
+    "-c", "maintenance.auto=false",
+    "-c", "core.autocrlf=false",
+    "-c", "init.defaultBranch=main",
+)
+GIT_ENV: Mapping[str, str] = {
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    # Older spelling of the protocol allow-list; honoured by every git since 2.12.
+    "GIT_ALLOW_PROTOCOL": "https:file",
+}
+# Highest-precedence attributes: export blob bytes as stored, whatever the upstream's
+# .gitattributes asks (eol conversion, ident, filters would make bytes differ from blobs).
+_NEUTRAL_ATTRIBUTES = "* -text -eol -crlf -ident -filter -working-tree-encoding\n"
+URL_MARKER = "kvprobe-url"
+PR_DEEP_FETCH_DEPTH = 200
+_PLUMBING_TIMEOUT_S = 60.0
+_TRANSPORT_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*::")
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_ALLOWED_SCHEMES = ("https", "file")
+# fullmatch, not models.SHA1_RE.match: "$" would let a trailing newline through.
+_FULL_SHA_RE = re.compile(r"[0-9a-f]{40}")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_url(url: str) -> str:
+    """Return ``url`` if git may fetch from it, with local paths made absolute.
+
+    Allowed: ``https://host/...``, ``file:///abs/path`` and existing local directories.
+    Raises UsageError for anything else (``ext::``, ssh, git, http, options, control
+    characters) so that no git process ever sees it.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise UsageError(f"repository URL {url!r} is empty")
+    if any(unicodedata.category(ch) == "Cc" for ch in url):
+        raise UsageError(f"repository URL {url!r} contains control characters")
+    if url != url.strip():
+        raise UsageError(f"repository URL {url!r} has leading or trailing whitespace")
+    if url.startswith("-"):
+        raise UsageError(f"repository URL {url!r} looks like an option")
+    if _TRANSPORT_RE.match(url):
+        raise UsageError(f"repository URL {url!r} uses a '::' transport helper; "
+                         "only https://, file:// and local paths are allowed")
+    scheme = _SCHEME_RE.match(url)
+    if scheme:
+        return _validate_scheme_url(url, scheme.group(1))
+    return _validate_local_path(url)
+
+
+def _validate_scheme_url(url: str, scheme: str) -> str:
+    """https needs a host and no credentials; file needs an absolute path and no host."""
+    if scheme not in _ALLOWED_SCHEMES:
+        raise UsageError(f"repository URL {url!r} uses scheme {scheme!r}; "
+                         "only https://, file:// and local paths are allowed")
+    if any(ch.isspace() for ch in url):
+        raise UsageError(f"repository URL {url!r} contains whitespace")
+    parts = urlsplit(url)
+    if scheme == "https":
+        if not parts.hostname:
+            raise UsageError(f"repository URL {url!r} has no host")
+        if "@" in parts.netloc:
+            raise UsageError(f"repository URL {url!r} carries credentials; "
+                             "credentials are never put in URLs")
+        return url
+    if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+        raise UsageError(f"repository URL {url!r}: a file:// URL needs an absolute "
+                         "local path (file:///path/to/repo)")
+    return url
+
+
+def _validate_local_path(url: str) -> str:
+    """A path without a scheme must be an existing directory; returned absolute."""
+    path = Path(url)
+    if not path.is_dir():
+        raise UsageError(f"repository {url!r} is not an allowed URL (https://, file://) "
+                         "and not an existing local directory")
+    # Absolute paths start with "/", so git can never read "host:path" (ssh) into them.
+    return str(path.resolve())
+
+
+def validate_sha(text: Any) -> str:
+    """Return ``text`` if it is a full lowercase 40-hex commit SHA; raise PinError."""
+    if isinstance(text, str) and _FULL_SHA_RE.fullmatch(text):
+        return text
+    hints = []
+    if isinstance(text, str) and _FULL_SHA_RE.fullmatch(text.lower()):
+        hints.append("write the SHA in lowercase")
+    raise PinError(f"pin {text!r} is not a full 40-hex lowercase commit SHA "
+                   "(branch names, tags and short SHAs are not pins)", hints=hints)
+
+
+def validate_pr(pr: Any) -> int | None:
+    """A PR number is a positive int (it becomes part of a refspec)."""
+    if pr is None:
+        return None
+    if isinstance(pr, bool) or not isinstance(pr, int) or pr <= 0:
+        raise UsageError(f"pull request number {pr!r} is not a positive integer")
+    return pr
+
+
+def validate_rel_path(rel_path: str) -> str:
+    """A POSIX path inside the tree: relative, no '..', no empty or '.' parts."""
+    if not isinstance(rel_path, str) or not rel_path or "\\" in rel_path:
+        raise UsageError(f"path {rel_path!r} is not a relative POSIX path")
+    if any(unicodedata.category(ch) == "Cc" for ch in rel_path):
+        raise UsageError(f"path {rel_path!r} contains control characters")
+    pure = PurePosixPath(rel_path)
+    if pure.is_absolute() or any(part in ("..", ".") for part in rel_path.split("/")):
+        raise UsageError(f"path {rel_path!r} must be relative and inside the tree")
+    return str(pure)
+
+
+def store_key(url: str) -> str:
+    """The cache directory name for a (validated) URL."""
+    return hashlib.sha256(url.encode("utf-8")).hexdigest()[:24]
+
+
+def compare_trees(sha: str, expected_tree: str, exported_tree: str, where: Path) -> str:
+    """Return the tree SHA if the exported files hash to the commit's tree.
+
+    Raises CheckoutError otherwise: the directory is not exactly the pinned commit.
+    """
+    if expected_tree != exported_tree:
+        raise CheckoutError(
+            f"exported tree at {where} hashes to {exported_tree}, but commit {sha} "
+            f"has tree {expected_tree}; the export is not the pinned commit")
+    return expected_tree
+
+
+# --------------------------------------------------------------------------- the source
+
+
+class GitSource:
+    """One upstream URL backed by a cached, shallow, bare object store.
+
+    Construction validates the URL and runs no git. The store lives at
+    ``cache_root/git/<sha256(url)[:24]>`` and is shared between runs and processes
+    (guarded by a file lock next to it).
+    """
+
+    kind = "git"
+
+    def __init__(self, url: str, cache_root: Path, *, timeout_s: float = 600.0) -> None:
+        self.url = validate_url(url)
+        self.key = store_key(self.url)
+        self.git_root = Path(cache_root) / "git"
+        self.store = self.git_root / self.key
+        self.lock_path = self.git_root / f"{self.key}.lock"
+        self.timeout_s = float(timeout_s)
+
+    def __repr__(self) -> str:
+        return f"GitSource({self.url!r}, store={str(self.store)!r})"
+
+    # ---- public API
+
+    def materialize(self, pin: GitPin, dest: Path, *, pr: int | None = None) -> dict:
+        """Export the pinned commit's tree into ``dest`` (no .git) and return its identity.
+
+        ``dest`` must not exist or be empty. Raises FetchError when the commit cannot be
+        fetched, CheckoutError when the export does not hash to the commit's tree.
+        """
+        sha = validate_sha(pin.commit)
+        pr = validate_pr(pr)
+        dest = Path(dest)
+        _check_dest(dest)
+        with self._locked():
+            via, fetch_bytes = self._ensure_commit(sha, pr)
+            tree = self._export(sha, dest)
+        return {"kind": "git", "url": self.url, "commit": sha, "tree": tree,
+                "fetched_via": via, "fetch_bytes": fetch_bytes}
+
+    def read_file(self, pin: GitPin, rel_path: str, *, pr: int | None = None) -> bytes | None:
+        """The bytes of ``rel_path`` at the pinned commit, or None if it is not a file there.
+
+        Used to read the head's version of a test file without exporting the tree.
+        """
+        sha = validate_sha(pin.commit)
+        rel = validate_rel_path(rel_path)
+        pr = validate_pr(pr)
+        with self._locked():
+            self._ensure_commit(sha, pr)
+            kind = self._git_capture(["cat-file", "-t", f"{sha}:{rel}"])
+            if not kind.ok or kind.stdout.strip() != "blob":
+                return None
+            return self._git_bytes(["cat-file", "blob", f"{sha}:{rel}"])
+
+    def has_commit(self, sha: str) -> bool:
+        """True if the store already holds ``sha`` as a commit (no network)."""
+        sha = validate_sha(sha)
+        if not self.store.is_dir():
+            return False
+        result = self._git_capture(["cat-file", "-t", sha])
+        return result.ok and result.stdout.strip() == "commit"
+
+    def ensure_store(self) -> Path:
+        """Create the bare store if missing (temp dir, then rename); return its path."""
+        with self._locked():
+            self._init_store()
+        return self.store
+
+    # ---- store
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the store's file lock; a lock that never frees is a FetchError."""
+        self.git_root.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(str(self.lock_path), timeout=self.timeout_s)
+        try:
+            lock.acquire()
+        except filelock.Timeout as exc:
+            raise FetchError(f"git cache for {self.url} is locked by another process "
+                             f"({self.lock_path})") from exc
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _init_store(self) -> None:
+        """A complete store is one whose directory exists: it appears by rename only."""
+        if self.store.is_dir():
+            self._check_marker()
+            _write_attributes(self.store)
+            return
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.key}.tmp-", dir=self.git_root))
+        try:
+            self._git_checked(["init", "--bare", "--quiet", "--template=", str(tmp)],
+                              use_store=False, what=f"create a git store in {tmp}")
+            (tmp / URL_MARKER).write_text(self.url + "\n", encoding="utf-8")
+            _write_attributes(tmp)
+            os.replace(tmp, self.store)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _check_marker(self) -> None:
+        """Guard against a key collision or a store written for another URL."""
+        marker = self.store / URL_MARKER
+        named = marker.read_text(encoding="utf-8").strip() if marker.is_file() else None
+        if named != self.url:
+            raise FetchError(f"git cache {self.store} belongs to {named!r}, not {self.url}; "
+                             "remove it and run again")
+
+    # ---- fetch
+
+    def _ensure_commit(self, sha: str, pr: int | None) -> tuple[str, int]:
+        """Make ``sha`` present in the store; return (how it came, bytes fetched)."""
+        self._init_store()
+        if self.has_commit(sha):
+            return "cache", 0
+        before = _dir_size(self.store / "objects")
+        via = self._fetch(sha, pr)
+        self._git_checked(["update-ref", _pin_ref(sha), sha], what=f"pin {sha} in the cache")
+        return via, max(0, _dir_size(self.store / "objects") - before)
+
+    def _fetch(self, sha: str, pr: int | None) -> str:
+        """Fetch by SHA, then via refs/pull/<pr>/head (shallow, then deeper if it moved)."""
+        tried, reasons = ["by SHA"], [self._fetch_refspec(f"{sha}:{_pin_ref(sha)}", depth=1)]
+        if self.has_commit(sha):
+            return "sha"
+        if pr is not None:
+            pull = f"refs/pull/{pr}/head"
+            for depth in (1, PR_DEEP_FETCH_DEPTH):
+                result = self._fetch_refspec(f"+{pull}:refs/kvprobe/{pull}", depth=depth)
+                if self.has_commit(sha):
+                    return pull
+                tried.append(f"{pull} depth {depth}")
+                reasons.append(result)
+        why = "; ".join(dict.fromkeys(r for r in reasons if r != "ok")) or "no such commit"
+        raise FetchError(f"commit {sha} could not be fetched from {self.url} "
+                         f"(tried {', '.join(tried)}): {why}")
+
+    def _fetch_refspec(self, refspec: str, *, depth: int) -> str:
+        """One shallow fetch; returns git's last stderr line ('ok' on success)."""
+        argv = ["fetch", f"--depth={depth}", "--no-tags", "--no-recurse-submodules",
+                "--no-write-fetch-head", "--quiet", "--", self.url, refspec]
+        with tempfile.TemporaryDirectory(prefix="kvprobe-git-") as scratch:
+            result = proc.run(
+                self._argv(argv), timeout_s=self.timeout_s, env=self._env(),
+                stdout_path=Path(scratch, "stdout"), stderr_path=Path(scratch, "stderr"),
+                cwd=self.store,
+            )
+            if result.timed_out:
+                raise FetchError(f"fetching {refspec.split(':')[0].lstrip('+')} from "
+                                 f"{self.url} timed out after {self.timeout_s:.0f}s")
+            return "ok" if result.ok else result.summary(200)
+
+    # ---- export and verification
+
+    def _export(self, sha: str, dest: Path) -> str:
+        """Write the commit's tree to a temp sibling, verify it, then rename it to dest."""
+        kind = self._git_capture(["cat-file", "-t", sha])
+        if kind.stdout.strip() != "commit":
+            raise CheckoutError(f"{sha} in {self.url} is a {kind.stdout.strip() or 'missing'} "
+                                "object, not a commit")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        try:
+            self._checkout_tree(sha, tmp)
+            tree = self.verify_export(sha, tmp)
+            _replace_dir(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return tree
+
+    def _checkout_tree(self, sha: str, target: Path) -> None:
+        """read-tree into a throwaway index, then checkout-index: files only, no .git."""
+        with tempfile.TemporaryDirectory(prefix="kvprobe-index-") as scratch:
+            env = {"GIT_INDEX_FILE": str(Path(scratch, "index"))}
+            what = f"export {sha} from {self.url}"
+            self._git_checked(["read-tree", sha], env=env, what=what, error=CheckoutError)
+            self._git_checked(["--work-tree", str(target), "checkout-index", "-a", "-f",
+                               f"--prefix={target}/"],
+                              env=env, what=what, error=CheckoutError, cwd=target,
+                              timeout_s=self.timeout_s)
+
+    def verify_export(self, sha: str, root: Path) -> str:
+        """Hash the files under ``root`` as a git tree and compare with ``sha``'s tree.
+
+        Returns the tree SHA; raises CheckoutError on any difference (content, mode,
+        symlink, extra or missing file).
+        """
+        sha = validate_sha(sha)
+        expected = self._git_checked(["rev-parse", "--verify", f"{sha}^{{tree}}"],
+                                     what=f"read the tree of {sha}", error=CheckoutError)
+        with tempfile.TemporaryDirectory(prefix="kvprobe-index-") as scratch:
+            env = {"GIT_INDEX_FILE": str(Path(scratch, "index"))}
+            what = f"hash the exported tree at {root}"
+            self._git_checked(["--work-tree", str(root), "add", "-A", "-f", "--", "."],
+                              env=env, what=what, error=CheckoutError, cwd=root,
+                              timeout_s=self.timeout_s)
+            self._add_gitlinks(sha, env)
+            exported = self._git_checked(["write-tree"], env=env, what=what,
+                                         error=CheckoutError)
+        return compare_trees(sha, expected, exported, root)
+
+    def _add_gitlinks(self, sha: str, env: Mapping[str, str]) -> None:
+        """Put the commit's submodule entries into the hashing index.
+
+        Submodules are never fetched, so their directories are exported empty and
+        ``add`` cannot see them; the pinned gitlink SHAs are taken from the commit.
+        """
+        # Read in full: a large tree's listing exceeds capture()'s output limit.
+        listing = self._git_bytes(["ls-tree", "-r", "-z", sha], error=CheckoutError)
+        for entry in filter(None, listing.split(b"\0")):
+            meta, _, raw_path = entry.partition(b"\t")
+            mode, _kind, oid = meta.decode("ascii").split(" ")
+            path = raw_path.decode("utf-8", errors="surrogateescape")
+            if mode == "160000":
+                self._git_checked(["update-index", "--add", "--cacheinfo",
+                                   f"{mode},{oid},{path}"], env=env, error=CheckoutError,
+                                  what=f"record submodule {path!r} of {sha}")
+
+    # ---- running git
+
+    def _argv(self, args: list[str], use_store: bool = True) -> list[str]:
+        prefix = ["git", *GIT_CONFIG_ARGS]
+        if use_store:
+            prefix += ["--git-dir", str(self.store)]
+        return prefix + args
+
+    def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        return proc.clean_env({**GIT_ENV, **(extra or {})}, network=True)
+
+    def _git_capture(self, args: list[str], *, env: Mapping[str, str] | None = None,
+                     cwd: Path | None = None, timeout_s: float | None = None,
+                     use_store: bool = True) -> proc.Captured:
+        return proc.capture(self._argv(args, use_store), env=self._env(env),
+                            timeout_s=timeout_s or _PLUMBING_TIMEOUT_S,
+                            cwd=cwd or self.git_root)
+
+    def _git_checked(self, args: list[str], *, what: str, env: Mapping[str, str] | None = None,
+                     cwd: Path | None = None, timeout_s: float | None = None,
+                     use_store: bool = True,
+                     error: type[Exception] = FetchError) -> str:
+        """Run git and return stripped stdout; raise ``error`` with git's last line."""
+        result = self._git_capture(args, env=env, cwd=cwd, timeout_s=timeout_s,
+                                   use_store=use_store)
+        if not result.ok:
+            raise error(f"could not {what}: {result.summary(200)}")
+        return result.stdout.strip()
+
+    def _git_bytes(self, args: list[str], *,
+                   error: type[Exception] = FetchError) -> bytes:
+        """Run git and return raw stdout bytes (capture() decodes text; blobs are bytes)."""
+        with tempfile.TemporaryDirectory(prefix="kvprobe-git-") as scratch:
+            out = Path(scratch, "stdout")
+            result = proc.run(self._argv(args), timeout_s=_PLUMBING_TIMEOUT_S,
+                              env=self._env(), stdout_path=out,
+                              stderr_path=Path(scratch, "stderr"), cwd=self.git_root)
+            if not result.ok:
+                raise error(f"could not read {args[-1]} from {self.url}: "
+                                 f"{result.summary(200)}")
+            return out.read_bytes()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _pin_ref(sha: str) -> str:
+    """A ref per fetched pin keeps its objects safe from any pruning."""
+    return f"refs/kvprobe/commits/{sha}"
+
+
+def _write_attributes(git_dir: Path) -> None:
+    info = git_dir / "info"
+    info.mkdir(exist_ok=True)
+    target = info / "attributes"
+    if not target.is_file() or target.read_text(encoding="utf-8") != _NEUTRAL_ATTRIBUTES:
+        target.write_text(_NEUTRAL_ATTRIBUTES, encoding="utf-8")
+
+
+def _check_dest(dest: Path) -> None:
+    """Never overwrite: dest must be absent or an empty directory."""
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise CheckoutError(f"destination {dest} exists and is not a directory")
+    if dest.is_dir() and any(dest.iterdir()):
+        raise CheckoutError(f"destination {dest} exists and is not empty")
+
+
+def _replace_dir(tmp: Path, dest: Path) -> None:
+    """Rename a finished tree into place (an empty dest dir is replaced atomically)."""
+    try:
+        os.replace(tmp, dest)
+    except OSError as exc:
+        raise CheckoutError(f"could not move the exported tree to {dest}: {exc}") from exc
+
+
+def _dir_size(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+    return total

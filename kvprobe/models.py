@@ -1,0 +1,207 @@
+"""Frozen dataclasses and str Enums shared by the core. Invariants live in __post_init__."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping
+
+SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+ID_RE = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
+
+
+class Side(str, Enum):
+    BASE = "base"
+    HEAD = "head"
+
+
+class SourceKind(str, Enum):
+    GIT = "git"
+    WHEEL = "wheel"
+    SYNTHETIC = "synthetic"
+
+
+class Layer(str, Enum):
+    """Which evidence layer a receipt belongs to (DOMAIN.md: three layers)."""
+
+    SYNTHETIC = "synthetic-model"
+    UPSTREAM_TESTS = "upstream-tests"
+    DIFF_PROBE = "diff-probe"
+
+
+class Outcome(str, Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+    XPASSED = "xpassed"
+
+
+class FailureKind(str, Enum):
+    """Why a test did not pass: an assertion is not the same as a stub fall-through."""
+
+    ASSERTION = "assertion"
+    EXCEPTION = "exception"
+    COLLECTION = "collection"
+    TIMEOUT = "timeout"
+    INFRASTRUCTURE = "infrastructure"
+
+
+class Transition(str, Enum):
+    FAIL_TO_PASS = "FAIL_TO_PASS"
+    PASS_TO_PASS = "PASS_TO_PASS"
+    PASS_TO_FAIL = "PASS_TO_FAIL"
+    FAIL_TO_FAIL = "FAIL_TO_FAIL"
+    NOT_RUN = "NOT_RUN"
+    ERROR = "ERROR"
+
+
+class Verdict(str, Enum):
+    REPRODUCED = "reproduced"
+    NOT_REPRODUCED = "not-reproduced"
+    NO_EXPECTATIONS = "no-expectations"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class GitPin:
+    commit: str
+
+    def __post_init__(self) -> None:
+        if not SHA1_RE.fullmatch(self.commit):
+            raise ValueError(f"commit pin {self.commit!r} is not a full lowercase 40-hex SHA")
+
+    def identity(self) -> dict[str, str]:
+        return {"kind": "git", "commit": self.commit}
+
+
+@dataclass(frozen=True)
+class WheelPin:
+    package: str
+    version: str
+    filename: str
+    sha256: str
+
+    def __post_init__(self) -> None:
+        if not SHA256_RE.fullmatch(self.sha256):
+            raise ValueError(f"wheel pin {self.filename!r}: sha256 must be 64 lowercase hex")
+        if not self.filename.endswith(".whl") or "/" in self.filename:
+            raise ValueError(f"wheel pin {self.filename!r}: not a wheel file name")
+
+    def identity(self) -> dict[str, str]:
+        return {"kind": "wheel", "package": self.package, "version": self.version,
+                "filename": self.filename, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class ModelPin:
+    """A synthetic side: the model's switches stand in for a commit."""
+
+    switches: Mapping[str, Any]
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "synthetic", "switches": dict(self.switches)}
+
+
+Pin = GitPin | WheelPin | ModelPin
+
+
+@dataclass(frozen=True)
+class PinSet:
+    name: str
+    kind: SourceKind
+    base: Pin
+    head: Pin
+    pr: int | None = None
+    python_path: tuple[str, ...] = (".",)
+    description: str = ""
+
+    def pin(self, side: Side) -> Pin:
+        return self.base if side is Side.BASE else self.head
+
+
+@dataclass(frozen=True)
+class TestCheck:
+    """An upstream test file, by path in the upstream tree; head's version runs on both sides."""
+
+    path: str
+    pin_sets: tuple[str, ...] | None = None
+
+    def applies_to(self, pin_set: str) -> bool:
+        return self.pin_sets is None or pin_set in self.pin_sets
+
+
+@dataclass(frozen=True)
+class ProbeCheck:
+    path: str
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).stem
+
+
+@dataclass(frozen=True)
+class Scope:
+    shows: str
+    does_not_show: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fix:
+    prs: tuple[int, ...]
+    release: str | None
+    summary: str
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str
+    title: str
+    layer: Layer
+    upstream: str | None
+    fix: Fix
+    pin_sets: Mapping[str, PinSet]
+    default_pin_set: str
+    tests: tuple[TestCheck, ...]
+    probes: tuple[ProbeCheck, ...]
+    profile: str
+    expectations: Mapping[str, Mapping[str, Mapping[str, Any]]]
+    scope: Scope
+    directory: Path
+    file_sha256: str
+
+    def __post_init__(self) -> None:
+        if self.default_pin_set not in self.pin_sets:
+            raise ValueError(f"default pin set {self.default_pin_set!r} is not defined")
+
+    def tests_for(self, pin_set: str) -> tuple[TestCheck, ...]:
+        return tuple(t for t in self.tests if t.applies_to(pin_set))
+
+
+@dataclass(frozen=True)
+class TestResult:
+    nodeid: str
+    outcome: Outcome
+    kind: FailureKind | None = None
+    exc_type: str | None = None
+    message: str = ""
+    subtest: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.nodeid} [{self.subtest}]" if self.subtest else self.nodeid
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    key: str
+    path: Path
+    python: str
+    lock_name: str
+    lock_sha256: str
+    packages: Mapping[str, str]
+    build: Mapping[str, Any] = field(default_factory=dict)

@@ -1,0 +1,215 @@
+"""The one door to external processes.
+
+Every process kvprobe starts goes through :func:`run`: an argv list (never a shell),
+an explicit timeout, stdin closed, stdout/stderr to files, a new session so that the
+whole process group can be killed on timeout, and an environment built from an
+allow-list rather than inherited, so credentials and the user's HOME never reach
+untrusted code (upstream tests, probes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from kvprobe.errors import ObserveError
+
+# Variables a trusted tool (git, pip) may need to reach a registry or mirror.
+_NETWORK_VARS = (
+    "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO",
+)
+_BASE_VARS = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
+_GRACE_S = 3.0
+_CAPTURE_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a finished (or killed) process left behind."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    duration_s: float
+    timed_out: bool
+    stdout_path: Path
+    stderr_path: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def stdout(self, limit: int = _CAPTURE_LIMIT) -> str:
+        return _read_tail(self.stdout_path, limit)
+
+    def stderr(self, limit: int = _CAPTURE_LIMIT) -> str:
+        return _read_tail(self.stderr_path, limit)
+
+    def summary(self, limit: int = 400) -> str:
+        """One line for an error message: the last meaningful stderr line."""
+        lines = [ln.strip() for ln in self.stderr(64 * 1024).splitlines() if ln.strip()]
+        tail = lines[-1] if lines else f"exit {self.returncode}"
+        if self.timed_out:
+            tail = f"timed out after {self.duration_s:.0f}s"
+        return tail[:limit]
+
+
+def _read_tail(path: Path, limit: int) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - limit))
+        return handle.read().decode("utf-8", errors="replace")
+
+
+def clean_env(
+    extra: Mapping[str, str] | None = None,
+    *,
+    home: Path | None = None,
+    network: bool = False,
+    passthrough_prefixes: Sequence[str] = (),
+) -> dict[str, str]:
+    """An environment from an allow-list: PATH/locale, optionally network settings.
+
+    ``home`` replaces HOME (untrusted code gets a scratch HOME); ``network`` lets a
+    trusted tool see proxy and CA settings; ``passthrough_prefixes`` (e.g. "PIP_")
+    lets a tool see its own configuration variables.
+    """
+    env = {k: os.environ[k] for k in _BASE_VARS if k in os.environ}
+    env.setdefault("PATH", os.defpath)
+    env.setdefault("LANG", "C.UTF-8")
+    if network:
+        env.update({k: os.environ[k] for k in _NETWORK_VARS if k in os.environ})
+    for prefix in passthrough_prefixes:
+        env.update({k: v for k, v in os.environ.items() if k.startswith(prefix)})
+    env["HOME"] = str(home) if home else os.environ.get("HOME", tempfile.gettempdir())
+    env.update(extra or {})
+    return env
+
+
+def run(
+    argv: Sequence[str | os.PathLike],
+    *,
+    timeout_s: float,
+    env: Mapping[str, str],
+    stdout_path: Path,
+    stderr_path: Path,
+    cwd: Path | None = None,
+    poll: Callable[[], None] | None = None,
+) -> CommandResult:
+    """Run ``argv`` to completion or timeout; never raises for a non-zero exit.
+
+    Raises ObserveError only when the program cannot be started at all.
+    """
+    args = tuple(os.fspath(a) for a in argv)
+    if not args:
+        raise ValueError("empty argv")
+    for path in (stdout_path, stderr_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        try:
+            process = subprocess.Popen(
+                args, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                stdout=out, stderr=err, start_new_session=True, close_fds=True,
+            )
+        except OSError as exc:
+            raise ObserveError(f"cannot start {args[0]}: {exc.strerror or exc}") from exc
+        timed_out = _wait(process, timeout_s, poll)
+    return CommandResult(
+        argv=args,
+        returncode=process.returncode,
+        duration_s=time.monotonic() - started,
+        timed_out=timed_out,
+        stdout_path=stdout_path,
+        stderr_path=stderr_path,
+    )
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A short command's result with its output read back as text."""
+
+    returncode: int
+    timed_out: bool
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def summary(self, limit: int = 400) -> str:
+        """The last meaningful stderr line, for a one-line error message."""
+        if self.timed_out:
+            return f"timed out after {self.duration_s:.0f}s"
+        lines = [ln.strip() for ln in self.stderr.splitlines() if ln.strip()]
+        return (lines[-1] if lines else f"exit {self.returncode}")[:limit]
+
+
+def capture(
+    argv: Sequence[str | os.PathLike],
+    *,
+    timeout_s: float,
+    env: Mapping[str, str],
+    cwd: Path | None = None,
+) -> Captured:
+    """:func:`run` for short commands whose output the caller reads (git plumbing)."""
+    with tempfile.TemporaryDirectory(prefix="kvprobe-proc-") as scratch:
+        result = run(
+            argv, timeout_s=timeout_s, env=env, cwd=cwd,
+            stdout_path=Path(scratch, "stdout"), stderr_path=Path(scratch, "stderr"),
+        )
+        return Captured(
+            returncode=result.returncode, timed_out=result.timed_out,
+            stdout=result.stdout(), stderr=result.stderr(), duration_s=result.duration_s,
+        )
+
+
+def _wait(process: subprocess.Popen, timeout_s: float, poll: Callable[[], None] | None) -> bool:
+    """Wait, calling ``poll`` twice a second; kill the whole group on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            _kill_group(process)
+            return True
+        try:
+            process.wait(timeout=min(0.5, remaining) if poll else remaining)
+            return False
+        except subprocess.TimeoutExpired:
+            if poll:
+                poll()
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after a grace period."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=_GRACE_S)
+            if sig == signal.SIGTERM:
+                # the leader exited; children may linger in the group
+                os.killpg(process.pid, signal.SIGKILL)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+def python_executable() -> str:
+    """The interpreter kvprobe runs under (for pip, virtualenv and synthetic probes)."""
+    import sys
+
+    return sys.executable

@@ -1,0 +1,376 @@
+"""One experiment end to end: materialize -> env -> tests -> probes -> compare -> bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kvprobe import __version__, compare, manifest, probes, schema, upstream
+from kvprobe.bundle_readme import render_readme
+from kvprobe.errors import BundleExistsError, FetchError, UsageError
+from kvprobe.models import EnvInfo, Experiment, PinSet, Side, SourceKind, Verdict
+from kvprobe.progress import Reporter
+
+RECEIPT = "receipt.json"
+RECEIPT_VERSION = "kvprobe.receipt/1"
+TEST_RUN_VERSION = "kvprobe.test-run/1"
+
+
+@dataclass
+class RunOptions:
+    pin_set: str | None = None
+    out: Path | None = None
+    repo: str | None = None
+    cache_root: Path = field(default_factory=lambda: default_cache_root())
+    torch_index: str | None = None
+    jobs: int = 2
+    timeout_s: float = 1800.0
+    bundles_dir: Path = field(default_factory=lambda: Path("bundles"))
+
+
+@dataclass(frozen=True)
+class RunResult:
+    bundle: Path
+    receipt: dict[str, Any]
+    manifest_sha256: str
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict(self.receipt["verdict"])
+
+
+def default_cache_root() -> Path:
+    from platformdirs import user_cache_dir
+
+    return Path(os.environ.get("KVPROBE_CACHE_DIR") or user_cache_dir("kvprobe"))
+
+
+def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None = None) -> RunResult:
+    """Run ``exp`` and write its bundle; raises only when no honest receipt can be written."""
+    reporter = reporter or Reporter()
+    pin_set = _pin_set(exp, opts.pin_set)
+    started = datetime.now(timezone.utc)
+    run_id = f"{exp.id}-{pin_set.name}-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
+    final = _final_path(opts, exp, pin_set, started)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    work = Path(tempfile.mkdtemp(prefix="kvprobe-run-"))
+    timings: dict[str, float] = {}
+    try:
+        clock = time.monotonic()
+        sides = _materialize(exp, pin_set, opts, work, reporter)
+        timings["materialize_s"] = time.monotonic() - clock
+        clock = time.monotonic()
+        env, python, env_vars = _environment(exp, pin_set, opts, reporter)
+        timings["environment_s"] = time.monotonic() - clock
+        clock = time.monotonic()
+        head_tests = _head_test_files(exp, pin_set, sides)
+        ctx = _Context(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
+        with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
+            futures = {side: pool.submit(_run_side, ctx, side, sides[side], head_tests, reporter)
+                       for side in (Side.BASE, Side.HEAD)}
+            checks = {side: f.result() for side, f in futures.items()}
+        timings["checks_s"] = time.monotonic() - clock
+        receipt = _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, staging, timings)
+        result = _write_bundle(exp, receipt, staging, final)
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _pin_set(exp: Experiment, name: str | None) -> PinSet:
+    name = name or exp.default_pin_set
+    if name not in exp.pin_sets:
+        raise UsageError(f"{exp.id} has no pin set {name!r} (have: {', '.join(exp.pin_sets)})")
+    return exp.pin_sets[name]
+
+
+def _final_path(opts: RunOptions, exp: Experiment, pin_set: PinSet, started: datetime) -> Path:
+    if opts.out is not None:
+        if opts.out.exists() and (not opts.out.is_dir() or any(opts.out.iterdir())):
+            raise BundleExistsError(f"--out {opts.out} exists and is not empty; refusing to overwrite")
+        return opts.out.resolve()
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    return (opts.bundles_dir / f"{exp.id}-{pin_set.name}-{stamp}").resolve()
+
+
+# --- sources -----------------------------------------------------------------------------
+
+def _materialize(exp, pin_set, opts, work, reporter) -> dict[Side, dict[str, Any]]:
+    """Each side's tree (its own directory, no .git) and resolved identity."""
+    sides = {}
+    source = _source(exp, pin_set, opts, reporter)
+    for side in (Side.BASE, Side.HEAD):
+        pin = pin_set.pin(side)
+        tree = work / side.value / "tree"
+        tree.parent.mkdir(parents=True)
+        with reporter.step(f"{side.value}: materializing {_describe_pin(pin_set, side)}"):
+            if source is None:
+                tree.mkdir()
+                identity = pin.identity()
+            elif pin_set.kind is SourceKind.GIT:
+                identity = source.materialize(pin, tree, pr=pin_set.pr)
+            else:
+                identity = source.materialize(pin, tree)
+        sides[side] = {"tree": tree, "pin": pin.identity(), "source": identity, "git": source
+                       if pin_set.kind is SourceKind.GIT else None}
+    return sides
+
+
+def _source(exp, pin_set, opts, reporter):
+    if pin_set.kind is SourceKind.SYNTHETIC:
+        return None
+    if pin_set.kind is SourceKind.WHEEL:
+        from kvprobe.wheel import WheelSource
+
+        return WheelSource(opts.cache_root, reporter=reporter)
+    from kvprobe.git import GitSource, validate_url
+
+    url = validate_url(opts.repo or exp.upstream or "")
+    return _GitWithHints(GitSource(url, opts.cache_root), exp, pin_set, opts.repo is not None)
+
+
+class _GitWithHints:
+    """Adds what to do next to fetch failures: a mirror (--repo) or the release pins."""
+
+    def __init__(self, source, exp: Experiment, pin_set: PinSet, has_repo: bool) -> None:
+        self.source, self.exp, self.pin_set, self.has_repo = source, exp, pin_set, has_repo
+
+    def materialize(self, pin, dest, pr=None):
+        try:
+            return self.source.materialize(pin, dest, pr=pr)
+        except FetchError as exc:
+            others = [n for n, p in self.exp.pin_sets.items() if p.kind is not SourceKind.GIT]
+            hint = "point the run at a mirror or local clone with --repo URL_OR_PATH"
+            if others:
+                hint += f", or use the release wheels with --pins {others[0]}"
+            raise FetchError(f"{exc.message}; {hint}") from exc
+
+    def read_file(self, pin, path):
+        return self.source.read_file(pin, path)
+
+
+def _describe_pin(pin_set: PinSet, side: Side) -> str:
+    ident = pin_set.pin(side).identity()
+    return ident.get("filename") or ident.get("commit", "")[:12] or "model switches"
+
+
+# --- environment -------------------------------------------------------------------------
+
+def _environment(exp, pin_set, opts, reporter) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """The env both sides share (one lock), its python, and the variables pinned for checks."""
+    if pin_set.kind is SourceKind.SYNTHETIC:
+        import hypothesis
+
+        return ({"key": "kvprobe-interpreter", "python": platform.python_version(), "profile": exp.profile,
+                 "lock_name": None, "lock_sha256": None, "torch": None, "torch_index": None,
+                 "packages": {"hypothesis": hypothesis.__version__, "kvprobe": __version__},
+                 "shared_by_sides": True}, sys.executable, {})
+    from kvprobe.venv import EnvManager, load_profile
+
+    profile = load_profile(exp.profile)
+    info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(profile, torch_index=opts.torch_index)
+    env = {"key": info.key, "python": info.python, "profile": profile.name, "lock_name": info.lock_name,
+           "lock_sha256": info.lock_sha256, "packages": dict(sorted(info.packages.items())),
+           "torch": info.build.get("torch"), "torch_index": info.build.get("torch_index"),
+           "shared_by_sides": True}
+    return env, str(info.path / "bin" / "python"), dict(profile.env)
+
+
+# --- checks ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Context:
+    exp: Experiment
+    pin_set: PinSet
+    python: str
+    env_vars: dict[str, str]
+    staging: Path
+    work: Path
+    timeout_s: float
+
+
+def _head_test_files(exp, pin_set, sides) -> dict[str, bytes]:
+    """Head's version of each listed test file; a path absent at head is bad input."""
+    found = {}
+    for test in exp.tests_for(pin_set.name):
+        if pin_set.kind is not SourceKind.GIT:
+            continue
+        data = sides[Side.HEAD]["git"].read_file(pin_set.head, test.path)
+        if data is None:
+            raise UsageError(f"{exp.id}: test {test.path} does not exist at head {pin_set.head.commit}")
+        found[test.path] = data
+    return found
+
+
+def _run_side(ctx: _Context, side: Side, materialized, head_tests, reporter) -> dict[str, Any]:
+    tree = materialized["tree"]
+    python_path = [tree / p for p in ctx.pin_set.python_path]
+    scratch = ctx.work / side.value / "home"
+    scratch.mkdir(parents=True, exist_ok=True)
+    raw, logs = ctx.staging / "raw" / side.value, ctx.staging / "logs" / side.value
+    tests, probe_runs = [], []
+    with reporter.step(f"{side.value}: running checks"):
+        for rel, data in head_tests.items():
+            reporter.update(f"{side.value}: pytest {rel}")
+            tests.append(_run_test(ctx, side, tree, python_path, rel, data, raw / "tests", logs / "tests", scratch))
+        for check in ctx.exp.probes:
+            reporter.update(f"{side.value}: probe {check.name}")
+            probe_runs.append(_run_probe(ctx, side, python_path, check, raw / "probes", logs / "probes", scratch))
+    return {"tests": tests, "probes": probe_runs}
+
+
+def _run_test(ctx, side, tree, python_path, rel, data, raw_dir, log_dir, scratch) -> dict[str, Any]:
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    run = upstream.run_test_file(
+        python=Path(ctx.python), tree=tree, rootdir_hint=None, test_rel=rel, head_test_bytes=data,
+        python_path=python_path, out_dir=raw_dir, log_dir=log_dir, timeout_s=ctx.timeout_s,
+        env_extra=ctx.env_vars,
+    )
+    report = None
+    if run.report_path and Path(run.report_path).is_file():
+        report = json.loads(Path(run.report_path).read_text(encoding="utf-8"))
+        Path(run.report_path).unlink()  # embedded below: one raw document per check per side
+    problem = None if report is not None else f"pytest left no report (exit {run.exit_code})"
+    if run.timed_out:
+        problem = f"timed out after {run.duration_s:.0f}s"
+    elif run.exit_code == 5:
+        problem = "pytest collected no tests (exit 5): nothing ran"
+    doc = {"schema": TEST_RUN_VERSION, "path": rel, "side": side.value, "exit_code": run.exit_code,
+           "timed_out": run.timed_out, "overlay": run.overlay, "problem": problem, "report": report}
+    raw_path = raw_dir / f"{_safe_name(rel)}.json"
+    _write_json(raw_path, doc)
+    junit = Path(run.junit_path) if run.junit_path else None
+    return {"path": rel, "doc": doc, "raw": raw_path, "junit": junit if junit and junit.is_file() else None,
+            "duration_s": run.duration_s}
+
+
+def _run_probe(ctx, side, python_path, check, raw_dir, log_dir, scratch) -> dict[str, Any]:
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = raw_dir / f"{check.name}.json"
+    side_config = {"side": side.value, **({"switches": dict(ctx.pin_set.pin(side).switches)}
+                                          if ctx.pin_set.kind is SourceKind.SYNTHETIC else {})}
+    run = probes.run_probe(
+        python=ctx.python, probe_file=ctx.exp.directory / check.path, python_path=python_path,
+        out_json=out, log_dir=log_dir, side_config=side_config, env_extra=ctx.env_vars,
+        scratch=scratch, timeout_s=ctx.timeout_s,
+    )
+    if not run.ok and out.exists():
+        out.rename(out.with_suffix(".invalid.json"))
+    return {"name": check.name, "path": check.path, "run": run, "raw": out if run.ok else None}
+
+
+def _safe_name(rel: str) -> str:
+    return rel.replace("/", "__")
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
+
+
+# --- receipt and bundle ------------------------------------------------------------------
+
+def _rel(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def _raw_ref(path: Path | None, root: Path) -> dict[str, str] | None:
+    return None if path is None else {"path": _rel(path, root), "sha256": manifest.sha256_file(path)}
+
+
+def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, staging, timings) -> dict[str, Any]:
+    probe_dir = staging / "probes" / exp.id
+    probe_dir.mkdir(parents=True)
+    shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
+    for check in exp.probes:
+        shutil.copy2(exp.directory / check.path, probe_dir / check.path)
+    side_blocks, probe_docs, problems, test_runs, mocks = {}, {}, {}, {}, {}
+    for side in (Side.BASE, Side.HEAD):
+        c = checks[side]
+        side_blocks[side.value] = {
+            "pin": sides[side]["pin"], "source": sides[side]["source"],
+            "tests": [{"path": t["path"], "raw": _raw_ref(t["raw"], staging), "junit": _raw_ref(t["junit"], staging),
+                       "exit_code": t["doc"]["exit_code"], "overlay": t["doc"]["overlay"],
+                       "problem": t["doc"]["problem"]} for t in c["tests"]],
+            "probes": [{"name": p["name"], "source": _raw_ref(probe_dir / p["path"], staging),
+                        "raw": _raw_ref(p["raw"], staging), "exit_code": p["run"].exit_code,
+                        "problem": p["run"].problem} for p in c["probes"]],
+        }
+        probe_docs[side.value] = {p["name"]: p["run"].output for p in c["probes"] if p["run"].ok}
+        problems[side.value] = {p["name"]: p["run"].problem for p in c["probes"] if not p["run"].ok}
+        for t in c["tests"]:
+            test_runs.setdefault(t["path"], {})[side.value] = t["doc"]
+        for p in c["probes"]:
+            if p["run"].ok:
+                mocks.setdefault(p["name"], p["run"].output["mocks"])
+        timings[f"{side.value}_checks_s"] = sum(t["duration_s"] for t in c["tests"]) + sum(
+            p["run"].duration_s for p in c["probes"])
+    expectations = {s: exp.expectations.get(s, {}) for s in ("base", "head")}
+    comparison = compare.compare(expect=expectations, probe_docs=probe_docs, probe_problems=problems,
+                                 test_runs=test_runs)
+    receipt = {
+        "schema": RECEIPT_VERSION,
+        "tool": {"name": "kvprobe", "version": __version__},
+        "run_id": run_id,
+        "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "experiment": {"id": exp.id, "title": exp.title, "layer": exp.layer.value,
+                       "file": f"probes/{exp.id}/experiment.toml", "sha256": exp.file_sha256,
+                       "upstream": exp.upstream, "profile": exp.profile,
+                       "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary}},
+        "pin_set": {"name": pin_set.name, "kind": pin_set.kind.value, "pr": pin_set.pr,
+                    "python_path": list(pin_set.python_path)},
+        "sides": side_blocks,
+        "env": env,
+        "host": {"system": platform.system(), "machine": platform.machine(), "release": platform.release(),
+                 "python": platform.python_version(), "cpus": os.cpu_count() or 0},
+        "settings": dict(sorted(env_vars.items())),
+        "expectations": expectations,
+        "comparison": comparison,
+        "verdict": comparison["verdict"],
+        "evidence": {"layer": exp.layer.value, "shows": exp.scope.shows,
+                     "does_not_show": list(exp.scope.does_not_show), "mocks": mocks,
+                     "limits": _limits(exp, pin_set, env)},
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+    }
+    return receipt
+
+
+def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
+    limits = [f"host: {platform.system()} {platform.machine()}, CPU only; no GPU, RDMA or model weights"]
+    if pin_set.kind is SourceKind.WHEEL:
+        limits.append("release wheels carry no upstream tests: only the probes ran on these pins")
+    if env.get("torch"):
+        t = env["torch"]
+        limits.append(f"torch {t.get('version')} (cuda build {t.get('cuda')}, cuda available: "
+                      f"{t.get('cuda_available')}) from {env.get('torch_index')}")
+    return limits
+
+
+def _write_bundle(exp, receipt, staging: Path, final: Path) -> RunResult:
+    """Validate, write, hash, re-check, then rename into place (nothing half-written)."""
+    schema.validate(receipt, RECEIPT_VERSION, source="receipt")
+    _write_json(staging / RECEIPT, receipt)
+    (staging / "README.md").write_text(render_readme(receipt), encoding="utf-8")
+    digest = manifest.write(staging)
+    rebuilt = manifest.build(staging)
+    if manifest.render_manifest(rebuilt) != (staging / manifest.MANIFEST).read_bytes():
+        raise UsageError("bundle changed while it was being written")
+    if final.exists():
+        final.rmdir()  # empty, checked before the run
+    os.replace(staging, final)
+    return RunResult(final, receipt, digest)

@@ -1,0 +1,53 @@
+"""The only jsonschema user: load kvprobe's own schemas and validate documents."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from kvprobe.errors import SchemaError
+from kvprobe.resources import schemas_dir
+
+# Schema documents kvprobe knows, by the version string documents carry.
+KNOWN = {
+    "kvprobe.experiment/1": "experiment.schema.json",
+    "kvprobe.receipt/1": "receipt.schema.json",
+    "kvprobe.manifest/1": "manifest.schema.json",
+    "kvprobe.probe-output/1": "probe-output.schema.json",
+    "kvprobe.pytest-report/1": "pytest-report.schema.json",
+}
+
+
+@lru_cache(maxsize=None)
+def _validator(version: str):
+    from jsonschema import Draft202012Validator
+
+    try:
+        filename = KNOWN[version]
+    except KeyError:
+        raise SchemaError(
+            f"unknown schema version {version!r}: this kvprobe knows "
+            f"{', '.join(sorted(KNOWN))}; upgrade kvprobe"
+        ) from None
+    with open(schemas_dir() / filename, encoding="utf-8") as handle:
+        schema = json.load(handle)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def errors(document: Any, version: str) -> list[str]:
+    """Every violation as 'field.path: message', sorted by path; empty when valid."""
+    found = []
+    for err in _validator(version).iter_errors(document):
+        where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        found.append(f"{where}: {err.message}")
+    return sorted(found)
+
+
+def validate(document: Any, version: str, *, source: str) -> None:
+    """Raise SchemaError naming ``source`` and the first offending field."""
+    problems = errors(document, version)
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise SchemaError(f"{source}: {problems[0]}{more}", hints=problems[1:20])

@@ -1,0 +1,551 @@
+"""Run an upstream pytest file in a target env and read per-test outcomes from pytest itself.
+
+Outcomes come from pytest's own report objects, recorded inside the target interpreter by
+``probe_api/kvprobe_pytest_report.py`` (schema ``kvprobe.pytest-report/1``), never from
+log text. The runner adds a ``runner`` block (exit code, timeout, where the report came
+from) to that document, so :func:`results_from_report` can re-derive every result,
+including timeouts and crashes, from the one JSON file on disk.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import tempfile
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable, Mapping
+
+from kvprobe import proc
+from kvprobe.errors import CheckRunError, SchemaError, UsageError
+from kvprobe.models import FailureKind, Outcome, TestResult, Transition
+
+REPORT_SCHEMA = "kvprobe.pytest-report/1"
+REPORT_ENV = "KVPROBE_PYTEST_REPORT"
+PLUGIN_MODULE = "kvprobe_pytest_report"
+PROBE_API_DIR = Path(__file__).resolve().parent / "probe_api"
+# Deterministic SGLang test behaviour: no retries (CustomTestCase), not "in CI".
+PINNED_ENV = {
+    "SGLANG_TEST_MAX_RETRY": "0",
+    "SGLANG_IS_IN_CI": "false",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+_OWNED_ENV = ("PYTHONPATH", "HOME", REPORT_ENV)
+_ERROR_KINDS = frozenset({FailureKind.COLLECTION, FailureKind.INFRASTRUCTURE, FailureKind.TIMEOUT})
+_MAX_MESSAGE = 1000
+_EXIT_REASONS = {
+    2: "pytest was interrupted (exit 2) without a collection error",
+    3: "pytest internal error (exit 3)",
+    4: "pytest usage error (exit 4)",
+}
+
+
+class Overlay(str, Enum):
+    """What head's test file did to the base tree."""
+
+    REPLACED = "replaced"    # a different file was there
+    IDENTICAL = "identical"  # the same bytes were there
+    ADDED = "added"          # absent at this tree (the PR added it)
+
+
+@dataclass(frozen=True)
+class TestFileRun:
+    """One upstream test file run on one side."""
+
+    __test__ = False  # not a pytest test class
+
+    path: str
+    exit_code: int
+    pytest_exit: int | None
+    timed_out: bool
+    results: tuple[TestResult, ...]
+    overlay: str
+    report_path: Path
+    junit_path: Path | None
+    stdout_path: Path
+    stderr_path: Path
+    duration_s: float
+    counts: Mapping[str, int]
+    rootdir: Path
+    inifile: Path | None
+    argv: tuple[str, ...]
+    env_pinned: Mapping[str, str]
+
+    def failure_kinds(self) -> dict[str, int]:
+        """E.g. {"assertion": 0, "AttributeError": 6, "ValueError": 1}."""
+        return failure_kinds(self.results)
+
+
+# --------------------------------------------------------------------------- running
+
+def run_test_file(
+    *,
+    python: Path,
+    tree: Path,
+    rootdir_hint: str | None,
+    test_rel: str,
+    head_test_bytes: bytes,
+    python_path: list[Path],
+    out_dir: Path,
+    log_dir: Path,
+    timeout_s: float,
+    env_extra: dict[str, str],
+) -> TestFileRun:
+    """Overlay head's test file into ``tree`` and run it with pytest in ``python``.
+
+    Failing tests, collection errors, timeouts and crashes are results, not exceptions.
+    Raises UsageError for a bad ``test_rel``/``env_extra``, CheckRunError when the file
+    cannot be placed in the tree, ObserveError when the interpreter cannot start.
+    """
+    target, overlay = overlay_test_file(tree, test_rel, head_test_bytes)
+    rootdir, inifile = pytest_rootdir(tree, target, rootdir_hint)
+    name = artifact_name(test_rel)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report_path = out_dir / f"{name}.pytest-report.json"
+    junit_path = out_dir / f"{name}.junit.xml"
+    _remove_stale(report_path, Path(f"{report_path}.journal"), junit_path)
+    file_nodeid = Path(os.path.relpath(target, rootdir)).as_posix()
+    argv = _pytest_argv(python, tree, rootdir, inifile, junit_path, file_nodeid)
+    env_pinned = {**PINNED_ENV, **_checked_extra(env_extra)}
+    with tempfile.TemporaryDirectory(prefix="kvprobe-home-") as home:
+        env = proc.clean_env({
+            **env_pinned,
+            "PYTHONPATH": os.pathsep.join(_python_path(python_path)),
+            REPORT_ENV: str(report_path),
+        }, home=Path(home))
+        result = proc.run(
+            argv, timeout_s=timeout_s, env=env, cwd=rootdir,
+            stdout_path=log_dir / f"{name}.stdout", stderr_path=log_dir / f"{name}.stderr",
+        )
+    doc = finalize_report(report_path, result, file_nodeid=file_nodeid, timeout_s=timeout_s)
+    results = tuple(results_from_report(doc))
+    return TestFileRun(
+        path=test_rel, exit_code=result.returncode, pytest_exit=doc.get("exitstatus"),
+        timed_out=result.timed_out, results=results, overlay=overlay.value,
+        report_path=report_path, junit_path=junit_path if junit_path.exists() else None,
+        stdout_path=result.stdout_path, stderr_path=result.stderr_path,
+        duration_s=result.duration_s, counts=count_results(results), rootdir=rootdir,
+        inifile=inifile, argv=result.argv, env_pinned=env_pinned,
+    )
+
+
+def overlay_test_file(tree: Path, test_rel: str, content: bytes) -> tuple[Path, Overlay]:
+    """Write ``content`` at ``tree/test_rel`` (atomically, never through a symlink).
+
+    Raises UsageError for a path that is absolute, climbs out or is not a .py file;
+    CheckRunError when the tree would be left through a symlink or the path is a dir.
+    """
+    rel = PurePosixPath(test_rel)
+    if rel.is_absolute() or ".." in rel.parts or rel.suffix != ".py" or "\\" in test_rel:
+        raise UsageError(f"test path {test_rel!r} must be a relative POSIX path to a .py file")
+    target = tree.joinpath(*rel.parts)
+    _ensure_inside(tree, target.parent)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _ensure_inside(tree, target.parent)
+    if target.is_dir():
+        raise CheckRunError(f"test path {test_rel!r} is a directory in {tree}")
+    before = target.read_bytes() if target.is_file() else None
+    if before == content and not target.is_symlink():
+        return target, Overlay.IDENTICAL
+    _write_atomic(target, content)
+    if before is None:
+        return target, Overlay.ADDED
+    return target, Overlay.IDENTICAL if before == content else Overlay.REPLACED
+
+
+def _ensure_inside(tree: Path, directory: Path) -> None:
+    """Raise CheckRunError if the deepest existing part of ``directory`` leaves ``tree``."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.resolve().is_relative_to(tree.resolve()):
+        raise CheckRunError(f"{directory} leaves the source tree {tree} (symlink?)")
+
+
+def _write_atomic(target: Path, content: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def pytest_rootdir(tree: Path, target: Path, hint: str | None = None) -> tuple[Path, Path | None]:
+    """The directory pytest should run from and the config file that makes it the rootdir.
+
+    ``hint`` (a directory relative to ``tree``) wins; else the nearest directory above the
+    test file, within the tree, holding a pytest config; else the tree root (no config).
+    """
+    if hint:
+        rootdir = tree.joinpath(*PurePosixPath(hint).parts)
+        _ensure_inside(tree, rootdir)
+        return rootdir, _config_in(rootdir)
+    directory = target.parent
+    while True:
+        inifile = _config_in(directory)
+        if inifile or directory == tree or directory == directory.parent:
+            return directory, inifile
+        directory = directory.parent
+
+
+def _config_in(directory: Path) -> Path | None:
+    """The file in ``directory`` that pytest would take as its config, if any."""
+    for name in ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini"):
+        if (directory / name).is_file():
+            return directory / name
+    checks = (("pyproject.toml", _pyproject_has_pytest), ("tox.ini", _ini_has("pytest")),
+              ("setup.cfg", _ini_has("tool:pytest")))
+    for name, has_pytest in checks:
+        if (directory / name).is_file() and has_pytest(directory / name):
+            return directory / name
+    return None
+
+
+def _pyproject_has_pytest(path: Path) -> bool:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(data.get("tool"), dict) and "pytest" in data["tool"]
+
+
+def _ini_has(section: str):
+    def check(path: Path) -> bool:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(path, encoding="utf-8")
+        except (OSError, UnicodeDecodeError, configparser.Error):
+            return False
+        return parser.has_section(section)
+    return check
+
+
+def artifact_name(test_rel: str) -> str:
+    """A flat, safe file stem for a test path: a/b/test_x.py -> a__b__test_x."""
+    stem = test_rel[:-3] if test_rel.endswith(".py") else test_rel
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace("/", "__")).strip("._") or "test"
+
+
+def _pytest_argv(python: Path, tree: Path, rootdir: Path, inifile: Path | None,
+                 junit_path: Path, file_nodeid: str) -> list[str]:
+    """pytest pinned to our rootdir and config (``-c os.devnull`` stops a search above)."""
+    argv = [str(python), "-m", "pytest", "-p", PLUGIN_MODULE, "-p", "no:cacheprovider",
+            f"--junitxml={junit_path}", "-q", f"--rootdir={rootdir}",
+            "-c", str(inifile) if inifile else os.devnull]
+    if inifile is None:
+        argv.append(f"--confcutdir={tree}")
+    return [*argv, file_nodeid]
+
+
+def _checked_extra(env_extra: Mapping[str, str]) -> dict[str, str]:
+    owned = sorted(set(env_extra) & set(_OWNED_ENV))
+    if owned:
+        raise UsageError(f"env_extra may not set {', '.join(owned)}: the runner owns them")
+    return dict(env_extra)
+
+
+def _python_path(entries: Iterable[Path]) -> list[str]:
+    return [str(Path(p).absolute()) for p in entries] + [str(PROBE_API_DIR)]
+
+
+def _remove_stale(*paths: Path) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- the report
+
+def finalize_report(report_path: Path, result: proc.CommandResult, *, file_nodeid: str,
+                    timeout_s: float) -> dict[str, Any]:
+    """Load pytest's report (or rebuild a partial one from its journal), add the runner
+    block, write it back atomically, and return it."""
+    journal = Path(f"{report_path}.journal")
+    doc, source = _load_complete(report_path), "pytest"
+    if doc is None:
+        doc, source = _from_journal(journal), "journal" if journal.exists() else "missing"
+    doc["runner"] = {
+        "returncode": result.returncode, "timed_out": result.timed_out,
+        "timeout_s": timeout_s, "duration_s": round(result.duration_s, 3),
+        "report_source": source, "file_nodeid": file_nodeid,
+    }
+    _write_atomic(report_path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    journal.unlink(missing_ok=True)
+    return doc
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    """Read a report JSON; raises SchemaError on duplicate keys or an unknown schema."""
+    doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates)
+    _check_schema(doc)
+    return doc
+
+
+def _load_complete(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = load_report(path)
+    except (OSError, ValueError, SchemaError):
+        return None
+    return doc if doc.get("complete") is True else None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise SchemaError(f"duplicate keys in report: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
+    return dict(pairs)
+
+
+def _check_schema(doc: Any) -> None:
+    if not isinstance(doc, dict) or doc.get("schema") != REPORT_SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise SchemaError(f"not a {REPORT_SCHEMA} document (schema: {found!r})")
+
+
+def _from_journal(journal: Path) -> dict[str, Any]:
+    """A partial report from the plugin's event journal; a torn last line is ignored."""
+    doc: dict[str, Any] = {"schema": REPORT_SCHEMA, "complete": False, "exitstatus": None,
+                           "collected": None, "collection_errors": [], "tests": [],
+                           "running": None}
+    lines = journal.read_text(encoding="utf-8", errors="replace").splitlines() \
+        if journal.exists() else []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        _apply_event(doc, event.get("event"), event.get("data"))
+    return doc
+
+
+def _apply_event(doc: dict[str, Any], event: str | None, data: Any) -> None:
+    if event == "meta" and isinstance(data, dict):
+        doc.update({k: v for k, v in data.items() if k != "schema"})
+    elif event == "collection_error":
+        doc["collection_errors"].append(data)
+    elif event == "collected":
+        doc["collected"] = data
+    elif event == "start":
+        doc["running"] = data
+    elif event == "finish":
+        doc["running"] = None
+    elif event == "test":
+        doc["tests"].append(data)
+
+
+# --------------------------------------------------------------------------- results
+
+def results_from_report(doc: dict[str, Any]) -> list[TestResult]:
+    """Per-test (and per-subtest) results from a report document. Pure.
+
+    Raises SchemaError for a document that is not ``kvprobe.pytest-report/1``.
+    """
+    _check_schema(doc)
+    results = [_collection_result(entry) for entry in doc.get("collection_errors", [])]
+    results += _test_results(doc.get("tests", []))
+    return _apply_run_state(doc, results)
+
+
+def _collection_result(entry: Mapping[str, Any]) -> TestResult:
+    exc = entry.get("exception") or {}
+    message = exc.get("root_message") or _first_line(entry.get("longrepr", ""))
+    return TestResult(entry["nodeid"], Outcome.ERROR, FailureKind.COLLECTION,
+                      exc.get("root_type"), _clip(message))
+
+
+def _test_results(entries: Iterable[Mapping[str, Any]]) -> list[TestResult]:
+    phases: dict[str, list[Mapping[str, Any]]] = {}
+    subtests: dict[str, list[TestResult]] = {}
+    labels: Counter[tuple[str, str]] = Counter()
+    for entry in entries:
+        nodeid = entry["nodeid"]
+        phases.setdefault(nodeid, [])
+        if entry.get("subtest"):
+            label = subtest_label(entry["subtest"])
+            labels[(nodeid, label)] += 1
+            if labels[(nodeid, label)] > 1:
+                label = f"{label} #{labels[(nodeid, label)]}"
+            subtests.setdefault(nodeid, []).append(_from_entry(entry, subtest=label))
+        else:
+            phases[nodeid].append(entry)
+    results: list[TestResult] = []
+    for nodeid, entries_of_test in phases.items():
+        subs = subtests.get(nodeid, [])
+        if entries_of_test:
+            results.append(_merge_phases(nodeid, entries_of_test, subs))
+        results += subs
+    return results
+
+
+def subtest_label(subtest: Mapping[str, Any]) -> str:
+    """``msg, k=v, ...`` from a subtest's context; ``<subtest>`` when it has neither."""
+    parts = [] if subtest.get("msg") is None else [str(subtest["msg"])]
+    parts += [f"{k}={v}" for k, v in (subtest.get("kwargs") or {}).items()]
+    return ", ".join(parts) or "<subtest>"
+
+
+def _merge_phases(nodeid: str, entries: list[Mapping[str, Any]],
+                  subs: list[TestResult]) -> TestResult:
+    """setup/call/teardown -> one result: a failed setup or teardown is an ERROR."""
+    by_when = {e.get("when"): e for e in entries}
+    setup, call, teardown = by_when.get("setup"), by_when.get("call"), by_when.get("teardown")
+    rollup = any(s.outcome is Outcome.FAILED for s in subs)
+    if setup is not None and setup["outcome"] != "passed":
+        result = _from_entry(setup, phase_error=True)
+    elif call is not None:
+        result = _from_entry(call, rollup=rollup)
+    else:
+        return TestResult(nodeid, Outcome.ERROR, FailureKind.INFRASTRUCTURE,
+                          message="the test never reached its call phase")
+    if teardown is not None and teardown["outcome"] == "failed" \
+            and result.outcome is not Outcome.FAILED and result.outcome is not Outcome.ERROR:
+        result = _from_entry(teardown, phase_error=True)
+    return result
+
+
+def _from_entry(entry: Mapping[str, Any], *, phase_error: bool = False,
+                subtest: str | None = None, rollup: bool = False) -> TestResult:
+    outcome = _outcome(entry, phase_error)
+    if outcome not in (Outcome.FAILED, Outcome.ERROR):
+        message = _clip(str(entry.get("wasxfail") or "")) if entry.get("xfail") else ""
+        return TestResult(entry["nodeid"], outcome, message=message, subtest=subtest)
+    kind, exc_type, message = classify_failure(entry.get("exception"), entry.get("longrepr", ""),
+                                               rollup=rollup)
+    return TestResult(entry["nodeid"], outcome, kind, exc_type, message, subtest)
+
+
+def _outcome(entry: Mapping[str, Any], phase_error: bool) -> Outcome:
+    if entry.get("xfail") in ("xfailed", "xpassed"):
+        return Outcome(entry["xfail"])
+    raw = entry.get("outcome")
+    if raw == "failed":
+        return Outcome.ERROR if phase_error else Outcome.FAILED
+    if raw in ("passed", "skipped"):
+        return Outcome(raw)
+    raise SchemaError(f"unknown test outcome {raw!r} for {entry.get('nodeid')!r}")
+
+
+def classify_failure(exc: Mapping[str, Any] | None, longrepr: str = "", *,
+                     rollup: bool = False) -> tuple[FailureKind | None, str | None, str]:
+    """(kind, exc_type, message) from a failure's exception chain, judged by its root.
+
+    No exception: a parent failed only through its subtests gets kind None (its
+    subtests carry the kinds); otherwise (e.g. strict XPASS) it is an assertion.
+    """
+    if not exc:
+        return (None if rollup else FailureKind.ASSERTION), None, _clip(_first_line(longrepr))
+    root = exc.get("root_type") or exc.get("top_type")
+    message = _clip(exc.get("root_message") or "")
+    if exc.get("assertion") or root == "AssertionError":
+        return FailureKind.ASSERTION, root, message
+    return FailureKind.EXCEPTION, root, message
+
+
+def _apply_run_state(doc: Mapping[str, Any], results: list[TestResult]) -> list[TestResult]:
+    """Add what the run itself says: timeout, crash, no tests, interrupted."""
+    runner = doc.get("runner") or {}
+    file_nodeid = runner.get("file_nodeid") or "<session>"
+    running = doc.get("running")
+    if runner.get("timed_out"):
+        hung = " after pytest finished (the process did not exit)" if doc.get("complete") else ""
+        return _replace(results, running or file_nodeid, FailureKind.TIMEOUT,
+                        f"killed at the {runner.get('timeout_s')}s timeout{hung}")
+    if doc.get("complete") is not True:
+        return _replace(results, running or file_nodeid, FailureKind.INFRASTRUCTURE,
+                        f"pytest exited {runner.get('returncode')} without writing its report")
+    status = doc.get("exitstatus")
+    if status == 5:
+        return results + [TestResult(file_nodeid, Outcome.ERROR, FailureKind.COLLECTION,
+                                     message="no tests collected (pytest exit 5)")]
+    if status in _EXIT_REASONS and not (status == 2 and doc.get("collection_errors")):
+        return results + [TestResult(file_nodeid, Outcome.ERROR, FailureKind.INFRASTRUCTURE,
+                                     message=_EXIT_REASONS[status])]
+    return results
+
+
+def _replace(results: list[TestResult], nodeid: str, kind: FailureKind,
+             message: str) -> list[TestResult]:
+    """Drop ``nodeid``'s own (partial) result and record it as an error of ``kind``."""
+    kept = [r for r in results if not (r.nodeid == nodeid and r.subtest is None)]
+    return kept + [TestResult(nodeid, Outcome.ERROR, kind, message=message)]
+
+
+def _first_line(text: str) -> str:
+    return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+# --------------------------------------------------------------------------- summaries
+
+def count_results(results: Iterable[TestResult]) -> dict[str, int]:
+    """tests_<outcome> and subtests_<outcome> counted apart."""
+    counts = Counter({f"{p}_{o}": 0 for p in ("tests", "subtests")
+                      for o in ("passed", "failed", "error", "skipped")})
+    for r in results:
+        counts[f"{'subtests' if r.subtest else 'tests'}_{r.outcome.value}"] += 1
+    return dict(counts)
+
+
+def failure_kinds(results: Iterable[TestResult]) -> dict[str, int]:
+    """Failures by kind; unexpected exceptions by type name. "assertion" always present."""
+    kinds: Counter[str] = Counter({"assertion": 0})
+    for r in results:
+        if r.outcome in (Outcome.FAILED, Outcome.ERROR) and r.kind is not None:
+            label = (r.exc_type or "Exception") if r.kind is FailureKind.EXCEPTION else r.kind.value
+            kinds[label] += 1
+    return dict(kinds)
+
+
+# --------------------------------------------------------------------------- transitions
+
+ResultsLike = TestFileRun | Iterable[TestResult]
+
+
+def transitions(base: ResultsLike, head: ResultsLike) -> dict[str, Transition]:
+    """Per result key (nodeid [+ subtest]): how base's outcome became head's. Pure."""
+    base_by_key, head_by_key = _index(base), _index(head)
+    keys = list(base_by_key) + [k for k in head_by_key if k not in base_by_key]
+    return {k: _transition(base_by_key.get(k), head_by_key.get(k)) for k in keys}
+
+
+def _index(results: ResultsLike) -> dict[str, TestResult]:
+    items = results.results if isinstance(results, TestFileRun) else results
+    index: dict[str, TestResult] = {}
+    for r in items:
+        index.setdefault(r.key, r)
+    return index
+
+
+def _state(result: TestResult | None) -> str | None:
+    if result is None:
+        return None
+    if result.kind in _ERROR_KINDS:
+        return "error"
+    if result.outcome in (Outcome.PASSED, Outcome.XPASSED, Outcome.XFAILED):
+        return "pass"  # as pytest judges it: an xfail that failed keeps the suite green
+    return "skip" if result.outcome is Outcome.SKIPPED else "fail"
+
+
+_TRANSITIONS = {
+    ("fail", "pass"): Transition.FAIL_TO_PASS,
+    ("pass", "pass"): Transition.PASS_TO_PASS,
+    ("pass", "fail"): Transition.PASS_TO_FAIL,
+    ("fail", "fail"): Transition.FAIL_TO_FAIL,
+}
+
+
+def _transition(base: TestResult | None, head: TestResult | None) -> Transition:
+    states = (_state(base), _state(head))
+    if "error" in states:
+        return Transition.ERROR
+    return _TRANSITIONS.get(states, Transition.NOT_RUN)  # type: ignore[arg-type]

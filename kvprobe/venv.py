@@ -1,0 +1,228 @@
+"""Virtualenvs per (python, dependency lock, torch index), built once, cached and reused.
+
+A profile is ``probes/profiles/<name>.toml`` naming a hash-pinned lock file. An env is
+built in a temp dir beside its final place with ``virtualenv`` and ``pip install
+--require-hashes --no-deps``, described in a marker file, and renamed into place only
+when complete; a file lock keeps concurrent builders from doing the work twice.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from kvprobe import proc
+from kvprobe.errors import EnvBuildError, ExperimentError
+from kvprobe.models import EnvInfo
+from kvprobe.progress import Reporter
+from kvprobe.resources import experiment_dirs
+
+MARKER = "kvprobe-env.json"
+_DESCRIBE = r"""
+import importlib.metadata as md, json, platform, sys
+info = {"python": platform.python_version(),
+        "packages": {d.metadata["Name"]: d.version for d in md.distributions()}}
+try:
+    import torch
+    info["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                     "cuda_available": bool(torch.cuda.is_available())}
+except Exception as exc:
+    info["torch"] = None if isinstance(exc, ImportError) else {"error": repr(exc)}
+print(json.dumps(info, sort_keys=True))
+"""
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    python: str
+    lock_name: str
+    lock_bytes: bytes
+    torch_replaces: tuple[str, ...] = ()
+    torch_requirements: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def lock_sha256(self) -> str:
+        return hashlib.sha256(self.lock_bytes).hexdigest()
+
+
+def load_profile(name: str) -> Profile:
+    """Find ``profiles/<name>.toml`` on the experiment search path."""
+    for directory in experiment_dirs():
+        path = directory / "profiles" / f"{name}.toml"
+        if path.is_file():
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            lock = path.parent / data["lock"]
+            torch_index = data.get("torch_index", {})
+            return Profile(
+                name=data["name"], description=data.get("description", ""),
+                python=str(data.get("python", "3")), lock_name=lock.name,
+                lock_bytes=lock.read_bytes(),
+                torch_replaces=tuple(torch_index.get("replaces", ())),
+                torch_requirements=tuple(torch_index.get("requirements", ())),
+                env=tuple(sorted((k, str(v)) for k, v in data.get("env", {}).items())),
+            )
+    raise ExperimentError(f"unknown dependency profile {name!r} (no profiles/{name}.toml)")
+
+
+def find_python(version: str) -> str:
+    """An interpreter for ``version`` ("3.11"): this one if it matches, else pythonX.Y on PATH."""
+    if platform.python_version().startswith(version.rstrip(".") + ".") or version == "3":
+        return sys.executable
+    found = shutil.which(f"python{version}")
+    if not found:
+        raise EnvBuildError(f"profile needs Python {version}, and python{version} is not on PATH")
+    return found
+
+
+def split_lock(profile: Profile, torch_index: str | None) -> tuple[str, list[str]]:
+    """(hash-pinned lock text, index requirements): with an index, torch lines move out."""
+    if not torch_index:
+        return profile.lock_bytes.decode("utf-8"), []
+    if not profile.torch_requirements:
+        raise EnvBuildError(f"profile {profile.name} has no torch_index section; --torch-index does not apply")
+    kept, skip = [], False
+    for line in profile.lock_bytes.decode("utf-8").splitlines():
+        if line.startswith((" ", "\t")):
+            if not skip:
+                kept.append(line)
+            continue
+        name = line.split("==", 1)[0].strip().lower()
+        skip = bool(name) and not line.startswith("#") and any(
+            fnmatch.fnmatch(name, pattern) for pattern in profile.torch_replaces
+        )
+        if not skip:
+            kept.append(line)
+    return "\n".join(kept) + "\n", list(profile.torch_requirements)
+
+
+class EnvManager:
+    """Builds and caches envs under ``cache_root/envs``."""
+
+    def __init__(self, cache_root: Path, *, reporter: Reporter | None = None,
+                 timeout_s: float = 3600.0) -> None:
+        self.root = cache_root / "envs"
+        self.reporter = reporter or Reporter()
+        self.timeout_s = timeout_s
+
+    def key(self, profile: Profile, python: str, torch_index: str | None) -> str:
+        ident = {"python": _python_identity(python), "lock": profile.lock_sha256,
+                 "torch_index": torch_index or "", "format": 1}
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+
+    def ensure(self, profile: Profile, *, torch_index: str | None = None) -> EnvInfo:
+        """The env for ``profile``: reused if complete, else built (under a lock)."""
+        python = find_python(profile.python)
+        key = self.key(profile, python, torch_index)
+        final = self.root / f"{profile.name}-{key}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.root / f"{profile.name}-{key}.lock")):
+            if not (final / MARKER).is_file():
+                self._build(profile, python, torch_index, final)
+            else:
+                self.reporter.note(f"env {final.name}: cached")
+            os.utime(final / MARKER)  # last used, for `cache ls` / `cache prune`
+            return _read_marker(final)
+
+    def _build(self, profile: Profile, python: str, torch_index: str | None, final: Path) -> None:
+        if final.exists():  # an incomplete leftover without marker: not ours to trust
+            shutil.rmtree(final)
+        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=f".build-{final.name}-"))
+        try:
+            with self.reporter.step(f"building env {profile.name} (first time: may take minutes)"):
+                started = time.monotonic()
+                env_dir = tmp / "env"
+                self._create(python, env_dir, tmp)
+                self._install(profile, env_dir, tmp, torch_index)
+                info = self._describe(env_dir / "bin" / "python", tmp)
+                info.update({
+                    "profile": profile.name, "lock_name": profile.lock_name,
+                    "lock_sha256": profile.lock_sha256, "torch_index": torch_index or "pypi",
+                    "build_seconds": round(time.monotonic() - started, 1),
+                })
+                (env_dir / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True))
+                os.replace(env_dir, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _create(self, python: str, env_dir: Path, tmp: Path) -> None:
+        result = proc.run(
+            [sys.executable, "-m", "virtualenv", "--no-download", "--no-periodic-update",
+             "--quiet", "-p", python, str(env_dir)],
+            timeout_s=300, env=proc.clean_env(), stdout_path=tmp / "venv.out",
+            stderr_path=tmp / "venv.err",
+        )
+        if not result.ok:
+            raise EnvBuildError(f"virtualenv failed: {result.summary()}")
+
+    def _install(self, profile: Profile, env_dir: Path, tmp: Path, torch_index: str | None) -> None:
+        lock_text, index_reqs = split_lock(profile, torch_index)
+        lock_file = tmp / "lock.txt"
+        lock_file.write_text(lock_text)
+        python = str(env_dir / "bin" / "python")
+        base = [python, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
+                "--no-input", "--progress-bar", "off"]
+        self._pip([*base, "--require-hashes", "--only-binary=:all:", "-r", str(lock_file)], tmp, "lock")
+        if index_reqs:
+            self._pip([*base, "--index-url", torch_index, *index_reqs], tmp, "torch-index")
+
+    def _pip(self, argv: list[str], tmp: Path, label: str) -> None:
+        out = tmp / f"pip-{label}.out"
+
+        def poll() -> None:
+            self.reporter.update(_last_pip_action(out))
+
+        result = proc.run(
+            argv, timeout_s=self.timeout_s, stdout_path=out, stderr_path=tmp / f"pip-{label}.err",
+            env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)), poll=poll,
+        )
+        if not result.ok:
+            raise EnvBuildError(f"pip install ({label}) failed: {result.summary()}")
+
+    def _describe(self, python: Path, tmp: Path) -> dict:
+        result = proc.run([str(python), "-c", _DESCRIBE], timeout_s=300,
+                          env=proc.clean_env(home=tmp), stdout_path=tmp / "describe.out",
+                          stderr_path=tmp / "describe.err")
+        if not result.ok:
+            raise EnvBuildError(f"the new env's python does not run: {result.summary()}")
+        return json.loads(result.stdout())
+
+
+def _python_identity(python: str) -> str:
+    result = proc.capture([python, "-c", "import sys,platform;print(sys.version, platform.machine())"],
+                          timeout_s=60, env=proc.clean_env())
+    if not result.ok:
+        raise EnvBuildError(f"cannot run {python}: {result.summary()}")
+    return result.stdout.strip()
+
+
+def _last_pip_action(path: Path) -> str:
+    try:
+        lines = [ln for ln in proc._read_tail(path, 4096).splitlines() if ln.strip()]
+    except OSError:
+        return "starting pip"
+    return lines[-1][:100] if lines else "starting pip"
+
+
+def _read_marker(env_dir: Path) -> EnvInfo:
+    data = json.loads((env_dir / MARKER).read_text())
+    return EnvInfo(
+        key=env_dir.name, path=env_dir, python=data["python"], lock_name=data["lock_name"],
+        lock_sha256=data["lock_sha256"], packages=data["packages"],
+        build={"torch": data.get("torch"), "torch_index": data.get("torch_index"),
+               "build_seconds": data.get("build_seconds")},
+    )
