@@ -102,6 +102,7 @@ def run_test_file(
     Raises UsageError for a bad ``test_rel``/``env_extra``, CheckRunError when the file
     cannot be placed in the tree, ObserveError when the interpreter cannot start.
     """
+    env_pinned = {**PINNED_ENV, **_checked_extra(env_extra)}
     target, overlay = overlay_test_file(tree, test_rel, head_test_bytes)
     rootdir, inifile = pytest_rootdir(tree, target, rootdir_hint)
     name = artifact_name(test_rel)
@@ -111,7 +112,6 @@ def run_test_file(
     _remove_stale(report_path, Path(f"{report_path}.journal"), junit_path)
     file_nodeid = Path(os.path.relpath(target, rootdir)).as_posix()
     argv = _pytest_argv(python, tree, rootdir, inifile, junit_path, file_nodeid)
-    env_pinned = {**PINNED_ENV, **_checked_extra(env_extra)}
     with tempfile.TemporaryDirectory(prefix="kvprobe-home-") as home:
         env = proc.clean_env({
             **env_pinned,

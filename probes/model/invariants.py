@@ -27,8 +27,9 @@ MAX_EXAMPLES = 150  # per invariant
 STEPS = 10  # rules per example (hypothesis' stateful_step_count)
 GEOMETRY = m.Geometry.scaled()
 TENANTS = st.sampled_from(["a", "b", "c"])
-# lengths right around the 665-token pool, plus anything up to the context
+# lengths right around the 665-token pool, short ones (several fit the pool at once), anything
 PROMPTS = st.one_of(st.sampled_from([600, 664, 665, 666, 700, 1024]),
+                    st.integers(1, 160),
                     st.integers(1, GEOMETRY.context_tokens))
 PICK = st.integers(0, 2)  # 0 = the newest eligible flow, 1 = the one before, ...
 
@@ -129,6 +130,14 @@ def search(invariant_name: str, switches: m.Switches, *, seed: int = SEED,
                 r = self.cluster.decode_step(flow)
                 outcomes.append(f"{flow.rid}: {r.status if r else 'waiting'}")
             self.trace.append(f"decode_step() -> {', '.join(outcomes)}")
+
+        @rule(tenant=TENANTS, prompt_len=PROMPTS)
+        def abort_in_flight(self, tenant: str, prompt_len: int) -> None:
+            """A request whose client leaves while its KV writes are still in flight."""
+            flow = self.cluster.submit(tenant, prompt_len, slow_transfer=True)
+            self.cluster.abort(flow)
+            self.trace.append(f"abort_in_flight(tenant={tenant!r}, prompt_len={prompt_len}) -> "
+                              f"{flow.rid}: {len(self.cluster.pending_writes)} write(s) in flight")
 
         @precondition(lambda self: self._flows(_live))
         @rule(pick=PICK)

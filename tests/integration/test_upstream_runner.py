@@ -175,12 +175,15 @@ def test_unittest_subtests_are_counted_apart(target_python, tmp_path):
         assert got["TestMixed::test_subtests [case, i=0]"].outcome is Outcome.PASSED
         assert (result.counts["subtests_passed"], result.counts["subtests_failed"]) == (2, 1)
         assert result.failure_kinds() == {"assertion": 3, "AttributeError": 3}
+        assert got["TestMixed::test_subtests"].outcome is Outcome.PASSED
+        assert result.counts["tests_failed"] == 4
     else:
         # pytest 8 without pytest-subtests: the first failing subTest fails the test
         assert got["TestMixed::test_subtests"].kind is FailureKind.ASSERTION
         assert result.counts["subtests_failed"] == 0
         assert result.failure_kinds() == {"assertion": 3, "AttributeError": 3}
-    assert result.counts["tests_failed"] == 5 and result.counts["tests_error"] == 1
+        assert result.counts["tests_failed"] == 5
+    assert result.counts["tests_error"] == 1
 
 
 def test_base_to_head_transitions(target_python, tmp_path):
@@ -306,3 +309,39 @@ def test_overlay_never_writes_through_a_symlink(tmp_path):
     assert not (tree / "test_b.py").is_symlink()
     assert (outside / "victim.py").read_text() == "keep\n"
     assert os.listdir(outside) == ["victim.py"]
+
+
+def test_pytest_usage_error_is_infrastructure(target_python, tmp_path):
+    tree = make_tree(tmp_path / "t", {"test/pytest.ini": "[pytest]\naddopts = --no-such-option\n"})
+    result = run(target_python, tree, "test/test_a.py", "def test_a():\n    pass\n", tmp_path)
+    [error] = result.results
+    assert result.exit_code == 4
+    assert (error.nodeid, error.outcome, error.kind) == \
+        ("test_a.py", Outcome.ERROR, FailureKind.INFRASTRUCTURE)
+
+
+def test_fixture_subtests_parent_is_a_rollup(target_python, tmp_path):
+    source = """
+        def test_rows(subtests):
+            for i in range(3):
+                with subtests.test(msg="row", i=i):
+                    assert i != 2
+    """
+    tree = make_tree(tmp_path / "t", {"pkg/__init__.py": PKG_BASE})
+    result = run(target_python, tree, "tests/test_rows.py", source, tmp_path)
+    if pytest_major(result) < 9:
+        pytest.skip("the subtests fixture is built in from pytest 9")
+    got = by_name(result)
+    assert (got["test_rows"].outcome, got["test_rows"].kind) == (Outcome.FAILED, None)
+    assert got["test_rows [row, i=2]"].kind is FailureKind.ASSERTION
+    assert result.failure_kinds() == {"assertion": 1}
+    assert (result.counts["subtests_passed"], result.counts["subtests_failed"]) == (2, 1)
+
+
+def test_env_extra_may_not_override_what_the_runner_owns(tmp_path):
+    with pytest.raises(UsageError, match="PYTHONPATH"):
+        run_test_file(python=Path(sys.executable), tree=tmp_path, rootdir_hint=None,
+                      test_rel="test_a.py", head_test_bytes=b"", python_path=[],
+                      out_dir=tmp_path / "o", log_dir=tmp_path / "l", timeout_s=5,
+                      env_extra={"PYTHONPATH": "/elsewhere"})
+    assert not (tmp_path / "test_a.py").exists()
