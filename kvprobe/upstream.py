@@ -298,8 +298,9 @@ def _load_complete(path: Path) -> dict[str, Any] | None:
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     keys = [k for k, _ in pairs]
-    if len(keys) != len(set(keys)):
-        raise SchemaError(f"duplicate keys in report: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise SchemaError(f"duplicate keys in report: {duplicates}")
     return dict(pairs)
 
 

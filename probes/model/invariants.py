@@ -1,46 +1,42 @@
 """Invariant search: hypothesis stateful testing over random request mixes.
 
 A RuleBasedStateMachine drives pd_model.Cluster with tenants, prompt lengths
-around the pool size, slow (in-flight) transfers, client aborts, late results
-and decode steps, and checks one invariant after every step. The seed and the
-budget are fixed, so a run is reproducible; on a find, hypothesis shrinks the
-sequence and the minimal trace is recorded.
+around the pool size, slow (in-flight) transfers, client aborts (also while
+writes are in flight), late results and decode steps, and checks invariants
+after every step. Seed and budget are fixed, so a run is reproducible (same
+hypothesis version, same files); on a find hypothesis shrinks the sequence and
+the shrunk trace is recorded.
 
-This searches the MODEL: a find is a bug in the modelled guards, and no find
-within the budget is evidence about the model only, not about SGLang.
+This searches the MODEL: a find is a bug of the modelled guards, and no find
+within the budget is evidence about the model only, never about SGLang.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import tempfile
 from typing import Any, Callable
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, settings, strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
 import kvprobe_probe as kp
 import pd_model as m
 
-SEED = 20260827  # the first day of the incident window
-MAX_EXAMPLES = 150  # per invariant
+SEED = 20260827  # the first day of the incident window; chosen before any run
+MAX_EXAMPLES = 150  # generated examples per search
 STEPS = 10  # rules per example (hypothesis' stateful_step_count)
 GEOMETRY = m.Geometry.scaled()
 TENANTS = st.sampled_from(["a", "b", "c"])
-# lengths right around the 665-token pool, short ones (several fit the pool at once), anything
-PROMPTS = st.one_of(st.sampled_from([600, 664, 665, 666, 700, 1024]),
-                    st.integers(1, 160),
-                    st.integers(1, GEOMETRY.context_tokens))
-PICK = st.integers(0, 2)  # 0 = the newest eligible flow, 1 = the one before, ...
-
-
-def _live(flow: m.Flow) -> bool:
-    return not flow.done
-
-
-def _aborted(flow: m.Flow) -> bool:
-    """Flows a late result can belong to: aborted or rejected after a prefill forward."""
-    return flow.forwarded and (flow.client_aborted or flow.rejected)
+# prompt lengths: page boundaries (16 tokens a page), short ones that share the pool, and
+# lengths right around the 665-token pool and the 1,024-token context
+PROMPT_LENGTHS = (1, 16, 17, 100, 160, 300, 600, 664, 665, 666, 667, 700, 1000, 1024)
+PROMPTS = st.sampled_from(PROMPT_LENGTHS)
+PICK = st.integers(0, 2)  # 0 = the newest eligible request, 1 = the one before, ...
 
 probe = kp.Probe(
     "invariants",
@@ -76,7 +72,7 @@ def freed_exactly_once(cluster: m.Cluster) -> str | None:
     return None
 
 
-def rejected_no_handoff(cluster: m.Cluster) -> str | None:
+def no_handoff_for_rejected(cluster: m.Cluster) -> str | None:
     """A rejected request creates no handoff object."""
     return cluster.violations[0] if cluster.violations else None
 
@@ -84,25 +80,44 @@ def rejected_no_handoff(cluster: m.Cluster) -> str | None:
 INVARIANTS: dict[str, Callable[[m.Cluster], str | None]] = {
     "decode_reads_own_pages": own_pages_only,
     "resources_freed_once": freed_exactly_once,
-    "rejected_no_handoff": rejected_no_handoff,
+    "rejected_no_handoff": no_handoff_for_rejected,
 }
 
 
+def _live(flow: m.Flow) -> bool:
+    return not flow.done
+
+
+def _aborted(flow: m.Flow) -> bool:
+    """Requests a late result can belong to: aborted or rejected after a prefill forward."""
+    return flow.forwarded and (flow.client_aborted or flow.rejected)
+
+
 class _Violation(AssertionError):
-    """The invariant failed (as opposed to the model itself raising)."""
+    """An invariant failed (as opposed to the model itself raising)."""
 
 
-def search(invariant_name: str, switches: m.Switches, *, seed: int = SEED,
+# ---------------------------------------------------------------- the search
+
+def search(names: tuple[str, ...], switches: m.Switches, *, seed: int = SEED,
            max_examples: int = MAX_EXAMPLES, steps: int = STEPS) -> dict[str, Any]:
-    """Run the state machine for one invariant; return what the search found."""
-    check = INVARIANTS[invariant_name]
+    """Search for a sequence that breaks any invariant in ``names`` (a fresh copy each call)."""
+    return copy.deepcopy(_search(names, switches, seed, max_examples, steps))
+
+
+@functools.lru_cache(maxsize=None)  # same arguments, same (deterministic) result: run once
+def _search(names: tuple[str, ...], switches: m.Switches, seed: int,
+            max_examples: int, steps: int) -> dict[str, Any]:
+    checks = {name: INVARIANTS[name] for name in names}
     failures: list[dict[str, Any]] = []
+    runs = [0]
 
     class PDMachine(RuleBasedStateMachine):
-        """Rules act on the pick-th newest flow that the rule makes sense for."""
+        """Rules that name a request act on the pick-th newest one they make sense for."""
 
         def __init__(self) -> None:
             super().__init__()
+            runs[0] += 1
             self.cluster = m.Cluster(switches, GEOMETRY)
             self.trace: list[str] = []
 
@@ -119,25 +134,13 @@ def search(invariant_name: str, switches: m.Switches, *, seed: int = SEED,
             self.trace.append(f"submit(tenant={tenant!r}, prompt_len={prompt_len}, "
                               f"slow_transfer={slow}) -> {flow.rid}")
 
-        @precondition(lambda self: self._flows(_live))
-        @rule()
-        def decode_step(self) -> None:
-            """Time passes: writes in flight land, then decode serves every ready request."""
-            landed = len(self.cluster.pending_writes)
-            self.cluster.land_writes()
-            outcomes = [f"{landed} write(s) landed"] if landed else []
-            for flow in reversed(self._flows(_live)):
-                r = self.cluster.decode_step(flow)
-                outcomes.append(f"{flow.rid}: {r.status if r else 'waiting'}")
-            self.trace.append(f"decode_step() -> {', '.join(outcomes)}")
-
         @rule(tenant=TENANTS, prompt_len=PROMPTS)
         def abort_in_flight(self, tenant: str, prompt_len: int) -> None:
             """A request whose client leaves while its KV writes are still in flight."""
             flow = self.cluster.submit(tenant, prompt_len, slow_transfer=True)
             self.cluster.abort(flow)
             self.trace.append(f"abort_in_flight(tenant={tenant!r}, prompt_len={prompt_len}) -> "
-                              f"{flow.rid}: {len(self.cluster.pending_writes)} write(s) in flight")
+                              f"{flow.rid}, {len(self.cluster.pending_writes)} write(s) in flight")
 
         @precondition(lambda self: self._flows(_live))
         @rule(pick=PICK)
@@ -156,34 +159,59 @@ def search(invariant_name: str, switches: m.Switches, *, seed: int = SEED,
         @precondition(lambda self: self.cluster.pending_writes)
         @rule()
         def land_writes(self) -> None:
-            n = len(self.cluster.pending_writes)
+            landed = len(self.cluster.pending_writes)
             self.cluster.land_writes()
-            self.trace.append(f"land_writes() -> {n} write(s) landed")
+            self.trace.append(f"land_writes() -> {landed} write(s) landed")
+
+        @precondition(lambda self: self._flows(_live))
+        @rule()
+        def decode_step(self) -> None:
+            """Time passes: writes in flight land, then decode serves every ready request."""
+            landed = len(self.cluster.pending_writes)
+            self.cluster.land_writes()
+            outcomes = [f"{landed} write(s) landed"] if landed else []
+            for flow in reversed(self._flows(_live)):
+                r = self.cluster.decode_step(flow)
+                outcomes.append(f"{flow.rid}: {r.status if r else 'waiting'}")
+            self.trace.append(f"decode_step() -> {', '.join(outcomes)}")
 
         @invariant()
         def holds(self) -> None:
-            if problem := check(self.cluster):
-                failures.append({"trace": list(self.trace), "violation": problem})
-                raise _Violation(problem)
+            for name, check in checks.items():
+                if problem := check(self.cluster):
+                    failures.append({"invariant": name, "trace": list(self.trace), "violation": problem})
+                    raise _Violation(f"{name}: {problem}")
 
     hypothesis.seed(seed)(PDMachine)
     config = settings(max_examples=max_examples, stateful_step_count=steps, database=None,
                       deadline=None, derandomize=False, print_blob=False,
                       phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False,
                       suppress_health_check=list(HealthCheck))
-    result: dict[str, Any] = {"counterexample_found": False}
-    try:
-        run_state_machine_as_test(PDMachine, settings=config)
-    except _Violation:
-        # hypothesis replays the shrunk example last, so the last failure is the minimal one
-        last = failures[-1]
-        result = {"counterexample_found": True, "violation": last["violation"],
-                  "trace": last["trace"], "trace_length": len(last["trace"])}
-    result.update(seed=seed, max_examples=max_examples, stateful_step_count=steps,
+    result: dict[str, Any] = {"counterexample_found": False, "invariant": None,
+                              "violation": None, "trace": []}
+    with tempfile.TemporaryDirectory(prefix="kvprobe-hypothesis-") as home:
+        set_hypothesis_home_dir(home)  # hypothesis' caches go here, never into the cwd
+        try:
+            run_state_machine_as_test(PDMachine, settings=config)
+        except _Violation:
+            # hypothesis replays the shrunk example last: the last failure is the shrunk one
+            result.update(failures[-1], counterexample_found=True)
+        finally:
+            set_hypothesis_home_dir(None)
+    result.update(trace_length=len(result["trace"]), seed=seed, max_examples=max_examples,
+                  stateful_step_count=steps, machine_runs=runs[0], search_scope=list(names),
                   switches=switches.to_dict())
-    result.setdefault("trace", [])
-    result.setdefault("trace_length", 0)
-    result.setdefault("violation", None)
+    return result
+
+
+def search_invariant(name: str, switches: m.Switches) -> dict[str, Any]:
+    """One invariant's result. All three are first checked together on the same examples:
+    with no find that equals three separate runs (generation does not depend on the check
+    until one fails) at a third of the time; after a find, this invariant is searched alone
+    so its trace is its own."""
+    joint = search(tuple(INVARIANTS), switches)
+    result = joint if not joint["counterexample_found"] else search((name,), switches)
+    result = {k: v for k, v in result.items() if k != "invariant"}
     return result
 
 
@@ -211,42 +239,45 @@ def case(name: str) -> Callable:
 
 @case("decode_reads_own_pages")
 def decode_reads_own_pages(sw: m.Switches) -> dict[str, Any]:
-    """Search for a response containing a page its request did not write (side switches)."""
-    return search("decode_reads_own_pages", sw)
+    """Search (side switches) for a response with a token from a page its request did not write."""
+    return search_invariant("decode_reads_own_pages", sw)
 
 
 @case("resources_freed_once")
 def resources_freed_once(sw: m.Switches) -> dict[str, Any]:
-    """Search for a double free, or a leak once everything has finished (side switches)."""
-    return search("resources_freed_once", sw)
+    """Search (side switches) for a double free, or a leak once everything has finished."""
+    return search_invariant("resources_freed_once", sw)
 
 
 @case("rejected_no_handoff")
-def rejected_no_handoff_case(sw: m.Switches) -> dict[str, Any]:
-    """Search for a rejected request that created a sender/receiver/metadata/decode pages."""
-    return search("rejected_no_handoff", sw)
+def rejected_no_handoff(sw: m.Switches) -> dict[str, Any]:
+    """Search (side switches) for a rejected request that created a sender, receiver,
+    metadata buffer or decode page reservation."""
+    return search_invariant("rejected_no_handoff", sw)
 
 
 @case("decode_reads_own_pages.no_deferred_release")
-def decode_reads_own_pages_no_deferred(sw: m.Switches) -> dict[str, Any]:
-    """Deferred release pinned off, everything else from the side: the search must
-    find the lifetime bug (abort with writes in flight, page reuse, write lands)
-    even where the door and the cleanup are fixed."""
-    return search("decode_reads_own_pages", sw.replace(deferred_release=False))
+def decode_reads_own_pages_no_deferred_release(sw: m.Switches) -> dict[str, Any]:
+    """Deferred release pinned off, the rest from the side: on head (door and cleanup
+    fixed) the search must still find the lifetime bug: an abort with writes in flight,
+    page reuse, the late write lands in another request's page."""
+    return search(("decode_reads_own_pages",), sw.replace(deferred_release=False))
 
 
 @case("resources_freed_once.fixed_door_pre_36988")
 def resources_freed_once_fixed_door_pre_36988(sw: m.Switches) -> dict[str, Any]:
-    """The #38935 door without #36988 (door fixed, cleanup pre-#36988 pinned): the
-    door stops rejected requests, yet a late result of a client-aborted request still
-    frees its KV a second time."""
-    return search("resources_freed_once", sw.replace(door="pending_reject", result_cleanup="pre_36988"))
+    """The #38935 door without #36988 (both pinned): rejected requests stop at the door,
+    yet a late result of a client-aborted request still frees its KV a second time."""
+    return search(("resources_freed_once",),
+                  sw.replace(door="pending_reject", result_cleanup="pre_36988"))
 
 
 if __name__ == "__main__":
     probe.fact("switches", side().to_dict())
     probe.fact("hypothesis_version", hypothesis.__version__)
     probe.fact("search", {"seed": SEED, "max_examples": MAX_EXAMPLES, "stateful_step_count": STEPS,
-                          "database": None, "phases": ["generate", "shrink"]})
+                          "database": None, "phases": ["generate", "shrink"],
+                          "rules": ["submit", "abort_in_flight", "abort", "late_result",
+                                    "land_writes", "decode_step"]})
     probe.fact("geometry_scaled", GEOMETRY.to_dict())
     probe.main()

@@ -258,7 +258,15 @@ def test_upstream_pytest_ini_in_a_subdirectory_sets_the_rootdir(target_python, t
         # only applies if test/ is the rootdir: checks are named check_*
         "test/pytest.ini": "[pytest]\npython_functions = check_*\nasyncio_mode = auto\n",
     })
-    source = "import pkg\n\ndef check_answer():\n    assert pkg.answer() == 41\n\ndef test_ignored():\n    assert False\n"
+    source = """
+        import pkg
+
+        def check_answer():
+            assert pkg.answer() == 41
+
+        def test_ignored():
+            assert False
+    """
     result = run(target_python, tree, "test/registered/unit/sched/test_x.py", source, tmp_path)
     assert result.rootdir == tree / "test" and result.inifile == tree / "test" / "pytest.ini"
     [passed] = result.results

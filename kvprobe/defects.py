@@ -1,0 +1,303 @@
+"""What can be wrong with a bundle: one error subclass (and one stable code) per failure kind.
+
+``kvprobe verify`` collects these instead of stopping at the first one, so a report names
+every defect; each carries the step it belongs to and the bundle path it is about. They
+are VerificationFailed subclasses (exit 1), except NotABundle (exit 2: not a bundle at all).
+"""
+
+from __future__ import annotations
+
+from kvprobe.errors import UsageError, VerificationFailed
+
+
+class NotABundle(UsageError):
+    """The path is not a bundle directory or a readable bundle archive (exit 2)."""
+
+
+class BundleDefect(VerificationFailed):
+    """One defect found in a bundle: a stable ``code``, the ``step`` and the ``path``."""
+
+    code = "defect"
+    step = 0
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"{self.code}: {path}: {detail}")
+        self.path = path
+        self.detail = detail
+
+    def to_json(self) -> dict[str, object]:
+        return {"code": self.code, "step": self.step, "path": self.path, "detail": self.detail}
+
+
+# --- step 1: layout ----------------------------------------------------------------------
+
+class LayoutDefect(BundleDefect):
+    step = 1
+
+
+class MissingRequired(LayoutDefect):
+    code = "missing-required"
+
+
+class SymlinkEntry(LayoutDefect):
+    code = "symlink"
+
+
+class SpecialFile(LayoutDefect):
+    """A FIFO, device or socket: never opened."""
+
+    code = "special-file"
+
+
+class BadName(LayoutDefect):
+    """Non-UTF-8, non-canonical, '.', '..', absolute or over-long names."""
+
+    code = "bad-name"
+
+
+class NameCollision(LayoutDefect):
+    """Two names equal after case folding or Unicode (NFC) normalisation."""
+
+    code = "name-collision"
+
+
+class TooManyFiles(LayoutDefect):
+    code = "too-many-files"
+
+
+class FileTooLarge(LayoutDefect):
+    code = "file-too-large"
+
+
+class BundleTooLarge(LayoutDefect):
+    code = "bundle-too-large"
+
+
+class ArchiveLinkMember(LayoutDefect):
+    code = "archive-link-member"
+
+
+class ArchiveSpecialMember(LayoutDefect):
+    code = "archive-special-member"
+
+
+class ArchiveTraversal(LayoutDefect):
+    """An absolute member name or one with '..' components."""
+
+    code = "archive-traversal"
+
+
+class ArchiveDuplicateMember(LayoutDefect):
+    code = "archive-duplicate-member"
+
+
+# --- step 2: JSON ------------------------------------------------------------------------
+
+class JsonDefect(BundleDefect):
+    step = 2
+
+
+class JsonNotUtf8(JsonDefect):
+    code = "json-not-utf8"
+
+
+class JsonMalformed(JsonDefect):
+    code = "json-malformed"
+
+
+class JsonDuplicateKey(JsonDefect):
+    code = "json-duplicate-key"
+
+
+class JsonNonFinite(JsonDefect):
+    """NaN, Infinity or -Infinity: not JSON."""
+
+    code = "json-non-finite"
+
+
+class JsonTooLarge(JsonDefect):
+    code = "json-too-large"
+
+
+class JsonTooDeep(JsonDefect):
+    code = "json-too-deep"
+
+
+class UnknownSchemaVersion(JsonDefect):
+    code = "schema-unknown-version"
+
+
+class SchemaViolation(JsonDefect):
+    code = "schema-violation"
+
+
+class TomlMalformed(JsonDefect):
+    code = "toml-malformed"
+
+
+class Unreadable(JsonDefect):
+    """A document the verifier needs is missing or not a regular file."""
+
+    code = "unreadable"
+
+
+# --- step 3: integrity -------------------------------------------------------------------
+
+class IntegrityDefect(BundleDefect):
+    step = 3
+
+
+class MissingFile(IntegrityDefect):
+    code = "missing-file"
+
+
+class NotRegular(IntegrityDefect):
+    code = "not-regular"
+
+
+class SizeMismatch(IntegrityDefect):
+    code = "size-mismatch"
+
+
+class OversizedClaim(IntegrityDefect):
+    """The manifest claims a size over the cap: refused before any byte is hashed."""
+
+    code = "oversized-claim"
+
+
+class FileDigestMismatch(IntegrityDefect):
+    code = "digest-mismatch"
+
+
+class UnlistedFile(IntegrityDefect):
+    code = "unlisted-file"
+
+
+class UnsafePath(IntegrityDefect):
+    """A listed or cited path that is absolute, has '..' or is not canonical."""
+
+    code = "unsafe-path"
+
+
+class DuplicateEntry(IntegrityDefect):
+    code = "duplicate-entry"
+
+
+class ReservedEntry(IntegrityDefect):
+    """manifest.json or SHA256SUMS listed inside the manifest itself."""
+
+    code = "reserved-entry"
+
+
+class ManifestNotCanonical(IntegrityDefect):
+    code = "manifest-not-canonical"
+
+
+class SumsMismatch(IntegrityDefect):
+    """SHA256SUMS and manifest.json disagree on the set of files or a digest."""
+
+    code = "sums-mismatch"
+
+
+class SumsMalformed(IntegrityDefect):
+    code = "sums-malformed"
+
+
+class SumsBsdStyle(IntegrityDefect):
+    code = "sums-bsd-style"
+
+
+class SumsUppercaseHex(IntegrityDefect):
+    code = "sums-uppercase-hex"
+
+
+class SumsCrlf(IntegrityDefect):
+    code = "sums-crlf"
+
+
+class SumsNotCanonical(IntegrityDefect):
+    """Parsable but not byte-identical to the writer's render (order, '*', no final LF)."""
+
+    code = "sums-not-canonical"
+
+
+# --- step 4: consistency -----------------------------------------------------------------
+
+class ConsistencyDefect(BundleDefect):
+    step = 4
+
+
+class CitationNotInManifest(ConsistencyDefect):
+    code = "citation-not-in-manifest"
+
+
+class CitationDigestMismatch(ConsistencyDefect):
+    code = "citation-digest-mismatch"
+
+
+class CitationMisplaced(ConsistencyDefect):
+    """A cited raw output that is not where its side and check put it."""
+
+    code = "citation-misplaced"
+
+
+class RawInvalid(ConsistencyDefect):
+    """A raw output that is not what the receipt says it is (side, probe, path, schema)."""
+
+    code = "raw-invalid"
+
+
+class RecordMismatch(ConsistencyDefect):
+    """The receipt's per-check record disagrees with its raw output."""
+
+    code = "record-mismatch"
+
+
+class ForgedVerdict(ConsistencyDefect):
+    code = "forged-verdict"
+
+
+class ComparisonMismatch(ConsistencyDefect):
+    code = "comparison-mismatch"
+
+
+class RecomputeFailed(ConsistencyDefect):
+    code = "recompute-failed"
+
+
+class ExpectationsMismatch(ConsistencyDefect):
+    code = "expectations-mismatch"
+
+
+class ExperimentDigestMismatch(ConsistencyDefect):
+    code = "experiment-digest-mismatch"
+
+
+class ExperimentMismatch(ConsistencyDefect):
+    """The receipt's experiment block disagrees with the bundled experiment.toml."""
+
+    code = "experiment-mismatch"
+
+
+class BadPin(ConsistencyDefect):
+    code = "bad-pin"
+
+
+class PinMismatch(ConsistencyDefect):
+    code = "pin-mismatch"
+
+
+class RunIdMismatch(ConsistencyDefect):
+    code = "run-id-mismatch"
+
+
+# --- step 5: authenticity, step 6: rerun -------------------------------------------------
+
+class ManifestDigestMismatch(BundleDefect):
+    step = 5
+    code = "manifest-digest-mismatch"
+
+
+class RerunDiffers(BundleDefect):
+    step = 6
+    code = "rerun-differs"

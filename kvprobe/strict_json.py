@@ -1,0 +1,80 @@
+"""Strict JSON for untrusted documents: UTF-8 only, no duplicate keys, no NaN/Infinity, caps.
+
+``loads`` raises a JSON defect (kvprobe.defects) naming the document's path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvprobe.defects import (
+    BundleDefect, JsonDuplicateKey, JsonMalformed, JsonNonFinite, JsonNotUtf8, JsonTooDeep, JsonTooLarge,
+)
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise _Duplicate(key)
+        doc[key] = value
+    return doc
+
+
+def _constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def _depth(doc: Any) -> int:
+    """Nesting depth without recursion (a hostile document must not blow the stack)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in node)
+    return deepest
+
+
+def loads(data: bytes, path: str, *, max_bytes: int, max_depth: int) -> Any:
+    """Parse ``data`` strictly; raises a BundleDefect subclass naming ``path``."""
+    if len(data) > max_bytes:
+        raise JsonTooLarge(path, f"{len(data)} bytes > cap {max_bytes}")
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise JsonNotUtf8(path, "starts with a byte-order mark")
+    try:
+        text = data.decode("utf-8", "strict")
+    except UnicodeDecodeError as exc:
+        raise JsonNotUtf8(path, f"invalid UTF-8 at byte {exc.start}") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
+    except _Duplicate as exc:
+        raise JsonDuplicateKey(path, f"duplicate key {exc.args[0]!r}") from None
+    except _NonFinite as exc:
+        raise JsonNonFinite(path, f"{exc.args[0]} is not valid JSON") from None
+    except RecursionError:
+        raise JsonTooDeep(path, f"nested deeper than {max_depth}") from None
+    except ValueError as exc:  # JSONDecodeError, over-long integers
+        raise JsonMalformed(path, str(exc)) from None
+    if _depth(doc) > max_depth:
+        raise JsonTooDeep(path, f"nested deeper than {max_depth}")
+    return doc
+
+
+def load_defect(data: bytes, path: str, *, max_bytes: int, max_depth: int) -> tuple[Any, BundleDefect | None]:
+    """``loads`` as (document, None) or (None, defect)."""
+    try:
+        return loads(data, path, max_bytes=max_bytes, max_depth=max_depth), None
+    except BundleDefect as defect:
+        return None, defect

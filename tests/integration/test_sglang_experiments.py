@@ -1,0 +1,90 @@
+"""Experiments A and B end to end on the real SGLang wheels (slow: first run builds the env).
+
+They share the user's kvprobe cache (the sglang-cpu env is several GB and built once per lock),
+so a warm CI machine reuses it; a fresh one builds it here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprobe.cli import main
+
+pytestmark = [pytest.mark.slow, pytest.mark.network]
+
+
+def run(tmp_path: Path, exp_id: str, pins: str | None = None) -> tuple[int, dict, Path]:
+    out = tmp_path / f"{exp_id}-{pins or 'default'}"
+    args = ["run", exp_id, "--out", str(out), "--json"] + (["--pins", pins] if pins else [])
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    summary = json.loads(result.stdout)
+    return result.exit_code, summary, out
+
+
+def observed(summary: dict, case: str) -> dict[str, tuple]:
+    return {r["observation"]: (r["base"], r["head"]) for r in summary["observations"] if r["case"] == case}
+
+
+def test_experiment_a_release_reproduces_on_real_sglang(tmp_path):
+    code, summary, bundle = run(tmp_path, "experiment-a")
+    assert code == 0, summary["reasons"]
+    assert summary["verdict"] == "reproduced"
+    rejected = observed(summary, "admission_doors/prefill.rejected_new")
+    assert rejected["enqueued"] == (True, False)
+    assert rejected["sender_created"] == (True, False)
+    assert rejected["retired"] == (False, True)
+    assert rejected["placeholder_len"] == (1, 1)
+    assert rejected["finished_before_add"] == (False, False)
+    decode = observed(summary, "admission_doors/decode.rejected_new")
+    assert decode["receiver_created"] == (True, False)
+    for case in ("prefill.valid", "prefill.reentry_metadata", "decode.valid",
+                 "decode.reentry_retracted", "decode.reentry_rebootstrap"):
+        kept = observed(summary, f"admission_doors/{case}")
+        assert kept["enqueued"] == (True, True) and kept["retired"] == (False, False), case
+    receipt = json.loads((bundle / "receipt.json").read_text())
+    assert receipt["sides"]["base"]["source"]["version"] == "0.5.20"
+    assert receipt["sides"]["head"]["source"]["version"] == "0.5.21"
+    assert receipt["env"]["packages"]["torch"] == "2.14.1"
+    assert receipt["env"]["torch"]["version"].startswith("2.14.1")
+    assert receipt["evidence"]["mocks"]["admission_doors"]
+    subprocess.run(["sha256sum", "-c", "--strict", "--quiet", "SHA256SUMS"], cwd=bundle, check=True)
+
+
+def test_experiment_b_release_reproduces_on_real_sglang(tmp_path):
+    code, summary, bundle = run(tmp_path, "experiment-b")
+    assert code == 0, summary["reasons"]
+    aborted = observed(summary, "prefill_result_cleanup/result.aborted_final")
+    assert aborted["requeued_inflight"] == (True, False)
+    assert aborted["kv_chunk_sends"] == (1, 0)
+    assert aborted["metadata_frees"] == (0, 1) and aborted["kv_releases"] == (0, 1)
+    late = observed(summary, "prefill_result_cleanup/result.late_after_retire")
+    assert late["kv_chunk_sends_after_retire"] == (1, 0)
+    assert late["kv_releases"] == (1, 1)  # freed exactly once on both sides
+    control = observed(summary, "prefill_result_cleanup/result.normal_unfinished")
+    assert control["requeued_inflight"] == (True, True)
+    receipt = json.loads((bundle / "receipt.json").read_text())
+    raised = receipt["comparison"]["cases"]["base"]["prefill_result_cleanup/inflight.poll_after_late_result"]
+    assert raised["status"] == "raised" and raised["error_type"] == "AssertionError"
+
+
+@pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b"])
+def test_head_side_probes_hold_on_sglang_0_5_22(tmp_path, exp_id):
+    """A third pinned target: a later refactor that breaks a probe must show, not hide."""
+    code, summary, _ = run(tmp_path, exp_id, pins="later-release")
+    assert summary["verdict"] == "reproduced", summary["reasons"]
+    assert code == 0
+
+
+def test_unreachable_commit_pins_fail_fast_and_name_the_way_out(tmp_path):
+    # a refused connection stands in for GitHub, which these machines cannot reach
+    result = CliRunner().invoke(main, ["run", "experiment-a", "--pins", "commits", "--repo",
+                                       "https://127.0.0.1:9/sglang.git", "--out", str(tmp_path / "x")],
+                                catch_exceptions=False)
+    assert result.exit_code == 3
+    assert "--repo" in result.stderr and "--pins release" in result.stderr
+    assert not (tmp_path / "x").exists()
