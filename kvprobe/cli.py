@@ -152,3 +152,25 @@ def run_summary(result) -> dict[str, Any]:
         "observations": receipt["comparison"]["observations"],
         "tests": receipt["comparison"]["tests"], "test_summary": receipt["comparison"]["test_summary"],
     }
+
+
+@main.command("report")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", required=True, type=click.Choice(["markdown", "openvex", "intoto"]),
+              help="markdown: a block for a security review; openvex: OpenVEX v0.2.0; "
+                   "intoto: in-toto Statement v1 with the receipt as predicate.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write here (atomically) instead of stdout.")
+@click.option("--author", default="kvprobe", show_default=True, help="OpenVEX document author.")
+@guarded
+def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
+    """Render a bundle's receipt for a security review (exit 2: not a bundle or malformed)."""
+    from kvprobe import report
+
+    text = report.render(report.load(bundle), fmt, author=author)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        report.write_atomic(output, text)
+        click.echo(f"wrote {output} ({fmt})", err=True)
+    return EXIT_OK

@@ -128,6 +128,8 @@ class PinSet:
 class TestCheck:
     """An upstream test file, by path in the upstream tree; head's version runs on both sides."""
 
+    __test__ = False  # not a pytest test class
+
     path: str
     pin_sets: tuple[str, ...] | None = None
 
@@ -184,6 +186,8 @@ class Experiment:
 
 @dataclass(frozen=True)
 class TestResult:
+    __test__ = False  # not a pytest test class
+
     nodeid: str
     outcome: Outcome
     kind: FailureKind | None = None

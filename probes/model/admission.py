@@ -57,6 +57,12 @@ def _request(*, rejected: bool = False, aborted: bool = False) -> m.Req:
     return req
 
 
+def _status(out: m.Admission) -> dict[str, int]:
+    """``status`` only when the request ends here (door or NULL-mode batch boundary):
+    an enqueued request has no HTTP status yet (and TOML has no null to expect)."""
+    return {} if out.status is None else {"status": out.status}
+
+
 def _admit(sw: m.Switches, worker: str, req: m.Req, holds: tuple[str, ...] = (),
            **flags: bool) -> dict[str, Any]:
     """Give ``req`` what it holds, put it through the door, let the queue release it."""
@@ -72,7 +78,7 @@ def _admit(sw: m.Switches, worker: str, req: m.Req, holds: tuple[str, ...] = (),
         "enqueued": out.enqueued,
         "handoff_created": out.handoff_created,
         "stub_forward_passes": out.stub_forward_passes,
-        "status": out.status,
+        **_status(out),
         "resources_held_at_entry": len(holds),
         "resources_freed_count": len(ledger.freed_once()) + len(ledger.double_frees()),
         "double_frees": ledger.double_frees(),
@@ -166,7 +172,7 @@ def session_streaming_detach(sw: m.Switches) -> dict[str, Any]:
         "retired_at_door": out.retired_at_door,
         "enqueued": out.enqueued,
         "handoff_created": out.handoff_created,
-        "status": out.status,
+        **_status(out),
         "session_detached_at_door": out.session_detached_at_door,
         "session_attached_after_door": attached_after_door,
         "session_detached_in_the_end": req.session.attached is None,

@@ -142,10 +142,10 @@ def late_result_after_abort(sw: m.Switches) -> dict[str, Any]:
     aborted = cluster.submit("a", 300)
     cluster.abort(aborted)
     victim = cluster.submit("b", 300)
-    acted = cluster.late_result(aborted)
+    late = cluster.late_result(aborted)
     cluster.decode_step(victim)
     out = m.handoff_observations(cluster, victim)
-    out["late_result_acted"] = acted
+    out["late_result"] = late
     return out
 
 

@@ -13,6 +13,7 @@ within the budget is evidence about the model only, never about SGLang.
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import tempfile
@@ -97,6 +98,63 @@ class _Violation(AssertionError):
     """An invariant failed (as opposed to the model itself raising)."""
 
 
+# ---------------------------------------------------------------- steps
+# Each step acts on a Cluster and returns its trace line, which names the step and its
+# arguments exactly, so replay() can re-run a trace without hypothesis.
+
+def step_submit(c: m.Cluster, tenant: str, prompt_len: int, slow_transfer: bool) -> str:
+    flow = c.submit(tenant, prompt_len, slow_transfer=slow_transfer)
+    return f"submit(tenant={tenant!r}, prompt_len={prompt_len}, slow_transfer={slow_transfer}) -> {flow.rid}"
+
+
+def step_abort_in_flight(c: m.Cluster, tenant: str, prompt_len: int) -> str:
+    """A request whose client leaves while its KV writes are still in flight."""
+    flow = c.submit(tenant, prompt_len, slow_transfer=True)
+    c.abort(flow)
+    return (f"abort_in_flight(tenant={tenant!r}, prompt_len={prompt_len}) -> {flow.rid}, "
+            f"{len(c.pending_writes)} write(s) in flight")
+
+
+def step_abort(c: m.Cluster, rid: str) -> str:
+    c.abort(c.flows[rid])
+    return f"abort(rid={rid!r})"
+
+
+def step_late_result(c: m.Cluster, rid: str) -> str:
+    return f"late_result(rid={rid!r}) -> {c.late_result(c.flows[rid])}"
+
+
+def step_land_writes(c: m.Cluster) -> str:
+    landed = len(c.pending_writes)
+    c.land_writes()
+    return f"land_writes() -> {landed} write(s) landed"
+
+
+def step_decode_step(c: m.Cluster) -> str:
+    """Time passes: writes in flight land, then decode serves every ready request, oldest first."""
+    landed = len(c.pending_writes)
+    c.land_writes()
+    outcomes = [f"{landed} write(s) landed"] if landed else []
+    for flow in [f for f in c.flows.values() if _live(f)]:
+        r = c.decode_step(flow)
+        outcomes.append(f"{flow.rid}: {r.status if r else 'waiting'}")
+    return f"decode_step() -> {', '.join(outcomes)}"
+
+
+STEPS_BY_NAME = {f.__name__.removeprefix("step_"): f for f in (
+    step_submit, step_abort_in_flight, step_abort, step_late_result, step_land_writes, step_decode_step)}
+
+
+def replay(trace: list[str], switches: m.Switches) -> m.Cluster:
+    """Re-run a recorded trace on a fresh cluster (no hypothesis involved)."""
+    cluster = m.Cluster(switches, GEOMETRY)
+    for line in trace:
+        call = ast.parse(line.split(" -> ")[0], mode="eval").body
+        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        STEPS_BY_NAME[call.func.id](cluster, **kwargs)
+    return cluster
+
+
 # ---------------------------------------------------------------- the search
 
 def search(names: tuple[str, ...], switches: m.Switches, *, seed: int = SEED,
@@ -121,59 +179,40 @@ def _search(names: tuple[str, ...], switches: m.Switches, seed: int,
             self.cluster = m.Cluster(switches, GEOMETRY)
             self.trace: list[str] = []
 
-        def _flows(self, eligible: Callable[[m.Flow], bool]) -> list[m.Flow]:
-            return [f for f in reversed(self.cluster.flows.values()) if eligible(f)]
+        def _pick(self, eligible: Callable[[m.Flow], bool], pick: int) -> str:
+            rids = [f.rid for f in reversed(self.cluster.flows.values()) if eligible(f)]
+            return rids[min(pick, len(rids) - 1)]
 
-        def _pick(self, eligible: Callable[[m.Flow], bool], pick: int) -> m.Flow:
-            flows = self._flows(eligible)
-            return flows[min(pick, len(flows) - 1)]
+        def _any(self, eligible: Callable[[m.Flow], bool]) -> bool:
+            return any(eligible(f) for f in self.cluster.flows.values())
 
         @rule(tenant=TENANTS, prompt_len=PROMPTS, slow=st.booleans())
         def submit(self, tenant: str, prompt_len: int, slow: bool) -> None:
-            flow = self.cluster.submit(tenant, prompt_len, slow_transfer=slow)
-            self.trace.append(f"submit(tenant={tenant!r}, prompt_len={prompt_len}, "
-                              f"slow_transfer={slow}) -> {flow.rid}")
+            self.trace.append(step_submit(self.cluster, tenant, prompt_len, slow))
 
         @rule(tenant=TENANTS, prompt_len=PROMPTS)
         def abort_in_flight(self, tenant: str, prompt_len: int) -> None:
-            """A request whose client leaves while its KV writes are still in flight."""
-            flow = self.cluster.submit(tenant, prompt_len, slow_transfer=True)
-            self.cluster.abort(flow)
-            self.trace.append(f"abort_in_flight(tenant={tenant!r}, prompt_len={prompt_len}) -> "
-                              f"{flow.rid}, {len(self.cluster.pending_writes)} write(s) in flight")
+            self.trace.append(step_abort_in_flight(self.cluster, tenant, prompt_len))
 
-        @precondition(lambda self: self._flows(_live))
+        @precondition(lambda self: self._any(_live))
         @rule(pick=PICK)
         def abort(self, pick: int) -> None:
-            flow = self._pick(_live, pick)
-            self.cluster.abort(flow)
-            self.trace.append(f"abort({flow.rid})")
+            self.trace.append(step_abort(self.cluster, self._pick(_live, pick)))
 
-        @precondition(lambda self: self._flows(_aborted))
+        @precondition(lambda self: self._any(_aborted))
         @rule(pick=PICK)
         def late_result(self, pick: int) -> None:
-            flow = self._pick(_aborted, pick)
-            acted = self.cluster.late_result(flow)
-            self.trace.append(f"late_result({flow.rid}) -> {'acted' if acted else 'inert'}")
+            self.trace.append(step_late_result(self.cluster, self._pick(_aborted, pick)))
 
         @precondition(lambda self: self.cluster.pending_writes)
         @rule()
         def land_writes(self) -> None:
-            landed = len(self.cluster.pending_writes)
-            self.cluster.land_writes()
-            self.trace.append(f"land_writes() -> {landed} write(s) landed")
+            self.trace.append(step_land_writes(self.cluster))
 
-        @precondition(lambda self: self._flows(_live))
+        @precondition(lambda self: self._any(_live))
         @rule()
         def decode_step(self) -> None:
-            """Time passes: writes in flight land, then decode serves every ready request."""
-            landed = len(self.cluster.pending_writes)
-            self.cluster.land_writes()
-            outcomes = [f"{landed} write(s) landed"] if landed else []
-            for flow in reversed(self._flows(_live)):
-                r = self.cluster.decode_step(flow)
-                outcomes.append(f"{flow.rid}: {r.status if r else 'waiting'}")
-            self.trace.append(f"decode_step() -> {', '.join(outcomes)}")
+            self.trace.append(step_decode_step(self.cluster))
 
         @invariant()
         def holds(self) -> None:
@@ -187,19 +226,21 @@ def _search(names: tuple[str, ...], switches: m.Switches, seed: int,
                       deadline=None, derandomize=False, print_blob=False,
                       phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False,
                       suppress_health_check=list(HealthCheck))
-    result: dict[str, Any] = {"counterexample_found": False, "invariant": None,
-                              "violation": None, "trace": []}
+    result: dict[str, Any] = {"counterexample_found": False, "violation": None, "trace": []}
     with tempfile.TemporaryDirectory(prefix="kvprobe-hypothesis-") as home:
         set_hypothesis_home_dir(home)  # hypothesis' caches go here, never into the cwd
         try:
             run_state_machine_as_test(PDMachine, settings=config)
         except _Violation:
             # hypothesis replays the shrunk example last: the last failure is the shrunk one
-            result.update(failures[-1], counterexample_found=True)
+            last = failures[-1]
+            result.update(counterexample_found=True, violation=f"{last['invariant']}: {last['violation']}",
+                          trace=last["trace"])
         finally:
             set_hypothesis_home_dir(None)
     result.update(trace_length=len(result["trace"]), seed=seed, max_examples=max_examples,
-                  stateful_step_count=steps, machine_runs=runs[0], search_scope=list(names),
+                  stateful_step_count=steps, search_scope=list(names),
+                  machine_runs=runs[0],  # examples generated plus shrink attempts
                   switches=switches.to_dict())
     return result
 
@@ -210,9 +251,7 @@ def search_invariant(name: str, switches: m.Switches) -> dict[str, Any]:
     until one fails) at a third of the time; after a find, this invariant is searched alone
     so its trace is its own."""
     joint = search(tuple(INVARIANTS), switches)
-    result = joint if not joint["counterexample_found"] else search((name,), switches)
-    result = {k: v for k, v in result.items() if k != "invariant"}
-    return result
+    return joint if not joint["counterexample_found"] else search((name,), switches)
 
 
 # ---------------------------------------------------------------- cases
@@ -278,6 +317,8 @@ if __name__ == "__main__":
     probe.fact("search", {"seed": SEED, "max_examples": MAX_EXAMPLES, "stateful_step_count": STEPS,
                           "database": None, "phases": ["generate", "shrink"],
                           "rules": ["submit", "abort_in_flight", "abort", "late_result",
-                                    "land_writes", "decode_step"]})
+                                    "land_writes", "decode_step"],
+                          "prompt_lengths": list(PROMPT_LENGTHS), "tenants": ["a", "b", "c"]})
+    probe.fact("invariants", {name: check.__doc__ for name, check in INVARIANTS.items()})
     probe.fact("geometry_scaled", GEOMETRY.to_dict())
     probe.main()

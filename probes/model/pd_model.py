@@ -404,8 +404,7 @@ class Cluster:
         return flow
 
     # -- steps 1..5
-    def submit(self, tenant: str, prompt_len: int, *, slow_transfer: bool = False,
-               mamba: bool = False) -> Flow:
+    def submit(self, tenant: str, prompt_len: int, *, slow_transfer: bool = False) -> Flow:
         """A client request: length check, doors, bootstrap, prefill forward, transfer."""
         if not 0 < prompt_len <= self.geo.context_tokens:
             raise ValueError(f"prompt_len must be in 1..{self.geo.context_tokens}")
@@ -429,8 +428,6 @@ class Cluster:
         flow.decode_pages = pages
         for kind in ("decode_kv", *HANDOFF_KINDS):
             self._hold(flow, kind)
-        if mamba:
-            self._hold(flow, "mamba")
         if rejected:
             self.violations.append(f"rejected request {rid} created handoff objects "
                                    f"{self.handoff_objects(flow)}")
@@ -438,8 +435,8 @@ class Cluster:
         # 2. prefill admission happened at the door; 3. forward of origin_input_ids
         ppages = self.prefill.reserve(self.geo.pages_for(len(req.origin_input_ids)))
         if ppages is None:
-            self._free_if_held(flow, "decode_kv", *HANDOFF_KINDS, "mamba")
-            return self._finish(flow, 503, "prefill pool full")
+            self._free_if_held(flow, "decode_kv", *HANDOFF_KINDS)
+            return self._finish(flow, 503, "prefill pool full")  # the model does not queue
         flow.prefill_pages = ppages
         self._hold(flow, "prefill_kv")
         for i in ppages:
@@ -458,7 +455,7 @@ class Cluster:
         return flow
 
     def _prefill_handles(self, flow: Flow) -> list[str]:
-        return [flow.handles[k] for k in ("metadata_buffer", "prefill_kv", "sender", "mamba")
+        return [flow.handles[k] for k in ("metadata_buffer", "prefill_kv", "sender")
                 if k in flow.handles]
 
     def _release_pool_pages(self, flow: Flow) -> None:
@@ -497,7 +494,7 @@ class Cluster:
                                             self.sw.result_cleanup))
             self._release_pool_pages(flow)
         else:
-            self._free_if_held(flow, "metadata_buffer", "prefill_kv", "sender", "mamba")
+            self._free_if_held(flow, "metadata_buffer", "prefill_kv", "sender")
         flow.prefill_released = True
         if flow.parked:
             self._free_if_held(flow, "decode_kv", "receiver")
@@ -549,20 +546,20 @@ class Cluster:
             self._free_if_held(flow, "decode_kv", "receiver")
         self._finish(flow, 499, "client aborted")
 
-    def late_result(self, flow: Flow) -> bool:
-        """A result of an aborted request arrives late. Returns whether it acted."""
+    def late_result(self, flow: Flow) -> str:
+        """A result of an aborted request arrives late: "acted", "ignored" or "not applicable"."""
         aborted = flow.client_aborted or flow.rejected
         if not (aborted and flow.forwarded and flow.prefill_released):
-            return False  # not a late result of a retired request
+            return "not applicable"  # not (yet) a retired request
         if self.sw.result_cleanup == "post_36988":
             self.log.append(f"{flow.rid}: late result ignored")
-            return False
+            return "ignored"
         # pre-#36988: it acts as a live result: sends a KV chunk and releases again
         if flow.decode_pages:
             self.decode.write(flow.decode_pages[0], flow.req)
         self._free(flow, "prefill_kv")
         self.log.append(f"{flow.rid}: late result sent a KV chunk and freed prefill KV again")
-        return True
+        return "acted"
 
     def quiescent(self) -> bool:
         return not self.pending_writes and all(f.done and (f.prefill_released or not f.forwarded)

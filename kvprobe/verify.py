@@ -1,0 +1,369 @@
+"""Verify a bundle as untrusted input, as numbered steps that each report every defect.
+
+1 layout  2 documents (strict JSON/TOML, kvprobe's own schemas)  3 integrity  4 consistency
+5 authenticity (self-consistent, or matches a digest published elsewhere)  6 rerun (opt-in).
+
+A failed verification is an outcome (a :class:`Report`), not an exception; only a path that
+is not a bundle at all raises (:class:`~kvprobe.defects.NotABundle`, exit 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvprobe import manifest as manifest_mod
+from kvprobe import schema
+from kvprobe.defects import (
+    BundleDefect, ManifestDigestMismatch, MissingRequired, NotABundle, SchemaViolation, TomlMalformed,
+    UnknownSchemaVersion, Unreadable,
+)
+from kvprobe.errors import SchemaError, UsageError
+from kvprobe.progress import Reporter
+from kvprobe.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
+from kvprobe.strict_json import loads as strict_loads
+
+RECEIPT, MANIFEST, SUMS = "receipt.json", manifest_mod.MANIFEST, manifest_mod.SUMS
+REQUIRED = (RECEIPT, MANIFEST, SUMS)
+STEP_NAMES = {1: "layout", 2: "documents", 3: "integrity", 4: "consistency", 5: "authenticity", 6: "rerun"}
+TEST_RUN_VERSION = "kvprobe.test-run/1"  # kvprobe.runner.TEST_RUN_VERSION (runner is heavy to import)
+_MAX_SCHEMA_ERRORS = 20
+
+
+@dataclass(frozen=True)
+class RerunOptions:
+    repo: str | None = None
+    torch_index: str | None = None
+    timeout_s: float = 1800.0
+    cache_root: Path | None = None
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    limits: Limits = Limits()
+    expect_manifest_sha256: str | None = None
+    rerun: RerunOptions | None = None
+
+
+@dataclass
+class StepResult:
+    number: int
+    status: str  # pass | fail | skipped | self-consistent | could-not-run
+    summary: str = ""
+    defects: list[BundleDefect] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return STEP_NAMES[self.number]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"number": self.number, "name": self.name, "status": self.status, "summary": self.summary,
+                "defects": [d.to_json() for d in self.defects], "notes": list(self.notes)}
+
+
+@dataclass
+class Report:
+    bundle: str
+    steps: list[StepResult]
+    archive: str | None = None
+    manifest_sha256: str | None = None
+    expected_manifest_sha256: str | None = None
+    run_id: str | None = None
+
+    @property
+    def defects(self) -> list[BundleDefect]:
+        return [d for s in self.steps for d in s.defects]
+
+    @property
+    def outcome(self) -> str:
+        """verified | failed | could-not-rerun (the rerun could not observe; never a pass)."""
+        if any(s.status == "fail" for s in self.steps) or self.defects:
+            return "failed"
+        if any(s.status == "could-not-run" for s in self.steps):
+            return "could-not-rerun"
+        if any(s.status == "skipped" and s.number <= 4 for s in self.steps):
+            return "failed"
+        return "verified"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "bundle": self.bundle, "archive": self.archive,
+                "run_id": self.run_id, "manifest_sha256": self.manifest_sha256,
+                "expected_manifest_sha256": self.expected_manifest_sha256,
+                "steps": [s.to_json() for s in self.steps],
+                "defect_count": len(self.defects)}
+
+
+@dataclass
+class Bundle:
+    """What the steps learn about one bundle; later steps use what earlier ones could read."""
+
+    tree: Tree
+    limits: Limits
+    scan: Scan | None = None
+    receipt: dict[str, Any] | None = None
+    manifest: dict[str, Any] | None = None
+    manifest_bytes: bytes | None = None
+    experiment: dict[str, Any] | None = None
+    experiment_bytes: bytes | None = None
+    raw_docs: dict[str, Any] = field(default_factory=dict)
+
+    def listed(self) -> dict[str, dict[str, Any]]:
+        return {f["path"]: f for f in (self.manifest or {}).get("files", [])}
+
+
+# --- entry points ------------------------------------------------------------------------
+
+def parse_digest(text: str | None) -> str | None:
+    """A user-given manifest digest (64 hex, optional 'sha256:'); raises UsageError."""
+    if text is None:
+        return None
+    value = text.strip().lower().removeprefix("sha256:")
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise UsageError(f"--expect-manifest-sha256 {text!r} is not a 64-hex sha256 digest")
+    return value
+
+
+def verify(path: Path, opts: VerifyOptions = VerifyOptions(), reporter: Reporter | None = None) -> Report:
+    """Verify a bundle directory or a .tar.gz made by ``kvprobe bundle pack``.
+
+    Raises NotABundle (exit 2) when ``path`` is neither; every other problem is a defect
+    in the returned Report.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return verify_dir(path, opts, reporter)
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+        from kvprobe.bundle_pack import extracted
+
+        with extracted(path, opts.limits) as (root, defects):
+            if root is None:
+                report = Report(str(path), [StepResult(1, "fail", "archive members rejected; nothing extracted",
+                                                       defects)] + _skipped(range(2, 7), 1, opts))
+            else:
+                report = verify_dir(root, opts, reporter)
+            report.archive, report.bundle = str(path), str(path)
+            return report
+    raise NotABundle(f"{path}: not a bundle (expected a directory or a .tar.gz from `kvprobe bundle pack`)")
+
+
+def verify_dir(root: Path, opts: VerifyOptions, reporter: Reporter | None = None) -> Report:
+    with Tree(root) as tree:
+        bundle = Bundle(tree, opts.limits)
+        steps = [step_layout(bundle)]
+        steps.append(step_documents(bundle) if _usable(steps[0]) else _skip(2, 1))
+        steps.append(step_integrity(bundle) if bundle.manifest is not None and bundle.scan.complete
+                     else _skip(3, 2 if bundle.scan.complete else 1))
+        from kvprobe.verify_consistency import step_consistency
+
+        steps.append(step_consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None
+                     else _skip(4, 2))
+        steps.append(step_authenticity(bundle, opts.expect_manifest_sha256))
+        if opts.rerun is not None:
+            steps.append(_rerun_step(bundle, steps, opts.rerun, reporter))
+        return Report(str(root), steps, manifest_sha256=_digest(bundle.manifest_bytes),
+                      expected_manifest_sha256=opts.expect_manifest_sha256,
+                      run_id=(bundle.receipt or {}).get("run_id") if isinstance(bundle.receipt, dict) else None)
+
+
+def _usable(layout: StepResult) -> bool:
+    return not any(isinstance(d, MissingRequired) for d in layout.defects)
+
+
+def _skip(number: int, needs: int) -> StepResult:
+    return StepResult(number, "skipped", f"needs step {needs} ({STEP_NAMES[needs]})")
+
+
+def _skipped(numbers, needs: int, opts: VerifyOptions) -> list[StepResult]:
+    return [_skip(n, needs) for n in numbers if n != 6 or opts.rerun is not None]
+
+
+def _result(number: int, defects: list[BundleDefect], summary: str, notes: list[str] | None = None) -> StepResult:
+    return StepResult(number, "fail" if defects else "pass", summary, defects, notes or [])
+
+
+def _digest(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+# --- step 1: layout ----------------------------------------------------------------------
+
+def step_layout(bundle: Bundle) -> StepResult:
+    scan = bundle.tree.scan(bundle.limits)
+    bundle.scan = scan
+    files = scan.files()
+    if not any(name in scan.entries for name in REQUIRED):
+        raise NotABundle(f"{bundle.tree.root}: not a bundle (no {', '.join(REQUIRED)})")
+    defects = list(scan.defects)
+    for name in REQUIRED:
+        if name not in files:
+            what = "missing" if name not in scan.entries else f"a {scan.entries[name].kind}, not a regular file"
+            defects.append(MissingRequired(name, f"required file is {what}"))
+    size = sum(e.size for e in files.values())
+    return _result(1, defects, f"{len(files)} files, {size} bytes")
+
+
+# --- step 2: documents -------------------------------------------------------------------
+
+def read_json(bundle: Bundle, rel: str, defects: list[BundleDefect]) -> Any:
+    """Strictly parsed document at ``rel``, or None with the defect appended."""
+    return parse_json(bundle, rel, _read(bundle, rel, bundle.limits.max_json_bytes, defects), defects)
+
+
+def parse_json(bundle: Bundle, rel: str, data: bytes | None, defects: list[BundleDefect]) -> Any:
+    if data is None:
+        return None
+    try:
+        return strict_loads(data, rel, max_bytes=bundle.limits.max_json_bytes, max_depth=bundle.limits.max_json_depth)
+    except BundleDefect as defect:
+        defects.append(defect)
+        return None
+
+
+def _read(bundle: Bundle, rel: str, cap: int, defects: list[BundleDefect]) -> bytes | None:
+    problem = path_problem(rel, bundle.limits)
+    if problem:
+        defects.append(Unreadable(str(rel), problem))
+        return None
+    try:
+        return bundle.tree.read_bytes(rel, cap)
+    except FileNotFoundError:
+        defects.append(Unreadable(rel, "missing"))
+    except NotRegularFile as exc:
+        defects.append(Unreadable(rel, str(exc)))
+    except ValueError as exc:
+        defects.append(Unreadable(rel, f"too large to read: {exc}"))
+    except OSError as exc:
+        defects.append(Unreadable(rel, f"cannot open without following links ({exc.strerror})"))
+    return None
+
+
+def schema_defects(doc: Any, rel: str, family: str) -> list[BundleDefect]:
+    """The document names a version of ``family`` kvprobe knows, and passes that schema."""
+    version = doc.get("schema") if isinstance(doc, dict) else None
+    if not isinstance(version, str) or not version.startswith(f"{family}/"):
+        return [SchemaViolation(rel, f"schema: expected a {family}/N document, found {version!r}")]
+    try:
+        problems = schema.errors(doc, version)
+    except SchemaError as exc:
+        return [UnknownSchemaVersion(rel, exc.message)]
+    return [SchemaViolation(rel, p) for p in problems[:_MAX_SCHEMA_ERRORS]]
+
+
+def step_documents(bundle: Bundle) -> StepResult:
+    defects: list[BundleDefect] = []
+    receipt = read_json(bundle, RECEIPT, defects)
+    bundle.manifest_bytes = _read(bundle, MANIFEST, bundle.limits.max_json_bytes, defects)
+    manifest = parse_json(bundle, MANIFEST, bundle.manifest_bytes, defects)
+    receipt_ok = receipt is not None and _append(defects, schema_defects(receipt, RECEIPT, "kvprobe.receipt"))
+    manifest_ok = manifest is not None and _append(defects, schema_defects(manifest, MANIFEST, "kvprobe.manifest"))
+    bundle.receipt = receipt if receipt_ok else None
+    bundle.manifest = manifest if manifest_ok else None
+    count = 2
+    if bundle.receipt is not None:
+        count += _read_cited(bundle, defects)
+        _read_experiment(bundle, defects)
+    return _result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
+
+
+def _append(defects: list[BundleDefect], found: list[BundleDefect]) -> bool:
+    defects.extend(found)
+    return not found
+
+
+def cited_raw(receipt: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(side, kind 'probe'|'test', raw path, record) for every raw JSON the receipt cites."""
+    found = []
+    for side in ("base", "head"):
+        block = receipt["sides"][side]
+        found += [(side, "probe", p["raw"]["path"], p) for p in block["probes"] if p["raw"]]
+        found += [(side, "test", t["raw"]["path"], t) for t in block["tests"]]
+    return found
+
+
+def _read_cited(bundle: Bundle, defects: list[BundleDefect]) -> int:
+    count = 0
+    for _side, kind, rel, _record in cited_raw(bundle.receipt):
+        doc = read_json(bundle, rel, defects)
+        if doc is None:
+            continue
+        count += 1
+        found = schema_defects(doc, rel, "kvprobe.probe-output") if kind == "probe" else test_run_defects(doc, rel)
+        if _append(defects, found):
+            bundle.raw_docs[rel] = doc
+    return count
+
+
+_TEST_RUN_KEYS = {"schema", "path", "side", "exit_code", "timed_out", "overlay", "problem", "report"}
+
+
+def test_run_defects(doc: Any, rel: str) -> list[BundleDefect]:
+    """The runner's test-run record (no JSON Schema file yet): shape and version checked here."""
+    version = doc.get("schema") if isinstance(doc, dict) else None
+    if not isinstance(version, str) or not version.startswith("kvprobe.test-run/"):
+        return [SchemaViolation(rel, f"schema: expected a kvprobe.test-run/N document, found {version!r}")]
+    if version != TEST_RUN_VERSION:
+        return [UnknownSchemaVersion(rel, f"unknown schema version {version!r}: this kvprobe knows "
+                                          f"{TEST_RUN_VERSION}; upgrade kvprobe")]
+    if set(doc) != _TEST_RUN_KEYS:
+        return [SchemaViolation(rel, f"keys {sorted(doc)} != {sorted(_TEST_RUN_KEYS)}")]
+    report = doc["report"]
+    if report is not None and (not isinstance(report, dict) or report.get("schema") != "kvprobe.pytest-report/1"):
+        return [SchemaViolation(rel, "report: not a kvprobe.pytest-report/1 document")]
+    return []
+
+
+def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
+    rel = bundle.receipt["experiment"]["file"]
+    data = _read(bundle, rel, bundle.limits.max_json_bytes, defects)
+    if data is None:
+        return
+    bundle.experiment_bytes = data
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        defects.append(TomlMalformed(rel, f"not valid TOML: {exc}"))
+        return
+    if _append(defects, schema_defects(doc, rel, "kvprobe.experiment")):
+        bundle.experiment = doc
+
+
+# --- step 3: integrity -------------------------------------------------------------------
+
+def step_integrity(bundle: Bundle) -> StepResult:
+    from kvprobe.verify_integrity import integrity_defects
+
+    defects = integrity_defects(bundle)
+    listed = bundle.listed()
+    return _result(3, defects, f"{len(listed)} listed files: size, sha256; SHA256SUMS canonical")
+
+
+# --- step 5: authenticity ----------------------------------------------------------------
+
+def step_authenticity(bundle: Bundle, expected: str | None) -> StepResult:
+    digest = _digest(bundle.manifest_bytes)
+    if expected is None:
+        if digest is None:
+            return StepResult(5, "skipped", "manifest.json unreadable")
+        return StepResult(5, "self-consistent", f"manifest sha256 {digest}",
+                          notes=["a bundle that agrees with itself is not thereby authentic: pass "
+                                 "--expect-manifest-sha256 with a digest published elsewhere"])
+    if digest == expected:
+        return StepResult(5, "pass", f"manifest sha256 {digest} matches --expect-manifest-sha256")
+    found = digest or "unreadable"
+    return StepResult(5, "fail", "manifest digest does not match",
+                      [ManifestDigestMismatch(MANIFEST, f"sha256 {found} != expected {expected}")])
+
+
+# --- step 6: rerun -----------------------------------------------------------------------
+
+def _rerun_step(bundle: Bundle, steps: list[StepResult], opts: RerunOptions,
+                reporter: Reporter | None) -> StepResult:
+    if any(s.status != "pass" for s in steps[:4]):
+        return StepResult(6, "skipped", "the bundle did not verify (steps 1-4); nothing to re-run")
+    from kvprobe.rerun import rerun
+
+    return rerun(bundle, opts, reporter)

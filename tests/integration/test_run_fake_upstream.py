@@ -1,0 +1,209 @@
+"""`kvprobe run` end to end on a real git upstream built by the test (real venv, real pytest)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprobe import schema
+from kvprobe.cli import main
+from tests.fakeupstream import FakeUpstream, build_fake_upstream
+
+PROBE = '''"""Observes whether a freed block's data is visible to the next owner (fake upstream)."""
+import kvprobe_probe as kp
+from minikv import BlockPool
+
+probe = kp.Probe("minikv_probe", mocks={"nothing": "minikv has no transport to mock"})
+
+
+@probe.case("reuse.after_free")
+def _(obs):
+    pool = BlockPool(1)
+    idx = pool.alloc("victim")
+    pool.write(idx, "victim", [7, 7, 7, 7])
+    pool.free(idx)
+    again = pool.alloc("attacker")
+    obs.record("same_block", again == idx)
+    obs.record("previous_data_visible", pool.read(again, "attacker") != [0, 0, 0, 0])
+
+
+@probe.case("scrub.exists")
+def _(obs):
+    obs.record("has_scrub", hasattr(BlockPool, "scrub"))
+    BlockPool(1).scrub(0)
+
+
+if __name__ == "__main__":
+    probe.main()
+'''
+
+
+def experiment_toml(fake: FakeUpstream, extra_pins: str = "") -> str:
+    return f'''
+schema = "kvprobe.experiment/1"
+id = "fake-fix"
+title = "fake upstream: scrub freed blocks"
+layer = "diff-probe"
+upstream = "{fake.url}"
+profile = "pytest-minimal"
+default_pins = "commits"
+[fix]
+prs = [1]
+summary = "scrub blocks on free"
+[pins.commits]
+kind = "git"
+pr = 1
+[pins.commits.base]
+commit = "{fake.base_sha}"
+[pins.commits.head]
+commit = "{fake.head_sha}"
+[pins.nofix]
+kind = "git"
+pr = 2
+[pins.nofix.base]
+commit = "{fake.base_sha}"
+[pins.nofix.head]
+commit = "{fake.nofix_sha}"
+{extra_pins}
+[checks]
+tests = [{{ path = "{fake.test_path}" }}]
+probes = [{{ path = "minikv_probe.py" }}]
+[expect.base."minikv_probe/reuse.after_free"]
+previous_data_visible = true
+[expect.head."minikv_probe/reuse.after_free"]
+previous_data_visible = false
+[expect.base."minikv_probe/scrub.exists"]
+raised = "AttributeError"
+[expect.head."minikv_probe/scrub.exists"]
+has_scrub = true
+raised = false
+[scope]
+shows = "a freed block's data is visible to its next owner at base, not at head"
+does_not_show = ["anything about a real inference engine"]
+'''
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("world")
+    fake = build_fake_upstream(root)
+    missing = "0123456789abcdef0123456789abcdef01234567"
+    extra = f'[pins.missing]\nkind = "git"\n[pins.missing.base]\ncommit = "{fake.base_sha}"\n' \
+            f'[pins.missing.head]\ncommit = "{missing}"\n'
+    folder = root / "probes" / "fake-fix"
+    folder.mkdir(parents=True)
+    (folder / "experiment.toml").write_text(experiment_toml(fake, extra))
+    (folder / "minikv_probe.py").write_text(PROBE)
+    return {"root": root, "fake": fake, "probes": root / "probes", "cache": root / "cache"}
+
+
+@pytest.fixture
+def cli(world, monkeypatch):
+    monkeypatch.setenv("KVPROBE_PROBES_PATH", str(world["probes"]))
+    monkeypatch.setenv("KVPROBE_CACHE_DIR", str(world["cache"]))
+
+    def invoke(*args: str):
+        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+    return invoke
+
+
+def test_run_reproduces_and_writes_a_checkable_bundle(world, cli, tmp_path):
+    out = tmp_path / "bundle"
+    result = cli("run", "fake-fix", "--out", str(out), "--json")
+    summary = json.loads(result.stdout)
+    assert result.exit_code == 0, summary["reasons"]
+    assert summary["verdict"] == "reproduced"
+    subprocess.run(["sha256sum", "-c", "--strict", "--quiet", "SHA256SUMS"], cwd=out, check=True)
+    receipt = json.loads((out / "receipt.json").read_text())
+    assert schema.errors(receipt, "kvprobe.receipt/1") == []
+    fake = world["fake"]
+    assert receipt["sides"]["base"]["source"]["commit"] == fake.base_sha
+    assert receipt["sides"]["head"]["source"]["commit"] == fake.head_sha
+    assert receipt["sides"]["head"]["source"]["tree"]
+    assert receipt["env"]["packages"]["pytest"] == "9.2.0"
+    assert receipt["evidence"]["mocks"] == {"minikv_probe": {"nothing": "minikv has no transport to mock"}}
+    rows = {r["test"]: r for r in summary["tests"]}
+    for nodeid, expected in fake.expected_tests.items():
+        if "FreeClearsEverySlot" in nodeid:
+            continue  # pytest 9 reports unittest subTest failures on the subtests, not the parent
+        row = rows[nodeid]
+        assert row["base"] == expected["base"] and row["head"] == expected["head"], nodeid
+        if expected["base"] == "failed" and nodeid.endswith("test_scrub_clears_block"):
+            assert (row["base_kind"], row["base_exc_type"]) == ("exception", "AttributeError")
+        if nodeid.endswith("test_freed_block_is_zeroed_for_next_owner"):
+            assert (row["base_kind"], row["base_exc_type"]) == ("assertion", "AssertionError")
+    assert rows["tests/test_minikv.py::test_scrub_clears_block"]["transition"] == "FAIL_TO_PASS"
+    assert rows["tests/test_minikv.py::test_alloc_write_read_roundtrip"]["transition"] == "PASS_TO_PASS"
+    subtests = [r for r in summary["tests"] if "[" in r["test"]]
+    assert len(subtests) == 4
+    assert sorted(r["transition"] for r in subtests) == ["FAIL_TO_PASS", "FAIL_TO_PASS",
+                                                          "PASS_TO_PASS", "PASS_TO_PASS"]
+    kinds = summary["test_summary"][fake.test_path]["base"]["failure_kinds"]
+    assert kinds["AttributeError"] == 1 and kinds["assertion"] >= 1
+    # the bundle carries the probe and the experiment byte for byte, and raw outputs per side
+    assert (out / "probes" / "fake-fix" / "minikv_probe.py").read_text() == PROBE
+    for side in ("base", "head"):
+        assert (out / "raw" / side / "probes" / "minikv_probe.json").is_file()
+        assert (out / "raw" / side / "tests" / "tests__test_minikv.py.json").is_file()
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+def test_head_without_the_fix_is_not_reproduced(cli, tmp_path):
+    result = cli("run", "fake-fix", "--pins", "nofix", "--out", str(tmp_path / "b"), "--json")
+    assert result.exit_code == 1
+    summary = json.loads(result.stdout)
+    assert summary["verdict"] == "not-reproduced"
+    assert any("previous_data_visible" in r for r in summary["reasons"])
+
+
+def test_missing_sha_is_exit_3_with_a_clear_message(cli, tmp_path):
+    result = cli("run", "fake-fix", "--pins", "missing", "--out", str(tmp_path / "m"))
+    assert result.exit_code == 3
+    assert "0123456789abcdef0123456789abcdef01234567" in result.stderr
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("url", ["ext::sh -c touch% /tmp/kvprobe-pwned", "-uhttps://x", "http://example.org/x",
+                                 "https://example.org/x\nmore"])
+def test_bad_repo_url_is_exit_2_and_runs_no_git(cli, tmp_path, url, monkeypatch):
+    import kvprobe.proc as proc
+
+    calls = []
+    real_run = proc.run
+    monkeypatch.setattr(proc, "run", lambda argv, **kw: (calls.append(argv), real_run(argv, **kw))[1])
+    result = cli("run", "fake-fix", "--repo", url, "--out", str(tmp_path / "u"))
+    assert result.exit_code == 2
+    assert not [argv for argv in calls if "git" in str(argv[0])]
+    assert result.stderr.startswith("kvprobe: error:")
+
+
+def test_out_dir_that_is_not_empty_is_refused(cli, tmp_path):
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    result = cli("run", "fake-fix", "--out", str(out))
+    assert result.exit_code == 2 and "refusing to overwrite" in result.stderr
+    assert (out / "keep.txt").read_text() == "user data"
+
+
+def test_unknown_pin_set_and_experiment(cli):
+    assert cli("run", "fake-fix", "--pins", "nope").exit_code == 2
+    assert cli("run", "no-such-experiment").exit_code == 2
+    assert cli("show", "fake-fix").exit_code == 0
+
+
+def test_bad_sha_in_the_experiment_is_exit_2(world, cli, tmp_path, monkeypatch):
+    folder = tmp_path / "probes" / "bad-sha"
+    folder.mkdir(parents=True)
+    text = experiment_toml(world["fake"]).replace('id = "fake-fix"', 'id = "bad-sha"')
+    text = text.replace(world["fake"].head_sha, "main")
+    (folder / "experiment.toml").write_text(text)
+    (folder / "minikv_probe.py").write_text(PROBE)
+    monkeypatch.setenv("KVPROBE_PROBES_PATH", str(tmp_path / "probes"))
+    result = cli("run", "bad-sha")
+    assert result.exit_code == 2 and "pins.commits.head.commit" in result.stderr
