@@ -174,3 +174,117 @@ def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
         report.write_atomic(output, text)
         click.echo(f"wrote {output} ({fmt})", err=True)
     return EXIT_OK
+
+
+@main.command("gates")
+@click.option("--log", "logs", multiple=True, metavar="[ROLE=]FILE",
+              help="A worker's startup log (repeat per worker); ROLE is prefill or decode when the log does not say.")
+@click.option("--sglang", metavar="PATH_OR_VERSION",
+              help="The SGLang that runs: an installed package path (holding sglang/), a wheel, or a pinned version.")
+@click.option("--server-args", "server_args", multiple=True, metavar="[ROLE=]FILE",
+              help="A worker's server arguments: JSON (optionally with an \"env\" object), a server_args= line, "
+                   "or a command line.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Bundle directory (must not exist or be empty).")
+@click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX", help="Index for torch/torchvision (gate 2 env).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@guarded
+def gates_cmd(logs, sglang, server_args, out, torch_index, as_json) -> int:
+    """Check a deployment against the four acceptance gates (exit 0 all pass, 1 a gate failed, 3 undecided)."""
+    from kvprobe.console import RichReporter, print_gates, stderr_console
+    from kvprobe.gates import GateOptions, run_gates
+
+    console = stderr_console()
+    opts = GateOptions(logs=list(logs), server_args=list(server_args), sglang=sglang, out=out,
+                       torch_index=torch_index)
+    result = run_gates(opts, RichReporter(console))
+    print_gates(console, result.receipt, str(result.bundle), result.manifest_sha256)
+    if as_json:
+        emit_json({"overall": result.overall, "exit_code": result.exit_code, "bundle": str(result.bundle),
+                   "manifest_sha256": result.manifest_sha256, "gates": result.receipt["gates"],
+                   "workers": result.receipt["workers"], "target": result.receipt["target"]})
+    return result.exit_code
+
+
+# --- verify and bundle archives ----------------------------------------------------------
+
+_VERIFY_EXIT = {"verified": EXIT_OK, "failed": EXIT_FAIL, "could-not-rerun": EXIT_UNOBSERVED}
+
+
+def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--max-files / --max-file-bytes / --max-bytes: caps that keep a hostile bundle cheap."""
+    from kvprobe.safetree import Limits
+
+    defaults = Limits()
+    for option in (
+        click.option("--max-bytes", type=click.IntRange(1), default=defaults.max_total_bytes, show_default=True,
+                     help="Cap on the bundle's total bytes."),
+        click.option("--max-file-bytes", type=click.IntRange(1), default=defaults.max_file_bytes,
+                     show_default=True, help="Cap on any one file's bytes."),
+        click.option("--max-files", type=click.IntRange(1), default=defaults.max_files, show_default=True,
+                     help="Cap on the number of files and directories."),
+    ):
+        func = option(func)
+    return func
+
+
+def _limits(max_files: int, max_file_bytes: int, max_bytes: int):
+    from kvprobe.safetree import Limits
+
+    return Limits(max_files=max_files, max_file_bytes=max_file_bytes, max_total_bytes=max_bytes)
+
+
+@main.command("verify")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--expect-manifest-sha256", "expect_digest", metavar="HEX",
+              help="The bundle digest (manifest.json's sha256) published elsewhere: checks authenticity.")
+@click.option("--rerun", is_flag=True,
+              help="Run the bundle's experiment again (executes its probes) and compare check by check.")
+@click.option("--repo", help="With --rerun: git URL or local path to fetch pins from.")
+@click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX", help="With --rerun: index for torch.")
+@click.option("--timeout", default=1800, show_default=True, type=click.IntRange(1),
+              help="With --rerun: seconds per check.")
+@_limit_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@guarded
+def verify_cmd(bundle, expect_digest, rerun, repo, torch_index, timeout, max_files, max_file_bytes,
+               max_bytes, as_json) -> int:
+    """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
+    2 not a bundle, 3 could not re-run)."""
+    from kvprobe.console import RichReporter, print_verify_report, stderr_console
+    from kvprobe.verify import RerunOptions, VerifyOptions, parse_digest, verify
+
+    opts = VerifyOptions(limits=_limits(max_files, max_file_bytes, max_bytes),
+                         expect_manifest_sha256=parse_digest(expect_digest),
+                         rerun=RerunOptions(repo, torch_index, float(timeout)) if rerun else None)
+    console = stderr_console()
+    report = verify(Path(bundle), opts, RichReporter(console))
+    print_verify_report(console, report)
+    if as_json:
+        emit_json(report.to_json())
+    return _VERIFY_EXIT[report.outcome]
+
+
+@main.group("bundle")
+def bundle_group() -> None:
+    """Bundle archives."""
+
+
+@bundle_group.command("pack")
+@click.argument("bundle_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Archive to write (default: BUNDLE_DIR.tar.gz next to it; never overwritten).")
+@_limit_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@guarded
+def bundle_pack_cmd(bundle_dir, output, max_files, max_file_bytes, max_bytes, as_json) -> int:
+    """Verify BUNDLE_DIR, then write a deterministic .tar.gz of it (same bundle, same bytes)."""
+    from kvprobe.bundle_pack import pack
+
+    result = pack(bundle_dir, output, _limits(max_files, max_file_bytes, max_bytes))
+    click.echo(f"wrote {result.archive} (sha256 {result.sha256}; manifest sha256 {result.manifest_sha256})",
+               err=True)
+    if as_json:
+        emit_json({"archive": str(result.archive), "sha256": result.sha256,
+                   "manifest_sha256": result.manifest_sha256, "top": result.top})
+    return EXIT_OK

@@ -138,3 +138,55 @@ def _obs(row: dict[str, Any], side: str) -> str:
 
 def _exp(row: dict[str, Any], side: str) -> str:
     return repr(row[f"expected_{side}"]) if row[f"expected_{side}_declared"] else "·"
+
+
+_STEP_STYLE = {"pass": "green", "fail": "bold red", "skipped": "dim", "self-consistent": "yellow",
+               "could-not-run": "bold magenta"}
+_OUTCOME_STYLE = {"verified": "bold green", "failed": "bold red", "could-not-rerun": "bold magenta"}
+
+
+def print_verify_report(console: Console, report: Any, max_defects: int = 200) -> None:
+    """The step table, then every defect (up to ``max_defects``; --json has them all)."""
+    from rich.markup import escape
+
+    table = Table(title=f"verify {escape(report.bundle)}", title_justify="left")
+    for col in ("#", "step", "result", "detail"):
+        table.add_column(col, overflow="fold")
+    for step in report.steps:
+        count = f" ({len(step.defects)} defect{'s' if len(step.defects) != 1 else ''})" if step.defects else ""
+        style = _STEP_STYLE.get(step.status, "bold")
+        table.add_row(str(step.number), step.name, f"[{style}]{step.status}[/]", escape(step.summary + count))
+    console.print(table)
+    shown = 0
+    for step in report.steps:
+        for note in step.notes:
+            console.print(f"[dim]·[/] {escape(note)}")
+        for defect in step.defects:
+            if shown < max_defects:
+                console.print(f"  [red]✗[/] [{step.number}] {escape(defect.message)}")
+            shown += 1
+    if shown > max_defects:
+        console.print(f"  … {shown - max_defects} more defects (use --json for all)")
+    console.print(f"manifest sha256: {report.manifest_sha256 or '-'}")
+    console.print(f"result: [{_OUTCOME_STYLE.get(report.outcome, 'bold')}]{report.outcome}[/]")
+
+
+_GATE_STYLE = {"pass": "bold green", "fail": "bold red", "unknown": "bold magenta", "info": "dim"}
+
+
+def print_gates(console: Console, receipt: dict[str, Any], bundle: str, digest: str) -> None:
+    """One table per gate: status, detail and the evidence that decided each check."""
+    for gate in receipt["gates"]:
+        style = _GATE_STYLE[gate["status"]]
+        table = Table(title=f"gate {gate['number']}: [{style}]{gate['status']}[/] — {gate['title']}",
+                      title_justify="left")
+        for col in ("check", "status", "detail", "evidence"):
+            table.add_column(col, overflow="fold")
+        for check in gate["checks"]:
+            status = check["status"] if check["decides"] else f"{check['status']} (info)"
+            table.add_row(check["name"], f"[{_GATE_STYLE[check['status']]}]{status}[/]", check["detail"],
+                          check["evidence"])
+        console.print(table)
+    console.print(f"overall: [{_GATE_STYLE[receipt['overall']]}]{receipt['overall']}[/]")
+    console.print(f"bundle: {bundle}")
+    console.print(f"manifest sha256: {digest}")

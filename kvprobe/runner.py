@@ -361,10 +361,18 @@ def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
 
 
 def _write_bundle(exp, receipt, staging: Path, final: Path) -> RunResult:
-    """Validate, write, hash, re-check, then rename into place (nothing half-written)."""
-    schema.validate(receipt, RECEIPT_VERSION, source="receipt")
+    digest = seal_bundle(receipt, RECEIPT_VERSION, render_readme(receipt), staging, final)
+    return RunResult(final, receipt, digest)
+
+
+def seal_bundle(receipt: dict[str, Any], version: str, readme: str, staging: Path, final: Path) -> str:
+    """Validate, write, hash, re-check, then rename into place (nothing half-written).
+
+    Returns manifest.json's sha256; shared by `run` and `gates` bundles.
+    """
+    schema.validate(receipt, version, source="receipt")
     _write_json(staging / RECEIPT, receipt)
-    (staging / "README.md").write_text(render_readme(receipt), encoding="utf-8")
+    (staging / "README.md").write_text(readme, encoding="utf-8")
     digest = manifest.write(staging)
     rebuilt = manifest.build(staging)
     if manifest.render_manifest(rebuilt) != (staging / manifest.MANIFEST).read_bytes():
@@ -372,4 +380,4 @@ def _write_bundle(exp, receipt, staging: Path, final: Path) -> RunResult:
     if final.exists():
         final.rmdir()  # empty, checked before the run
     os.replace(staging, final)
-    return RunResult(final, receipt, digest)
+    return digest

@@ -212,8 +212,8 @@ def parse_args_text(text: str, path: str, line: int) -> ServerArgs | None:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             value = None
-        if isinstance(value, dict):
-            return _from_mapping(value, evidence)
+        if isinstance(value, dict):  # the engine logs the whole resolved dict: a full dump
+            return _from_mapping(value, evidence, full=True)
         return _from_pairs(text, evidence, r"'(?P<key>\w+)':\s*")
     if text.startswith("ServerArgs("):
         return _from_pairs(text, evidence, r"\b(?P<key>\w+)=")
@@ -233,12 +233,13 @@ def _from_pairs(text: str, evidence: Evidence, key_pattern: str) -> ServerArgs:
     return ServerArgs(values, {}, complete and "disaggregation_mode" in values, evidence)
 
 
-def _from_mapping(doc: dict[str, Any], evidence: Evidence) -> ServerArgs:
+def _from_mapping(doc: dict[str, Any], evidence: Evidence, *, full: bool = False) -> ServerArgs:
+    """``full``: the mapping is a whole resolved dump (a log line, or a /server_info-sized JSON)."""
     flat = _flatten(doc)
     env_doc = doc.get("env") if isinstance(doc.get("env"), dict) else {}
     env = {k: str(v) for k, v in {**flat, **env_doc}.items() if k in ENV_KEYS}
     values = {k: flat[k] for k in KEYS if k in flat}
-    return ServerArgs(values, env, "disaggregation_mode" in flat and len(flat) > 50, evidence)
+    return ServerArgs(values, env, "disaggregation_mode" in flat and (full or len(flat) > 50), evidence)
 
 
 def _flatten(doc: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,162 @@
+"""Step 6: run a verified bundle's experiment again and compare check by check.
+
+The experiment is loaded from the bundle's own ``probes/<id>/`` (the probes that ran,
+byte for byte, copied out of the verified tree into a private temp dir), with the same pin
+set; the fresh bundle goes to a temp dir that is removed afterwards. Note: this executes the
+bundle's probe code on this machine, as ``kvprobe run`` would.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvprobe.defects import RerunDiffers
+from kvprobe.errors import ExperimentError, ObserveError, UsageError
+from kvprobe.progress import Reporter
+
+if TYPE_CHECKING:
+    from kvprobe.verify import Bundle, RerunOptions, StepResult
+
+SIDES = ("base", "head")
+
+
+def rerun(bundle: "Bundle", opts: "RerunOptions", reporter: Reporter | None = None) -> "StepResult":
+    from kvprobe.verify import StepResult, _result
+
+    work = Path(tempfile.mkdtemp(prefix="kvprobe-rerun-"))
+    try:
+        try:
+            exp = _bundled_experiment(bundle, work)
+        except ExperimentError as exc:
+            return StepResult(6, "fail", "the bundled experiment cannot be loaded",
+                              [RerunDiffers(bundle.receipt["experiment"]["file"], exc.message)])
+        try:
+            fresh = _run(exp, bundle.receipt["pin_set"]["name"], opts, work, reporter)
+        except (ObserveError, UsageError) as exc:
+            return StepResult(6, "could-not-run", f"could not re-run: {exc.message}", notes=exc.hints)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    defects = diff_runs(bundle.receipt, fresh)
+    notes = env_notes(bundle.receipt, fresh)
+    return _result(6, defects, f"re-ran {exp.id} ({bundle.receipt['pin_set']['name']}): "
+                               f"verdict {fresh['verdict']!r}", notes)
+
+
+def _bundled_experiment(bundle: "Bundle", work: Path):
+    """Copy probes/<id>/ (manifest-listed, already verified) out, then load it."""
+    from kvprobe.experiment import load_file
+
+    exp_id = bundle.receipt["experiment"]["id"]
+    prefix = f"probes/{exp_id}/"
+    for rel in bundle.listed():
+        if rel.startswith(prefix):
+            target = work / "probes" / rel[len("probes/"):]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(bundle.tree.read_bytes(rel, bundle.limits.max_file_bytes))
+    return load_file(work / "probes" / exp_id / "experiment.toml")
+
+
+def _run(exp, pin_set: str, opts: "RerunOptions", work: Path, reporter: Reporter | None) -> dict[str, Any]:
+    from kvprobe.runner import RunOptions, run_experiment
+
+    run_opts = RunOptions(pin_set=pin_set, out=work / "bundle", repo=opts.repo, torch_index=opts.torch_index,
+                          timeout_s=opts.timeout_s)
+    if opts.cache_root is not None:
+        run_opts.cache_root = opts.cache_root
+    return run_experiment(exp, run_opts, reporter).receipt
+
+
+def diff_runs(published: dict[str, Any], fresh: dict[str, Any]) -> list[RerunDiffers]:
+    """Every observation, case outcome, test outcome and the verdict that differ."""
+    raw = _raw_paths(published)
+    found = _observation_diffs(published, fresh, raw) + _case_diffs(published, fresh, raw)
+    found += _test_diffs(published, fresh, raw)
+    if published["verdict"] != fresh["verdict"]:
+        found.append(RerunDiffers("receipt.json", f"verdict: published {published['verdict']!r}, "
+                                                  f"rerun {fresh['verdict']!r}"))
+    return found
+
+
+def _raw_paths(receipt: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """(side, probe name or test path) -> the published raw output's path."""
+    paths = {}
+    for side in SIDES:
+        for p in receipt["sides"][side]["probes"]:
+            paths[(side, p["name"])] = p["raw"]["path"] if p["raw"] else "receipt.json"
+        for t in receipt["sides"][side]["tests"]:
+            paths[(side, t["path"])] = t["raw"]["path"]
+    return paths
+
+
+def _where(raw: dict, side: str, key: str) -> str:
+    return raw.get((side, key), "receipt.json")
+
+
+def _observation_diffs(published, fresh, raw) -> list[RerunDiffers]:
+    index = {(r["case"], r["observation"]): r for r in fresh["comparison"]["observations"]}
+    seen, found = set(), []
+    for row in published["comparison"]["observations"]:
+        key = (row["case"], row["observation"])
+        seen.add(key)
+        other = index.get(key)
+        for side in SIDES:
+            was = _value(row, side)
+            now = _value(other, side) if other else "not recorded"
+            if was != now:
+                found.append(RerunDiffers(_where(raw, side, row["case"].split("/")[0]),
+                                          f"{side} {row['case']} {row['observation']}: published {was}, rerun {now}"))
+    for key in sorted(set(index) - seen):
+        found.append(RerunDiffers("receipt.json", f"{key[0]} {key[1]}: only in the rerun"))
+    return found
+
+
+def _value(row: dict[str, Any] | None, side: str) -> str:
+    if row is None or not row[f"{side}_recorded"]:
+        return "not recorded"
+    return f"{type(row[side]).__name__}:{row[side]!r}"
+
+
+def _case_diffs(published, fresh, raw) -> list[RerunDiffers]:
+    found = []
+    for side in SIDES:
+        was, now = published["comparison"]["cases"][side], fresh["comparison"]["cases"][side]
+        for case in sorted(set(was) | set(now)):
+            a = (was.get(case) or {}).get("status"), (was.get(case) or {}).get("error_type")
+            b = (now.get(case) or {}).get("status"), (now.get(case) or {}).get("error_type")
+            if a != b:
+                found.append(RerunDiffers(_where(raw, side, case.split("/")[0]),
+                                          f"{side} case {case}: published {a}, rerun {b}"))
+    return found
+
+
+def _test_diffs(published, fresh, raw) -> list[RerunDiffers]:
+    index = {(r["file"], r["test"]): r for r in fresh["comparison"]["tests"]}
+    found, seen = [], set()
+    for row in published["comparison"]["tests"]:
+        key = (row["file"], row["test"])
+        seen.add(key)
+        other = index.get(key) or {}
+        for side in SIDES:
+            if row[side] != other.get(side) or row[f"{side}_exc_type"] != other.get(f"{side}_exc_type"):
+                found.append(RerunDiffers(_where(raw, side, row["file"]),
+                                          f"{side} {row['test']}: published {row[side]} "
+                                          f"({row[f'{side}_exc_type']}), rerun {other.get(side)} "
+                                          f"({other.get(f'{side}_exc_type')})"))
+    for key in sorted(set(index) - seen):
+        found.append(RerunDiffers("receipt.json", f"test {key[1]} in {key[0]}: only in the rerun"))
+    return found
+
+
+def env_notes(published: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
+    """A different dependency lock is worth knowing; it does not fail the step by itself."""
+    notes = []
+    for key in ("profile", "lock_sha256", "python", "torch"):
+        if published["env"].get(key) != fresh["env"].get(key):
+            notes.append(f"env.{key}: published {published['env'].get(key)!r}, rerun {fresh['env'].get(key)!r}")
+    notes.append(f"host: {fresh['host'].get('system')} {fresh['host'].get('machine')} "
+                 f"(published on {published['host'].get('system')} {published['host'].get('machine')})")
+    return notes
+

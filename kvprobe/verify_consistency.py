@@ -1,0 +1,384 @@
+"""Step 4: the receipt agrees with the raw outputs, the manifest and the bundled experiment.
+
+The comparison and verdict are recomputed with :func:`kvprobe.compare.compare` from the raw
+outputs and the receipt's expectations, and must equal what the receipt states: re-hashing
+forged files passes step 3 but not this step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from kvprobe.defects import (
+    BadPin, BundleDefect, CitationDigestMismatch, CitationMisplaced, CitationNotInManifest,
+    ComparisonMismatch, ExperimentDigestMismatch, ExperimentMismatch, ExpectationsMismatch, ForgedVerdict,
+    RawInvalid, RecomputeFailed, RecordMismatch, PinMismatch, RunIdMismatch,
+)
+from kvprobe.errors import KvprobeError
+from kvprobe.models import GitPin, ModelPin, WheelPin
+
+if TYPE_CHECKING:
+    from kvprobe.verify import Bundle, StepResult
+
+SIDES = ("base", "head")
+RECEIPT = "receipt.json"
+_MAX_DIFFS = 8
+
+
+def step_consistency(bundle: "Bundle") -> "StepResult":
+    from kvprobe.verify import _result
+
+    receipt = bundle.receipt
+    defects = citation_defects(receipt, bundle.listed()) + placement_defects(receipt)
+    defects += record_defects(bundle)
+    defects += recompute_defects(bundle)
+    defects += pin_defects(receipt) + run_id_defects(receipt)
+    notes = []
+    if bundle.experiment is not None:
+        defects += experiment_defects(bundle)
+    else:
+        notes.append("experiment checks not run: the bundled experiment.toml is unusable (step 2)")
+    return _result(4, defects, f"receipt {receipt['verdict']!r} recomputed from raw outputs", notes)
+
+
+# --- diffs -------------------------------------------------------------------------------
+
+def json_diff(a: Any, b: Any, where: str = "", out: list[str] | None = None) -> list[str]:
+    """Differences as 'path: receipt X, recomputed Y' (True and 1 are different)."""
+    out = [] if out is None else out
+    if len(out) >= 100:
+        return out
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            sub = f"{where}.{key}" if where else str(key)
+            if key not in b:
+                out.append(f"{sub}: only in the receipt")
+            elif key not in a:
+                out.append(f"{sub}: missing from the receipt")
+            else:
+                json_diff(a[key], b[key], sub, out)
+    elif isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            out.append(f"{where}: {len(a)} items in the receipt, {len(b)} recomputed")
+        for i, (x, y) in enumerate(zip(a, b)):
+            json_diff(x, y, f"{where}[{i}]", out)
+    elif type(a) is not type(b) or a != b:
+        out.append(f"{where}: receipt {_short(a)}, recomputed {_short(b)}")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _summary(diffs: list[str]) -> str:
+    more = f" (+{len(diffs) - _MAX_DIFFS} more)" if len(diffs) > _MAX_DIFFS else ""
+    return "; ".join(diffs[:_MAX_DIFFS]) + more
+
+
+# --- citations ---------------------------------------------------------------------------
+
+def citations(receipt: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
+    """(where in the receipt, {path, sha256}) for every file the receipt cites."""
+    exp = receipt["experiment"]
+    found = [("experiment.file", {"path": exp["file"], "sha256": exp["sha256"]})]
+    for side in SIDES:
+        block = receipt["sides"][side]
+        for i, probe in enumerate(block["probes"]):
+            found.append((f"sides.{side}.probes[{i}].source", probe["source"]))
+            if probe["raw"]:
+                found.append((f"sides.{side}.probes[{i}].raw", probe["raw"]))
+        for i, test in enumerate(block["tests"]):
+            found.append((f"sides.{side}.tests[{i}].raw", test["raw"]))
+            if test.get("junit"):
+                found.append((f"sides.{side}.tests[{i}].junit", test["junit"]))
+    return found
+
+
+def citation_defects(receipt: dict[str, Any], listed: dict[str, dict[str, Any]]) -> list[BundleDefect]:
+    found: list[BundleDefect] = []
+    for where, ref in citations(receipt):
+        entry = listed.get(ref["path"])
+        if entry is None:
+            found.append(CitationNotInManifest(ref["path"], f"receipt {where} cites it; manifest.json does not list it"))
+        elif entry["sha256"] != ref["sha256"]:
+            found.append(CitationDigestMismatch(ref["path"], f"receipt {where} records sha256 {ref['sha256']}, "
+                                                             f"manifest.json lists {entry['sha256']}"))
+    return found
+
+
+def placement_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+    """Raw outputs sit under raw/<their side>/, probe sources under probes/<experiment id>/."""
+    exp_id = receipt["experiment"]["id"]
+    found: list[BundleDefect] = []
+    if receipt["experiment"]["file"] != f"probes/{exp_id}/experiment.toml":
+        found.append(CitationMisplaced(receipt["experiment"]["file"], f"expected probes/{exp_id}/experiment.toml"))
+    for side in SIDES:
+        block = receipt["sides"][side]
+        found += _duplicates([p["name"] for p in block["probes"]], f"sides.{side}.probes")
+        found += _duplicates([t["path"] for t in block["tests"]], f"sides.{side}.tests")
+        for probe in block["probes"]:
+            found += _probe_placement(side, exp_id, probe)
+        for test in block["tests"]:
+            found += _test_placement(side, test)
+    found += _sides_share_probes(receipt)
+    return found
+
+
+def _duplicates(names: list[str], where: str) -> list[BundleDefect]:
+    return [RecordMismatch(RECEIPT, f"{where}: {name!r} recorded twice")
+            for name in sorted(set(names)) if names.count(name) > 1]
+
+
+def _probe_placement(side: str, exp_id: str, probe: dict[str, Any]) -> list[BundleDefect]:
+    found: list[BundleDefect] = []
+    name, source = probe["name"], probe["source"]["path"]
+    want = f"raw/{side}/probes/{name}.json"
+    if probe["raw"] and probe["raw"]["path"] != want:
+        found.append(CitationMisplaced(probe["raw"]["path"], f"{side} probe {name!r}: expected {want}"))
+    path = PurePosixPath(source)
+    if not source.startswith(f"probes/{exp_id}/") or path.stem != name or path.suffix != ".py":
+        found.append(CitationMisplaced(source, f"{side} probe {name!r}: expected probes/{exp_id}/.../{name}.py"))
+    return found
+
+
+def _test_placement(side: str, test: dict[str, Any]) -> list[BundleDefect]:
+    want = f"raw/{side}/tests/{test['path'].replace('/', '__')}.json"
+    found: list[BundleDefect] = []
+    if test["raw"]["path"] != want:
+        found.append(CitationMisplaced(test["raw"]["path"], f"{side} test {test['path']!r}: expected {want}"))
+    junit = test.get("junit")
+    if junit and not junit["path"].startswith(f"raw/{side}/tests/"):
+        found.append(CitationMisplaced(junit["path"], f"{side} test {test['path']!r}: junit outside raw/{side}/tests/"))
+    return found
+
+
+def _sides_share_probes(receipt: dict[str, Any]) -> list[BundleDefect]:
+    """Both sides ran the same probe sources (the same bytes)."""
+    sources = {side: {p["name"]: p["source"] for p in receipt["sides"][side]["probes"]} for side in SIDES}
+    if sources["base"] != sources["head"]:
+        return [RecordMismatch(RECEIPT, "base and head cite different probe sets or probe sources")]
+    return []
+
+
+# --- records vs raw outputs --------------------------------------------------------------
+
+def record_defects(bundle: "Bundle") -> list[BundleDefect]:
+    from kvprobe.verify import cited_raw
+
+    found: list[BundleDefect] = []
+    for side in SIDES:
+        for i, probe in enumerate(bundle.receipt["sides"][side]["probes"]):
+            if probe["raw"] is None and not (isinstance(probe["problem"], str) and probe["problem"]):
+                found.append(RecordMismatch(RECEIPT, f"sides.{side}.probes[{i}] {probe['name']!r}: "
+                                                     "no output and no problem recorded"))
+    for side, kind, rel, record in cited_raw(bundle.receipt):
+        doc = bundle.raw_docs.get(rel)
+        if doc is not None:
+            found += _probe_record(rel, doc, record) if kind == "probe" else _test_record(rel, doc, side, record)
+    return found
+
+
+def _probe_record(rel: str, doc: dict[str, Any], record: dict[str, Any]) -> list[BundleDefect]:
+    from kvprobe.probes import check_output
+    from kvprobe.errors import SchemaError
+
+    found: list[BundleDefect] = []
+    if record["problem"] is not None:
+        found.append(RecordMismatch(rel, f"receipt records problem {record['problem']!r} for a probe whose output it cites"))
+    try:
+        check_output(doc, record["name"])
+    except SchemaError as exc:
+        found.append(RawInvalid(rel, exc.message))
+    return found
+
+
+def _test_record(rel: str, doc: dict[str, Any], side: str, record: dict[str, Any]) -> list[BundleDefect]:
+    found: list[BundleDefect] = []
+    if doc["side"] != side or doc["path"] != record["path"]:
+        found.append(RawInvalid(rel, f"records side {doc['side']!r}, test {doc['path']!r}; cited as "
+                                     f"{side} {record['path']!r}"))
+    for key in ("exit_code", "overlay", "problem"):
+        if doc[key] != record[key]:
+            found.append(RecordMismatch(rel, f"{key}: raw {doc[key]!r}, receipt {record[key]!r}"))
+    return found
+
+
+# --- recompute ---------------------------------------------------------------------------
+
+def recompute_inputs(bundle: "Bundle") -> tuple[dict, dict, dict] | None:
+    """compare() inputs from the raw outputs; None when one of them is unusable."""
+    docs: dict[str, dict] = {s: {} for s in SIDES}
+    problems: dict[str, dict] = {s: {} for s in SIDES}
+    runs: dict[str, dict] = {}
+    for side in SIDES:
+        block = bundle.receipt["sides"][side]
+        for probe in block["probes"]:
+            if probe["raw"] is None:
+                problems[side][probe["name"]] = probe["problem"]
+            elif probe["raw"]["path"] in bundle.raw_docs:
+                docs[side][probe["name"]] = bundle.raw_docs[probe["raw"]["path"]]
+            else:
+                return None
+        for test in block["tests"]:
+            if test["raw"]["path"] not in bundle.raw_docs:
+                return None
+            runs.setdefault(test["path"], {})[side] = bundle.raw_docs[test["raw"]["path"]]
+    return docs, problems, runs
+
+
+def recompute_defects(bundle: "Bundle") -> list[BundleDefect]:
+    from kvprobe import compare
+
+    receipt = bundle.receipt
+    inputs = recompute_inputs(bundle)
+    if inputs is None:
+        return [RecomputeFailed(RECEIPT, "a cited raw output is unusable (step 2): comparison not recomputed")]
+    docs, problems, runs = inputs
+    try:
+        comp = compare.compare(expect=receipt["expectations"], probe_docs=docs, probe_problems=problems,
+                               test_runs=runs)
+    except (KeyError, TypeError, ValueError, AttributeError, KvprobeError) as exc:
+        return [RecomputeFailed(RECEIPT, f"raw outputs cannot be compared: {type(exc).__name__}: {exc}")]
+    found: list[BundleDefect] = []
+    for where, stated in (("verdict", receipt["verdict"]), ("comparison.verdict", receipt["comparison"]["verdict"])):
+        if stated != comp["verdict"]:
+            found.append(ForgedVerdict(RECEIPT, f"{where} is {stated!r}, but the raw outputs and expectations "
+                                                f"give {comp['verdict']!r}"))
+    diffs = json_diff({k: v for k, v in receipt["comparison"].items() if k != "verdict"},
+                      {k: v for k, v in comp.items() if k != "verdict"}, "comparison")
+    if diffs:
+        found.append(ComparisonMismatch(RECEIPT, f"{len(diffs)} differences from the comparison recomputed "
+                                                 f"from the raw outputs: {_summary(diffs)}"))
+    found += _mocks_defects(receipt, docs)
+    return found
+
+
+def _mocks_defects(receipt: dict[str, Any], docs: dict[str, dict]) -> list[BundleDefect]:
+    mocks: dict[str, Any] = {}
+    for side in SIDES:
+        for name, doc in docs[side].items():
+            mocks.setdefault(name, doc["mocks"])
+    diffs = json_diff(receipt["evidence"]["mocks"], mocks, "evidence.mocks")
+    return [RecordMismatch(RECEIPT, f"evidence.mocks differs from the raw outputs: {_summary(diffs)}")] if diffs else []
+
+
+# --- the bundled experiment ---------------------------------------------------------------
+
+def experiment_defects(bundle: "Bundle") -> list[BundleDefect]:
+    receipt, data = bundle.receipt, bundle.experiment
+    rel = receipt["experiment"]["file"]
+    found: list[BundleDefect] = []
+    digest = hashlib.sha256(bundle.experiment_bytes).hexdigest()
+    if digest != receipt["experiment"]["sha256"]:
+        found.append(ExperimentDigestMismatch(rel, f"sha256 {digest}, receipt.experiment.sha256 "
+                                                   f"{receipt['experiment']['sha256']}"))
+    expect = {side: data.get("expect", {}).get(side, {}) for side in SIDES}
+    diffs = json_diff(receipt["expectations"], expect, "expectations")
+    if diffs:
+        found.append(ExpectationsMismatch(rel, f"[expect] differs from receipt.expectations: {_summary(diffs)}"))
+    diffs = json_diff(_receipt_view(receipt), _experiment_view(data, receipt["pin_set"]["name"]))
+    if diffs:
+        found.append(ExperimentMismatch(rel, f"the receipt disagrees with the bundled experiment: {_summary(diffs)}"))
+    found += spec_pin_defects(rel, data, receipt)
+    return found
+
+
+def _receipt_view(receipt: dict[str, Any]) -> dict[str, Any]:
+    exp = {k: v for k, v in receipt["experiment"].items() if k != "sha256"}
+    ev = receipt["evidence"]
+    sides = {side: {"probes": [[p["name"], p["source"]["path"]] for p in receipt["sides"][side]["probes"]],
+                    "tests": [t["path"] for t in receipt["sides"][side]["tests"]]} for side in SIDES}
+    return {"experiment": exp, "evidence": {"layer": ev["layer"], "shows": ev["shows"],
+                                            "does_not_show": ev["does_not_show"]}, "sides": sides}
+
+
+def _experiment_view(data: dict[str, Any], pin_set: str) -> dict[str, Any]:
+    exp_id = data["id"]
+    fix = data["fix"]
+    probes = [[PurePosixPath(p["path"]).stem, f"probes/{exp_id}/{p['path']}"] for p in data["checks"].get("probes", [])]
+    spec = data["pins"].get(pin_set, {})
+    tests = [t["path"] for t in data["checks"].get("tests", [])
+             if spec.get("kind") == "git" and ("pins" not in t or pin_set in t["pins"])]
+    return {"experiment": {"id": exp_id, "title": data["title"], "layer": data["layer"],
+                           "file": f"probes/{exp_id}/experiment.toml", "upstream": data.get("upstream"),
+                           "profile": data["profile"],
+                           "fix": {"prs": list(fix.get("prs", [])), "release": fix.get("release"),
+                                   "summary": fix["summary"]}},
+            "evidence": {"layer": data["layer"], "shows": data["scope"]["shows"],
+                         "does_not_show": list(data["scope"]["does_not_show"])},
+            "sides": {side: {"probes": probes, "tests": tests} for side in SIDES}}
+
+
+# --- pins and run id ---------------------------------------------------------------------
+
+def pin_identity(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The identity a well-formed pin of ``kind`` has; raises KeyError/TypeError/ValueError."""
+    if kind == "git":
+        return GitPin(spec["commit"]).identity()
+    if kind == "wheel":
+        return WheelPin(spec["package"], spec["version"], spec.get("file") or spec["filename"],
+                        spec["sha256"]).identity()
+    if kind == "synthetic" and isinstance(spec["switches"], dict):
+        return ModelPin(spec["switches"]).identity()
+    raise ValueError(f"unknown pin kind {kind!r}")
+
+
+def pin_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+    """Each side's pin is well formed for the pin set's kind, and its source is that pin."""
+    kind = receipt["pin_set"]["kind"]
+    found: list[BundleDefect] = []
+    for side in SIDES:
+        pin, source = receipt["sides"][side]["pin"], receipt["sides"][side]["source"]
+        try:
+            well_formed = pin_identity(kind, pin) == pin
+        except (KeyError, TypeError, ValueError) as exc:
+            well_formed, why = False, f"{type(exc).__name__}: {exc}"
+        else:
+            why = f"not exactly a {kind} pin identity: {_short(pin)}"
+        if not well_formed:
+            found.append(BadPin(RECEIPT, f"sides.{side}.pin: {why}"))
+        elif not _source_matches(kind, pin, source):
+            found.append(PinMismatch(RECEIPT, f"sides.{side}.source {_short(source)} is not pin {_short(pin)}"))
+    return found
+
+
+def _source_matches(kind: str, pin: dict[str, Any], source: Any) -> bool:
+    if not isinstance(source, dict):
+        return False
+    if kind == "git":
+        return source.get("commit") == pin["commit"]
+    if kind == "wheel":
+        return all(source.get(k) == pin[k] for k in ("package", "version", "filename", "sha256"))
+    return source == pin
+
+
+def spec_pin_defects(rel: str, data: dict[str, Any], receipt: dict[str, Any]) -> list[BundleDefect]:
+    """The receipt's pin set is the bundled experiment's pin set of that name."""
+    ps = receipt["pin_set"]
+    spec = data["pins"].get(ps["name"])
+    if spec is None:
+        return [PinMismatch(rel, f"the experiment has no pin set {ps['name']!r}")]
+    stated = {"kind": ps["kind"], "pr": ps["pr"], "python_path": ps["python_path"],
+              **{side: receipt["sides"][side]["pin"] for side in SIDES}}
+    try:
+        declared = {"kind": spec["kind"], "pr": spec.get("pr"), "python_path": list(spec.get("python_path", ["."])),
+                    **{side: pin_identity(spec["kind"], spec[side]) for side in SIDES}}
+    except (KeyError, TypeError, ValueError) as exc:
+        return [BadPin(rel, f"pins.{ps['name']}: {type(exc).__name__}: {exc}")]
+    diffs = json_diff(stated, declared, f"pins.{ps['name']}")
+    return [PinMismatch(rel, f"the receipt's pins differ from the experiment's: {_summary(diffs)}")] if diffs else []
+
+
+def run_id_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+    stamp = receipt["created_utc"].replace("-", "").replace(":", "")
+    want = (re.escape(f"{receipt['experiment']['id']}-{receipt['pin_set']['name']}-{stamp}-") + "[0-9a-f]{6}")
+    if not re.fullmatch(want, receipt["run_id"]):
+        return [RunIdMismatch(RECEIPT, f"run_id {receipt['run_id']!r} does not name experiment "
+                                       f"{receipt['experiment']['id']!r}, pin set {receipt['pin_set']['name']!r} "
+                                       f"and created_utc {receipt['created_utc']!r}")]
+    return []

@@ -1,0 +1,479 @@
+"""kvprobe report: Markdown parsed back, OpenVEX and in-toto validated against their vendored
+schemas, on small receipts and bundles built here (compare.compare + manifest.write)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from jsonschema import Draft202012Validator, FormatChecker
+
+from kvprobe import compare, manifest, report, schema
+from kvprobe.cli import main
+from kvprobe.errors import SchemaError, UsageError, VerificationFailed
+from kvprobe.resources import schemas_dir
+from kvprobe.upstream import REPORT_SCHEMA
+
+TEST_FILE = "test/unit/test_door.py"
+HOSTILE = "a|b\nc\\|d `tick` <b>x</b> | end"
+WHEELS = {
+    "base": {"kind": "wheel", "package": "sglang", "version": "0.5.19",
+             "filename": "sglang-0.5.19-cp311-cp311-manylinux_2_34_x86_64.whl", "sha256": "1" * 64},
+    "head": {"kind": "wheel", "package": "sglang", "version": "0.5.20",
+             "filename": "sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl", "sha256": "2" * 64},
+}
+COMMITS = {"base": {"kind": "git", "commit": "a" * 40}, "head": {"kind": "git", "commit": "b" * 40}}
+MODEL = {"base": {"kind": "synthetic", "switches": {"guard": False}},
+         "head": {"kind": "synthetic", "switches": {"guard": True}}}
+DOES_NOT_SHOW = ["a cross-tenant leak: no tenant data", "anything on a GPU\nor over RDMA"]
+
+
+# --------------------------------------------------------------------------- builders
+
+def _case(name, observations, error=None):
+    return {"name": name, "status": "raised" if error else "ok", "observations": observations,
+            "error": {"type": error, "root_type": error} if error else None}
+
+
+def _probe_docs():
+    return {
+        "base": {"door": {"cases": [
+            _case("door.rejected", {"queued": True, "senders": 1, "note": HOSTILE}),
+            _case("door.crash", {"partial": 1}, error="AttributeError"),
+        ]}},
+        "head": {"door": {"cases": [
+            _case("door.rejected", {"queued": False, "senders": 0, "note": "fixed"}),
+            _case("door.crash", {"partial": 1, "retired": True}),
+        ]}},
+    }
+
+
+def _expectations(*, reproduce: bool = True):
+    return {
+        "base": {"door/door.rejected": {"queued": True, "senders": 1},
+                 "door/door.crash": {"raised": "AttributeError"}},
+        "head": {"door/door.rejected": {"queued": not reproduce, "senders": 0},
+                 "door/door.crash": {"raised": False, "retired": True}},
+    }
+
+
+def _entry(name, when="call", outcome="passed", exception=None):
+    return {"nodeid": f"{TEST_FILE}::{name}", "when": when, "outcome": outcome, "duration": 0.01,
+            "exception": exception, "subtest": None, "xfail": None, "wasxfail": None, "longrepr": ""}
+
+
+def _report_doc(tests, exitstatus):
+    return {"schema": REPORT_SCHEMA, "complete": True, "exitstatus": exitstatus, "pytest_version": "9.2.0",
+            "collected": 7, "tests": tests, "collection_errors": [], "running": None,
+            "runner": {"file_nodeid": TEST_FILE, "returncode": exitstatus, "timed_out": False, "timeout_s": 60}}
+
+
+def _test_runs():
+    """Seven tests: 6 AttributeError + 1 ValueError on base, all passing on head."""
+    base, head = [], []
+    for i in range(7):
+        name = f"test_{i}"
+        root = "ValueError" if i == 6 else "AttributeError"
+        exc = {"top_type": "Exception", "root_type": root, "root_module": "builtins", "root_message": "stub",
+               "chain": ["Exception", root], "assertion": False}
+        base += [_entry(name, "setup"), _entry(name, "call", "failed", exc), _entry(name, "teardown")]
+        head += [_entry(name, "setup"), _entry(name), _entry(name, "teardown")]
+    return {TEST_FILE: {"base": {"report": _report_doc(base, 1), "problem": None, "exit_code": 1},
+                        "head": {"report": _report_doc(head, 0), "problem": None, "exit_code": 0}}}
+
+
+def make_receipt(pins=WHEELS, *, reproduce=True, tests=True):
+    kind = pins["base"]["kind"]
+    expect = _expectations(reproduce=reproduce)
+    comparison = compare.compare(expect=expect, probe_docs=_probe_docs(), probe_problems={},
+                                 test_runs=_test_runs() if tests else {})
+    receipt = {
+        "schema": "kvprobe.receipt/1",
+        "tool": {"name": "kvprobe", "version": "0.1.0"},
+        "run_id": "exp-x-set-20260101T000000Z-abcdef",
+        "created_utc": "2026-01-01T00:00:00Z",
+        "experiment": {"id": "exp-x", "title": "PR #123: retire | rejected\nrequests", "layer": "diff-probe",
+                       "file": "probes/exp-x/experiment.toml", "sha256": "3" * 64,
+                       "upstream": "https://github.com/sgl-project/sglang", "profile": "sglang-cpu",
+                       "fix": {"prs": [123], "release": "0.5.20", "summary": "Retires rejected\nrequests at the door."}},
+        "pin_set": {"name": "set", "kind": kind, "pr": 123 if kind == "git" else None, "python_path": ["."]},
+        "sides": {side: {"pin": pins[side], "source": dict(pins[side]), "tests": [], "probes": []}
+                  for side in ("base", "head")},
+        "env": {"key": "k", "python": "3.11.7", "profile": "sglang-cpu", "lock_name": "sglang-cpu.txt",
+                "lock_sha256": "4" * 64, "packages": {}, "torch": None, "torch_index": None,
+                "shared_by_sides": True},
+        "host": {"system": "Linux", "machine": "x86_64"},
+        "settings": {},
+        "expectations": expect,
+        "comparison": comparison,
+        "verdict": comparison["verdict"],
+        "evidence": {"layer": "diff-probe", "shows": "A code-path difference\nbetween pins.",
+                     "does_not_show": list(DOES_NOT_SHOW),
+                     "mocks": {"door": {"kv|sender": "MagicMock: counts sends\nline | two <script>"}},
+                     "limits": ["CPU only"]},
+        "timings": {"checks_s": 1.0},
+    }
+    schema.validate(receipt, "kvprobe.receipt/1", source="test receipt")
+    return receipt
+
+
+def make_bundle(root: Path, receipt: dict) -> str:
+    """A small bundle like `kvprobe run` writes; returns manifest.json's sha256."""
+    root.mkdir(parents=True)
+    (root / "raw" / "base").mkdir(parents=True)
+    (root / "raw" / "base" / "door.json").write_text('{"cases": []}\n', encoding="utf-8")
+    (root / "README.md").write_text("# exp-x\n", encoding="utf-8")
+    (root / "receipt.json").write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return manifest.write(root)
+
+
+def view_of(receipt, digest="5" * 64, name="exp-x-bundle"):
+    files = [{"path": "receipt.json", "size": 1, "sha256": "6" * 64},
+             {"path": "raw/base/door.json", "size": 1, "sha256": "7" * 64}]
+    return report.BundleView(receipt, {"schema": "kvprobe.manifest/1", "files": files}, digest, name)
+
+
+def validator(name):
+    with open(schemas_dir() / "vendor" / name, encoding="utf-8") as handle:
+        doc = json.load(handle)
+    Draft202012Validator.check_schema(doc)
+    return Draft202012Validator(doc, format_checker=FormatChecker())
+
+
+def assert_valid(doc, name):
+    errors = sorted(validator(name).iter_errors(doc), key=lambda e: list(e.absolute_path))
+    assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors]
+
+
+# --------------------------------------------------------------- Markdown parsed back
+
+def split_row(line: str) -> list[str]:
+    """Cells of a GFM table row: a backslash takes the next character with it (cmark-gfm)."""
+    assert line.startswith("|") and line.endswith("|"), line
+    cells, current, i = [], "", 0
+    while i < len(line):
+        if line[i] == "\\":
+            current += line[i:i + 2]
+            i += 2
+        elif line[i] == "|":
+            cells.append(current)
+            current = ""
+            i += 1
+        else:
+            current += line[i]
+            i += 1
+    assert current == "", f"text after the last pipe: {line!r}"
+    return [c.strip() for c in cells[1:]]
+
+
+def unescape(text: str) -> str:
+    """Undo the table escaping: backslash escapes, entities; <br> back to newlines."""
+    text = re.sub(r"\\(.)", r"\1", text)
+    return html.unescape(text.replace("<br>", "\n"))
+
+
+def tables(md: str) -> list[dict]:
+    found, block = [], []
+    for line in md.split("\n") + [""]:
+        if line.startswith("|"):
+            block.append(line)
+        elif block:
+            header, delim, *rows = (split_row(x) for x in block)
+            assert all(re.fullmatch(r":?-{3,}:?", c) for c in delim), block[1]
+            assert len(delim) == len(header)
+            for raw, row in zip(block[2:], rows):
+                assert len(row) == len(header), f"{len(row)} cells, header has {len(header)}: {raw!r}"
+            found.append({"header": header, "rows": rows})
+            block = []
+    return found
+
+
+def table_with(md, first_header, second_header=None):
+    return [t for t in tables(md) if t["header"][0] == first_header
+            and (second_header is None or t["header"][1] == second_header)]
+
+
+def test_markdown_has_verdict_pins_digest_verify_command_and_scope():
+    receipt = make_receipt()
+    md = report.markdown(view_of(receipt))
+    lines = md.split("\n")
+    assert "- **Verdict:** **reproduced**: 4/4 expected observations matched" in md
+    assert "- **Evidence layer:** `diff-probe`" in lines
+    assert "[#123](https://github.com/sgl-project/sglang/pull/123), first released in 0.5.20" in md
+    assert f"- **Bundle manifest sha256:** `{'5' * 64}`" in md
+    assert f"kvprobe verify exp-x-bundle --expect-manifest-sha256 {'5' * 64}" in lines
+    assert "**What this shows:** A code-path difference between pins." in lines
+    assert "**What this does not show:**" in lines
+    assert "- a cross-tenant leak: no tenant data" in lines
+    assert "- anything on a GPU or over RDMA" in lines  # a multi-line item stays one bullet
+    assert "- CPU only" in lines
+    [pins] = table_with(md, "side", "kind")
+    assert [r[0] for r in pins["rows"]] == ["base", "head"]
+    assert f"sha256 `{'1' * 64}`" in pins["rows"][0]
+    assert "`sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl` (sglang 0.5.20)" in pins["rows"][1]
+
+
+def test_markdown_cases_show_raised_vs_behaviour_and_expected_values():
+    md = report.markdown(view_of(make_receipt()))
+    [summary] = table_with(md, "case")
+    by_case = {row[0]: row for row in summary["rows"]}
+    assert by_case["`door/door.crash`"][1:3] == ["raised `AttributeError`", "behaviour"]
+    assert by_case["`door/door.rejected`"][1:4] == ["behaviour", "behaviour", "2/2"]
+    details = table_with(md, "observation")
+    assert len(details) == 2
+    rows = {(row[0]): row for t in details for row in t["rows"]}
+    assert rows["`raised`"][1:] == ['`"AttributeError"`', '`"AttributeError"`', "`false`", "`false`", "ok"]
+    assert rows["`retired`"][1:3] == ["(not recorded: case raised)", "—"]
+    assert rows["`queued`"][1:] == ["`true`", "`true`", "`false`", "`false`", "ok"]
+
+
+def test_markdown_mismatch_is_marked():
+    md = report.markdown(view_of(make_receipt(reproduce=False)))
+    assert "- **Verdict:** **not-reproduced**" in md
+    assert "### Why the verdict is not-reproduced" in md
+    rows = {row[0]: row for t in table_with(md, "observation") for row in t["rows"]}
+    assert rows["`queued`"][-1] == "**mismatch**: head"
+
+
+def test_markdown_failure_kinds_and_test_transitions():
+    md = report.markdown(view_of(make_receipt()))
+    [files] = table_with(md, "file")
+    [row] = files["rows"]
+    assert unescape(row[0]) == f"`{TEST_FILE}`"
+    assert row[1] == "7 FAIL_TO_PASS"
+    assert row[2] == "0/7 passed; 6 AttributeError + 1 ValueError, 0 assertion failures"
+    assert row[3] == "7/7 passed; 0 assertion failures"
+    [per_test] = table_with(md, "test")
+    assert len(per_test["rows"]) == 7
+    assert {r[1] for r in per_test["rows"]} == {"failed (AttributeError)", "failed (ValueError)"}
+    assert {r[3] for r in per_test["rows"]} == {"FAIL_TO_PASS"}
+
+
+def test_markdown_pipes_newlines_and_html_in_values_do_not_break_tables():
+    md = report.markdown(view_of(make_receipt()))
+    rows = {row[0]: row for t in table_with(md, "observation") for row in t["rows"]}
+    note = rows["`note`"]
+    assert unescape(note[1]) == json.dumps(HOSTILE)
+    assert note[3] == '`"fixed"`'
+    [mocks] = table_with(md, "probe")
+    [mock] = mocks["rows"]
+    assert unescape(mock[1]) == "`kv|sender`"
+    assert mock[2] == "MagicMock: counts sends<br>line \\| two &lt;script&gt;"
+    assert unescape(mock[2]) == "MagicMock: counts sends\nline | two <script>"
+    assert "<script>" not in md
+    # outside tables a multi-line value is one line
+    assert "## kvprobe evidence: exp-x: PR #123: retire | rejected requests" in md.split("\n")
+
+
+@pytest.mark.parametrize(("kinds", "text"), [
+    ({"assertion": 0, "AttributeError": 6, "ValueError": 1}, "6 AttributeError + 1 ValueError, 0 assertion failures"),
+    ({"assertion": 3}, "3 assertion failures"),
+    ({"assertion": 1}, "1 assertion failure"),
+    ({}, "0 assertion failures"),
+    ({"assertion": 0, "collection": 2, "timeout": 1}, "2 collection errors + 1 timeout, 0 assertion failures"),
+])
+def test_failure_kinds_text(kinds, text):
+    assert report.failure_kinds_text(kinds) == text
+
+
+@pytest.mark.parametrize("text", ["a|b", "a\\|b", "a\\\\|b", "x\ny|z", "|", "\\", "`|`"])
+def test_cell_escaping_round_trips_for_any_text(text):
+    for rendered in (report.cell(text), report.code_cell(text)):
+        line = f"| {rendered} | next |"
+        cells = split_row(line)
+        assert len(cells) == 2 and cells[1] == "next"
+        shown = unescape(cells[0])
+        if rendered != report.cell(text):  # a code span: drop its backticks
+            shown = shown[1:-1]
+        assert shown == text
+
+
+# --------------------------------------------------------------------------- OpenVEX
+
+def test_openvex_reproduced_wheels():
+    receipt = make_receipt()
+    view = view_of(receipt)
+    doc = report.openvex(view)
+    assert_valid(doc, "openvex-0.2.0.schema.json")
+    assert doc["@context"] == "https://openvex.dev/ns/v0.2.0"
+    assert doc["timestamp"] == receipt["created_utc"] and doc["version"] == 1
+    base, head = doc["statements"]
+    assert (base["status"], head["status"]) == ("affected", "fixed")
+    assert base["products"] == [{"@id": "pkg:pypi/sglang@0.5.19", "identifiers": {"purl": "pkg:pypi/sglang@0.5.19"},
+                                 "hashes": {"sha-256": "1" * 64}}]
+    assert head["products"][0]["@id"] == "pkg:pypi/sglang@0.5.20"
+    assert head["products"][0]["hashes"] == {"sha-256": "2" * 64}
+    assert "Upgrade sglang to 0.5.20 or later" in base["action_statement"]
+    assert "backport #123" in base["action_statement"]
+    assert base["vulnerability"]["name"] == "SGLANG-PD-KV-123"
+    assert "no CVE" in base["vulnerability"]["description"]
+    for statement in (base, head):
+        notes = statement["status_notes"]
+        assert view.receipt_sha256 in notes and view.manifest_sha256 in notes
+        assert "Evidence layer diff-probe" in notes and "CPU only" in notes
+        assert "a cross-tenant leak" in notes
+
+
+def test_openvex_not_reproduced_claims_neither_affected_nor_fixed():
+    doc = report.openvex(view_of(make_receipt(reproduce=False)))
+    assert_valid(doc, "openvex-0.2.0.schema.json")
+    assert [s["status"] for s in doc["statements"]] == ["under_investigation", "under_investigation"]
+    assert not any(s["status"] in ("fixed", "affected") for s in doc["statements"])
+    assert all("not 'reproduced'" in s["status_notes"] for s in doc["statements"])
+    assert all("head: door/door.rejected: queued expected True" in s["status_notes"] for s in doc["statements"])
+
+
+def test_openvex_git_pins_are_github_purls():
+    doc = report.openvex(view_of(make_receipt(COMMITS)))
+    assert_valid(doc, "openvex-0.2.0.schema.json")
+    base, head = doc["statements"]
+    assert base["products"] == [{"@id": f"pkg:github/sgl-project/sglang@{'a' * 40}",
+                                 "identifiers": {"purl": f"pkg:github/sgl-project/sglang@{'a' * 40}"}}]
+    assert head["products"][0]["@id"] == f"pkg:github/sgl-project/sglang@{'b' * 40}"
+    assert "Backport #123" in base["action_statement"]
+
+
+def test_openvex_refuses_a_synthetic_model_receipt():
+    with pytest.raises(UsageError, match="synthetic model"):
+        report.openvex(view_of(make_receipt(MODEL, tests=False)))
+
+
+def test_render_validates_and_serializes():
+    text = report.render(view_of(make_receipt()), "openvex", author="Security Team")
+    doc = json.loads(text)
+    assert doc["author"] == "Security Team"
+    assert text.endswith("\n")
+
+
+# ----------------------------------------------------------------------------- in-toto
+
+def test_intoto_wheels_subjects_and_predicate():
+    receipt = make_receipt()
+    view = view_of(receipt)
+    doc = report.intoto(view)
+    assert_valid(doc, "in-toto-statement-v1.schema.json")
+    assert doc["_type"] == "https://in-toto.io/Statement/v1"
+    assert doc["predicateType"] == "https://kvprobe.dev/attestation/receipt/v1"
+    assert doc["predicate"] == receipt
+    names = {s["name"]: s for s in doc["subject"]}
+    for entry in view.manifest["files"]:
+        assert names[entry["path"]]["digest"] == {"sha256": entry["sha256"]}
+    assert names["manifest.json"]["digest"] == {"sha256": view.manifest_sha256}
+    wheel = names["sglang-0.5.19-cp311-cp311-manylinux_2_34_x86_64.whl"]
+    assert wheel["digest"] == {"sha256": "1" * 64} and wheel["uri"] == "pkg:pypi/sglang@0.5.19"
+    assert not any("gitCommit" in s["digest"] for s in doc["subject"])
+
+
+def test_intoto_git_pins_are_gitcommit_subjects():
+    doc = report.intoto(view_of(make_receipt(COMMITS)))
+    assert_valid(doc, "in-toto-statement-v1.schema.json")
+    commits = [s for s in doc["subject"] if "gitCommit" in s["digest"]]
+    assert [s["digest"]["gitCommit"] for s in commits] == ["a" * 40, "b" * 40]
+    assert commits[0]["uri"] == f"git+https://github.com/sgl-project/sglang@{'a' * 40}"
+    assert [s["annotations"]["kvprobeSide"] for s in commits] == ["base", "head"]
+
+
+def test_intoto_schema_rejects_what_the_spec_forbids():
+    doc = report.intoto(view_of(make_receipt()))
+    check = validator("in-toto-statement-v1.schema.json")
+    assert not check.is_valid({**doc, "subject": []})
+    assert not check.is_valid({**doc, "_type": "https://in-toto.io/Statement/v0.1"})
+    assert not check.is_valid({**doc, "subject": [{"name": "x", "digest": {"sha256": "XYZ"}}]})
+    assert not check.is_valid({**doc, "subject": [{"name": "x"}]})
+
+
+def test_synthetic_receipt_still_renders_markdown_and_intoto():
+    view = view_of(make_receipt(MODEL, tests=False))
+    assert "model switches" in report.markdown(view)
+    doc = report.intoto(view)
+    assert_valid(doc, "in-toto-statement-v1.schema.json")
+    assert len(doc["subject"]) == len(view.manifest["files"]) + 1
+
+
+# -------------------------------------------------------------------- bundles and CLI
+
+def test_load_reads_a_bundle(tmp_path):
+    receipt = make_receipt()
+    digest = make_bundle(tmp_path / "b", receipt)
+    view = report.load(tmp_path / "b")
+    assert view.manifest_sha256 == digest
+    assert view.receipt == receipt
+    assert view.receipt_sha256 == manifest.sha256_file(tmp_path / "b" / "receipt.json")
+    assert view.name == "b"
+
+
+def test_load_refuses_duplicate_keys_and_tampering(tmp_path):
+    receipt = make_receipt()
+    make_bundle(tmp_path / "dup", receipt)
+    path = tmp_path / "dup" / "receipt.json"
+    path.write_text(path.read_text(encoding="utf-8").replace('{\n  "comparison"', '{\n  "verdict": "x",\n  "comparison"', 1),
+                    encoding="utf-8")
+    with pytest.raises(SchemaError, match="duplicate key"):
+        report.load(tmp_path / "dup")
+    make_bundle(tmp_path / "tampered", receipt)
+    (tmp_path / "tampered" / "README.md").write_text("# edited\n", encoding="utf-8")
+    with pytest.raises(VerificationFailed, match="differ from manifest.json"):
+        report.load(tmp_path / "tampered")
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "openvex", "intoto"])
+def test_cli_report_to_stdout_and_file(tmp_path, fmt):
+    bundle = tmp_path / "bundle"
+    digest = make_bundle(bundle, make_receipt())
+    runner = CliRunner()
+    result = runner.invoke(main, ["report", str(bundle), "--format", fmt], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out" / f"report.{fmt}"
+    out.parent.mkdir()
+    written = runner.invoke(main, ["report", str(bundle), "--format", fmt, "-o", str(out)], catch_exceptions=False)
+    assert written.exit_code == 0
+    assert out.read_text(encoding="utf-8") == result.stdout
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no temp file left
+    if fmt == "markdown":
+        assert f"kvprobe verify bundle --expect-manifest-sha256 {digest}" in result.stdout
+        tables(result.stdout)
+    elif fmt == "openvex":
+        assert_valid(json.loads(result.stdout), "openvex-0.2.0.schema.json")
+    else:
+        assert_valid(json.loads(result.stdout), "in-toto-statement-v1.schema.json")
+
+
+def test_cli_not_a_bundle_exits_2(tmp_path):
+    runner = CliRunner()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.txt").write_text("x", encoding="utf-8")
+    for path in (tmp_path / "empty", tmp_path / "file.txt", tmp_path / "missing"):
+        result = runner.invoke(main, ["report", str(path), "--format", "markdown"], catch_exceptions=False)
+        assert result.exit_code == 2, (path, result.output)
+        assert "not a" in result.output
+    bad = tmp_path / "bad"
+    make_bundle(bad, make_receipt())
+    (bad / "manifest.json").write_text('{"schema": "kvprobe.manifest/1", "files": NaN}', encoding="utf-8")
+    result = runner.invoke(main, ["report", str(bad), "--format", "intoto"], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert "not strict JSON" in result.output
+
+
+def test_cli_tampered_bundle_exits_1_and_writes_nothing(tmp_path):
+    bundle = tmp_path / "bundle"
+    make_bundle(bundle, make_receipt())
+    (bundle / "raw" / "base" / "door.json").write_text('{"cases": [1]}\n', encoding="utf-8")
+    out = tmp_path / "vex.json"
+    result = CliRunner().invoke(main, ["report", str(bundle), "--format", "openvex", "-o", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 1
+    assert "raw/base/door.json" in result.output
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
+
+
+def test_cli_synthetic_openvex_exits_2(tmp_path):
+    bundle = tmp_path / "bundle"
+    make_bundle(bundle, make_receipt(MODEL, tests=False))
+    result = CliRunner().invoke(main, ["report", str(bundle), "--format", "openvex"], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert "synthetic model" in result.output
