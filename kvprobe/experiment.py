@@ -45,24 +45,39 @@ def list_ids() -> list[str]:
     return sorted(seen)
 
 
-def load(experiment_id: str) -> Experiment:
-    return load_file(find(experiment_id))
+def load(experiment_id: str, *, validate: bool = True) -> Experiment:
+    return load_file(find(experiment_id), validate=validate)
 
 
-def load_file(path: Path) -> Experiment:
-    """Parse, schema-validate and build; every error names the file and the field."""
+def load_file(path: Path, *, validate: bool = True) -> Experiment:
+    """Parse, schema-validate and build; every error names the file and the field.
+
+    ``validate=False`` (for `kvprobe list`, which must start fast) skips the schema unless
+    building fails, then validates to name the offending field: importing jsonschema alone
+    costs more than the whole listing.
+    """
     raw = path.read_bytes()
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ExperimentError(f"{path}: not valid TOML: {exc}") from exc
+    if not validate:
+        try:
+            if data.get("id") == path.parent.name:
+                return _build(data, path, hashlib.sha256(raw).hexdigest())
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass  # malformed: the schema below says where
+    _validate(data, path)
+    if data["id"] != path.parent.name:
+        raise ExperimentError(f"{path}: id: {data['id']!r} must equal its folder name {path.parent.name!r}")
+    return _build(data, path, hashlib.sha256(raw).hexdigest())
+
+
+def _validate(data: dict[str, Any], path: Path) -> None:
     try:
         schema.validate(data, SCHEMA_VERSION, source=str(path))
     except SchemaError as exc:
         raise ExperimentError(exc.message, hints=exc.hints) from exc
-    if data["id"] != path.parent.name:
-        raise ExperimentError(f"{path}: id: {data['id']!r} must equal its folder name {path.parent.name!r}")
-    return _build(data, path, hashlib.sha256(raw).hexdigest())
 
 
 def _build(data: dict[str, Any], path: Path, digest: str) -> Experiment:

@@ -477,3 +477,15 @@ def test_cli_synthetic_openvex_exits_2(tmp_path):
     result = CliRunner().invoke(main, ["report", str(bundle), "--format", "openvex"], catch_exceptions=False)
     assert result.exit_code == 2
     assert "synthetic model" in result.output
+
+
+def test_git_pins_outside_github_are_generic_purls_with_vcs_url():
+    receipt = make_receipt(COMMITS)
+    receipt["experiment"]["upstream"] = "https://git.example.org/mirror/sglang.git"
+    doc = report.openvex(view_of(receipt))
+    assert_valid(doc, "openvex-0.2.0.schema.json")
+    assert doc["statements"][0]["products"][0]["@id"] == (
+        f"pkg:generic/sglang@{'a' * 40}?vcs_url=git%2Bhttps%3A%2F%2Fgit.example.org%2Fmirror%2Fsglang.git%40{'a' * 40}")
+    receipt["experiment"]["upstream"] = None
+    with pytest.raises(UsageError, match="names no upstream"):
+        report.openvex(view_of(receipt))
