@@ -126,8 +126,12 @@ def _run_options(pins, out, repo, torch_index, jobs, timeout):
 @click.option("--jobs", type=click.IntRange(1, 2), help="Run base and head in parallel (2) or in turn (1).")
 @click.option("--timeout", default=1800, show_default=True, type=click.IntRange(1), help="Seconds per check.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+@click.option("--record-expectations", "record", is_flag=True,
+              help="After the run, show the observed values and write them into the experiment "
+                   "as its [expect] tables (exit 0 written, 1 declined).")
+@click.option("--yes", is_flag=True, help="With --record-expectations: write without asking.")
 @guarded
-def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json) -> int:
+def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json, record=False, yes=False) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not)."""
     from kvprobe import experiment
     from kvprobe.console import RichReporter, print_run_summary, stderr_console
@@ -140,6 +144,8 @@ def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json)
     print_run_summary(console, result.receipt, str(result.bundle), result.manifest_sha256)
     if as_json:
         emit_json(run_summary(result))
+    if record:
+        return _record_expectations(exp, result.receipt, console, yes)
     return _VERDICT_EXIT[result.receipt["verdict"]]
 
 
@@ -287,4 +293,122 @@ def bundle_pack_cmd(bundle_dir, output, max_files, max_file_bytes, max_bytes, as
     if as_json:
         emit_json({"archive": str(result.archive), "sha256": result.sha256,
                    "manifest_sha256": result.manifest_sha256, "top": result.top})
+    return EXIT_OK
+
+
+# --- cache -------------------------------------------------------------------------------
+
+def _cache_root() -> Path:
+    from kvprobe.runner import default_cache_root
+
+    return default_cache_root()
+
+
+@main.group("cache")
+def cache_group() -> None:
+    """The cache of git stores, wheels and envs ($KVPROBE_CACHE_DIR overrides its place)."""
+
+
+@cache_group.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@guarded
+def cache_ls_cmd(as_json: bool) -> int:
+    """List cache entries: kind, key, size, last used."""
+    import time
+
+    from kvprobe import cache
+
+    root = _cache_root()
+    entries = cache.scan(root)
+    if as_json:
+        emit_json({"root": str(root), "total_size": cache.total_size(entries),
+                   "entries": [e.to_json() for e in entries]})
+    else:
+        from kvprobe.console import print_cache, stderr_console
+
+        print_cache(stderr_console(), str(root), entries, time.time())
+    return EXIT_OK
+
+
+@cache_group.command("prune")
+@click.option("--older-than", "older_than", type=click.FloatRange(0), metavar="DAYS",
+              help="Also remove entries not used for DAYS days.")
+@click.option("--all", "everything", is_flag=True, help="Remove every entry not in use.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@guarded
+def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, as_json: bool) -> int:
+    """Free space without breaking a run in progress.
+
+    Leftovers (interrupted builds and downloads, incomplete envs) always go; complete
+    entries go with --older-than or --all. Entries whose lock is held, envs a run is
+    using, and builds younger than a few hours are skipped and named.
+    """
+    from kvprobe import cache
+
+    outcomes = cache.prune(_cache_root(), older_than_days=older_than, everything=everything,
+                           dry_run=dry_run)
+    if as_json:
+        emit_json({"dry_run": dry_run, "outcomes": [o.to_json() for o in outcomes],
+                   "freed": sum(o.entry.size for o in outcomes if o.action == "deleted")})
+    else:
+        from kvprobe.console import print_prune, stderr_console
+
+        print_prune(stderr_console(), outcomes, dry_run)
+    return EXIT_OK
+
+
+# --- new: scaffold an experiment, record its expectations --------------------------------
+
+def _record_expectations(exp, receipt, console, yes: bool) -> int:
+    """Show what the run observed, confirm, write it as the experiment's expectations."""
+    from kvprobe import expectations
+    from kvprobe.console import print_recording
+
+    recording = expectations.plan(exp, receipt)
+    print_recording(console, recording)
+    if not yes and not click.confirm(f"Write these expectations into {recording.path}?",
+                                     default=False, err=True):
+        console.print("nothing written")
+        return EXIT_FAIL
+    path = expectations.write(recording)
+    console.print(f"expectations written to {path}; check them with: kvprobe run {exp.id}")
+    return EXIT_OK
+
+
+@main.command("new")
+@click.argument("experiment_id")
+@click.option("--base", required=True, help="Full 40-hex SHA of the commit before the fix.")
+@click.option("--head", required=True, help="Full 40-hex SHA of the commit with the fix.")
+@click.option("--pr", type=int, help="Pull request number (fetches a head reachable only via refs/pull/N/head).")
+@click.option("--repo", default="https://github.com/sgl-project/sglang", show_default=True,
+              help="Upstream git URL (https://, file://) or local clone.")
+@click.option("--test", "tests", multiple=True, metavar="PATH",
+              help="Upstream test file (path at head) to run on both sides; repeatable.")
+@click.option("--release-base", metavar="VERSION", help="Released version without the fix (wheel pins).")
+@click.option("--release-head", metavar="VERSION", help="First released version with the fix.")
+@click.option("--package", default="sglang", show_default=True, help="PyPI / import package of the upstream.")
+@click.option("--profile", default="sglang-cpu", show_default=True, help="Dependency profile (probes/profiles/NAME.toml).")
+@click.option("--title", help="One-line title (default: a TODO to replace).")
+@click.option("--dir", "probes_dir", default="probes", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path), help="Folder to create ID/ in.")
+@guarded
+def new_cmd(experiment_id, base, head, pr, repo, tests, release_base, release_head, package, profile,
+            title, probes_dir) -> int:
+    """Scaffold a new PR-pair experiment: checked pins, a runnable probe template (exit 0)."""
+    from kvprobe import scaffold
+    from kvprobe.console import RichReporter, stderr_console
+    from kvprobe.runner import default_cache_root
+
+    spec = scaffold.NewSpec(experiment_id, base, head, pr=pr, repo=repo, tests=tuple(tests),
+                            release_base=release_base, release_head=release_head, package=package,
+                            profile=profile, probes_dir=probes_dir, title=title)
+    console = stderr_console()
+    created = scaffold.create(spec, cache_root=default_cache_root(), reporter=RichReporter(console))
+    console.print(f"created {created.experiment_file}\ncreated {created.probe_file}")
+    if not created.on_search_path:
+        console.print(f"[yellow]note[/]: {created.directory.parent} is not on the experiment search path; "
+                      f"set KVPROBE_PROBES_PATH={created.directory.parent}")
+    console.print(f"next: kvprobe run {experiment_id}   (no expectations yet: exit 1, verdict no-expectations)\n"
+                  f"then write the probe, run again, review, and: kvprobe run {experiment_id} --record-expectations")
     return EXIT_OK

@@ -190,3 +190,66 @@ def print_gates(console: Console, receipt: dict[str, Any], bundle: str, digest: 
     console.print(f"overall: [{_GATE_STYLE[receipt['overall']]}]{receipt['overall']}[/]")
     console.print(f"bundle: {bundle}")
     console.print(f"manifest sha256: {digest}")
+
+
+def _age(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{max(0, int(seconds // 60))} min ago"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.0f} h ago"
+    return f"{seconds / 86400:.0f} days ago"
+
+
+def print_cache(console: Console, root: str, entries: list[Any], now: float) -> None:
+    """`kvprobe cache ls`: one row per entry, newest use last, and the total."""
+    from rich.markup import escape
+
+    from kvprobe.cache import human_size
+
+    table = Table(title=f"cache {escape(root)}", title_justify="left")
+    for col in ("kind", "key", "size", "last used"):
+        table.add_column(col, overflow="fold", justify="right" if col == "size" else "left")
+    for entry in entries:
+        key = escape(entry.key[:24] + ("…" if len(entry.key) > 24 else ""))
+        key += f" [dim]{escape(entry.label)}[/]" if entry.label else ""
+        key += "" if entry.complete else " [yellow](incomplete)[/]"
+        table.add_row(entry.kind, key, human_size(entry.size), _age(now - entry.last_used))
+    console.print(table)
+    console.print(f"total: {human_size(sum(e.size for e in entries))} in {len(entries)} entries")
+
+
+def print_prune(console: Console, outcomes: list[Any], dry_run: bool) -> None:
+    """`kvprobe cache prune`: what went (or would go), what stayed and why, bytes freed."""
+    from rich.markup import escape
+
+    from kvprobe.cache import human_size
+
+    for o in outcomes:
+        mark = {"deleted": "[green]deleted[/]", "would-delete": "[yellow]would delete[/]"}.get(
+            o.action, "[magenta]skipped[/]")
+        why = f": {escape(o.reason)}" if o.reason else ""
+        label = f" {escape(o.entry.label)}" if o.entry.label else ""
+        console.print(f"{mark} {o.entry.kind} {escape(o.entry.key)}{label} ({human_size(o.entry.size)}){why}",
+                      soft_wrap=True)
+    freed = sum(o.entry.size for o in outcomes if o.action in ("deleted", "would-delete"))
+    verb = "would free" if dry_run else "freed"
+    console.print(f"{verb} {human_size(freed)}; {sum(o.action == 'skipped' for o in outcomes)} skipped")
+
+
+def print_recording(console: Console, recording: Any) -> None:
+    """The observations ``--record-expectations`` is about to write, base vs head per case."""
+    table = Table(title=f"expectations to record into {recording.path}", title_justify="left")
+    for col in ("case", "observation", "base", "head", ""):
+        table.add_column(col, overflow="fold")
+    for case in recording.cases:
+        base = recording.values.get("base", {}).get(case, {})
+        head = recording.values.get("head", {}).get(case, {})
+        for name in sorted(set(base) | set(head)):
+            changed = (name in base) != (name in head) or repr(base.get(name)) != repr(head.get(name))
+            table.add_row(case, name, _val(base, name), _val(head, name), "≠" if changed else "")
+    console.print(table)
+    for item in recording.skipped:
+        console.print(f"[yellow]not recorded[/]: {item}")
+    if not recording.differs:
+        console.print("[bold yellow]warning[/]: no recorded observation differs between base and head; "
+                      "these expectations cannot tell the fix apart")

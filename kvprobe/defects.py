@@ -61,6 +61,12 @@ class NameCollision(LayoutDefect):
     code = "name-collision"
 
 
+class UnreadableEntry(LayoutDefect):
+    """A directory the verifier cannot open (permissions, or it changed while scanned)."""
+
+    code = "unreadable-entry"
+
+
 class TooManyFiles(LayoutDefect):
     code = "too-many-files"
 

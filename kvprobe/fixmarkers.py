@@ -114,7 +114,11 @@ class Tree:
 
 
 def _squash(text: str) -> str:
-    return re.sub(r"\s+", " ", text)
+    """One space for any whitespace run, none inside brackets' edges, no trailing commas (black)."""
+    text = re.sub(r"\s+", " ", text)
+    text = re.sub(r"([(\[{]) ", r"\1", text)
+    text = re.sub(r" ?,? ?([)\]}])", r"\1", text)
+    return text
 
 
 def find(tree: Tree, marker: Marker) -> Finding:

@@ -480,13 +480,38 @@ def canary_state(role: str, sources: Sources) -> tuple[Status, str, str]:
 
 
 def _role_args_state(role: str, sources: Sources, fn) -> tuple[Status, str, str]:
-    found = sources.args[role]
-    if not found:
+    """Decide per worker of ``role``; every worker must pass. Logs are the workers' own record."""
+    workers = worker_args(role, sources)
+    if not workers:
         return Status.UNKNOWN, f"no server arguments for the {role} worker (log line or --server-args)", "-"
-    states = [(fn(a), a) for a in found]
-    status = combine(s for (s, _), _a in states)
-    (_, detail), source = next(((s, a) for s, a in states if s[0] is status), states[0])
-    return status, detail, source.evidence.cite()
+    states = [(fn(args), args, notes) for args, notes in workers]
+    status = combine(s for (s, _d), _a, _n in states)
+    (_, detail), args, notes = next((x for x in states if x[0][0] is status), states[0])
+    return status, detail + "".join(f"; {n}" for n in notes), args.evidence.cite()
+
+
+def worker_args(role: str, sources: Sources) -> list[tuple[serverlog.ServerArgs, list[str]]]:
+    """Each worker's arguments: its log line, completed by the --server-args files for the role.
+
+    Files add what a log cannot show (the environment); where both name a key the log wins,
+    because it is what the process printed, and the disagreement is noted.
+    """
+    from_logs = [log.args for log in sources.logs[role] if log.args is not None]
+    files = [a for a in sources.args[role] if a not in from_logs]
+    extra_values: dict[str, Any] = {}
+    extra_env: dict[str, str] = {}
+    for args in files:
+        extra_values.update(args.values)
+        extra_env.update(args.env)
+    if not from_logs:
+        return [(a, []) for a in files]
+    merged = []
+    for args in from_logs:
+        notes = [f"--server-args says {k}={v!r}, the log {args.values[k]!r}: the log wins"
+                 for k, v in extra_values.items() if k in args.values and args.values[k] != v]
+        merged.append((serverlog.ServerArgs({**extra_values, **args.values}, {**extra_env, **args.env},
+                                            args.full_dump, args.evidence), notes))
+    return merged
 
 
 def gate3(sources: Sources, tree: Tree | None, code: CodeSettings | None, findings: list) -> Gate:

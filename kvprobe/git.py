@@ -224,6 +224,24 @@ class GitSource:
                 return None
             return self._git_bytes(["cat-file", "blob", f"{sha}:{rel}"])
 
+    def fetch_commit(self, pin: GitPin, *, pr: int | None = None) -> str:
+        """Make the pinned commit present in the store; return how it came.
+
+        ("cache", "sha" or the pull ref it came through.) Raises FetchError when it
+        cannot be fetched; :meth:`remote_answers` tells an absent commit from a dead remote.
+        """
+        sha = validate_sha(pin.commit)
+        pr = validate_pr(pr)
+        with self._locked():
+            via, _bytes = self._ensure_commit(sha, pr)
+        return via
+
+    def remote_answers(self) -> str | None:
+        """None if the repository answers ``git ls-remote``, else git's last stderr line."""
+        result = self._git_capture(["ls-remote", self.url, "HEAD"], use_store=False,
+                                   timeout_s=self.timeout_s)
+        return None if result.ok else result.summary(200)
+
     def has_commit(self, sha: str) -> bool:
         """True if the store already holds ``sha`` as a commit (no network)."""
         sha = validate_sha(sha)
@@ -285,6 +303,7 @@ class GitSource:
     def _ensure_commit(self, sha: str, pr: int | None) -> tuple[str, int]:
         """Make ``sha`` present in the store; return (how it came, bytes fetched)."""
         self._init_store()
+        os.utime(self.store)  # last used, for `kvprobe cache ls` / `prune`
         if self.has_commit(sha):
             return "cache", 0
         before = _dir_size(self.store / "objects")

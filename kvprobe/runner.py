@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -67,12 +68,13 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
     work = Path(tempfile.mkdtemp(prefix="kvprobe-run-"))
     timings: dict[str, float] = {}
+    held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
         clock = time.monotonic()
         sides = _materialize(exp, pin_set, opts, work, reporter)
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
-        env, python, env_vars = _environment(exp, pin_set, opts, reporter)
+        env, python, env_vars = _environment(exp, pin_set, opts, reporter, held)
         timings["environment_s"] = time.monotonic() - clock
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)
@@ -86,6 +88,7 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         result = _write_bundle(exp, receipt, staging, final)
         return result
     finally:
+        held.close()
         shutil.rmtree(work, ignore_errors=True)
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -170,7 +173,7 @@ def _describe_pin(pin_set: PinSet, side: Side) -> str:
 
 # --- environment -------------------------------------------------------------------------
 
-def _environment(exp, pin_set, opts, reporter) -> tuple[dict[str, Any], str, dict[str, str]]:
+def _environment(exp, pin_set, opts, reporter, held=None) -> tuple[dict[str, Any], str, dict[str, str]]:
     """The env both sides share (one lock), its python, and the variables pinned for checks."""
     if pin_set.kind is SourceKind.SYNTHETIC:
         import hypothesis
@@ -182,7 +185,8 @@ def _environment(exp, pin_set, opts, reporter) -> tuple[dict[str, Any], str, dic
     from kvprobe.venv import EnvManager, load_profile
 
     profile = load_profile(exp.profile)
-    info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(profile, torch_index=opts.torch_index)
+    info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(
+        profile, torch_index=opts.torch_index, hold=held)
     env = {"key": info.key, "python": info.python, "profile": profile.name, "lock_name": info.lock_name,
            "lock_sha256": info.lock_sha256, "packages": dict(sorted(info.packages.items())),
            "torch": info.build.get("torch"), "torch_index": info.build.get("torch_index"),

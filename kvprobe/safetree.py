@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from kvprobe.defects import (
     BadName, BundleDefect, BundleTooLarge, FileTooLarge, NameCollision, NotABundle, SpecialFile,
-    SymlinkEntry, TooManyFiles,
+    SymlinkEntry, TooManyFiles, UnreadableEntry,
 )
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
@@ -51,7 +51,8 @@ class Entry:
 class Scan:
     entries: dict[str, Entry] = field(default_factory=dict)
     defects: list[BundleDefect] = field(default_factory=list)
-    complete: bool = True
+    complete: bool = True  # every entry was seen (integrity needs this)
+    stopped: bool = False  # a cap was hit: scanning stopped early
 
     def files(self) -> dict[str, Entry]:
         return {rel: e for rel, e in self.entries.items() if e.kind == "file"}
@@ -171,7 +172,7 @@ class Tree:
                     total = self._scan_dir(prefix, dir_fd, result, stack, limits, total)
                 finally:
                     os.close(dir_fd)
-                if not result.complete:
+                if result.stopped:
                     break
         finally:
             for _, fd in stack:
@@ -187,13 +188,17 @@ class Tree:
             if len(result.entries) >= limits.max_files:
                 result.defects.append(TooManyFiles(display(rel), f"more than {limits.max_files} entries "
                                                                  "(raise with --max-files)"))
-                result.complete = False
+                result.complete, result.stopped = False, True
                 return total
             entry = Entry(rel, kind_of(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0)
             result.entries[rel] = entry
             total = self._check_entry(entry, name, result, limits, total)
             if entry.kind == "dir":
-                stack.append((f"{rel}/", os.open(name, _DIR_FLAGS, dir_fd=dir_fd)))
+                try:
+                    stack.append((f"{rel}/", os.open(name, _DIR_FLAGS, dir_fd=dir_fd)))
+                except OSError as exc:
+                    result.defects.append(UnreadableEntry(display(rel), f"directory cannot be opened ({exc.strerror})"))
+                    result.complete = False
         return total
 
     @staticmethod

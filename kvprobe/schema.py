@@ -15,7 +15,6 @@ KNOWN = {
     "kvprobe.receipt/1": "receipt.schema.json",
     "kvprobe.manifest/1": "manifest.schema.json",
     "kvprobe.probe-output/1": "probe-output.schema.json",
-    "kvprobe.pytest-report/1": "pytest-report.schema.json",
     "kvprobe.gates-receipt/1": "gates-receipt.schema.json",
     # Third-party formats `kvprobe report` writes (schemas/vendor/README.md says where from).
     "openvex/0.2.0": "vendor/openvex-0.2.0.schema.json",

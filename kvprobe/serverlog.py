@@ -58,7 +58,9 @@ KEYS = ("disaggregation_mode", "disaggregation_transfer_backend", "disaggregatio
         "kv_canary", "device", "context_length", "model_path", "served_model_name", "tp_size", "dp_size")
 ENV_KEYS = ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE",
             "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT")
-_SECRET_RE = re.compile(r"(api_key|token|secret|password|credential)", re.IGNORECASE)
+# key names that hold secrets: api_key, admin_api_key, hf_token, *_secret, *password* (not tokenizer_path)
+_SECRET_WORDS = r"(?:api_key|(?:^|_)tokens?(?:$|_)|secret|password|credential)"
+_SECRET_RE = re.compile(_SECRET_WORDS, re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -290,8 +292,10 @@ def redacted(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _redact_text(text: str) -> str:
-    return re.sub(r"('(?:\w*(?:api_key|token|secret|password)\w*)':\s*)'[^']*'", r"\1'<redacted>'",
-                  text, flags=re.IGNORECASE)
+    def mask(match: re.Match) -> str:
+        return match[1] + "'<redacted>'" if _SECRET_RE.search(match["key"]) else match[0]
+
+    return re.sub(r"('(?P<key>\w+)':\s*)'[^']*'", mask, text)
 
 
 def as_bool(value: Any) -> bool | None:

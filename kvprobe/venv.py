@@ -8,6 +8,7 @@ when complete; a file lock keeps concurrent builders from doing the work twice.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -18,8 +19,10 @@ import sys
 import tempfile
 import time
 import tomllib
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from filelock import FileLock
 
@@ -124,8 +127,13 @@ class EnvManager:
                  "torch_index": torch_index or "", "format": 1}
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
-    def ensure(self, profile: Profile, *, torch_index: str | None = None) -> EnvInfo:
-        """The env for ``profile``: reused if complete, else built (under a lock)."""
+    def ensure(self, profile: Profile, *, torch_index: str | None = None,
+               hold: contextlib.ExitStack | None = None) -> EnvInfo:
+        """The env for ``profile``: reused if complete, else built (under a lock).
+
+        With ``hold``, a lease on the env is taken before the lock is released and kept
+        until ``hold`` closes: `kvprobe cache prune` never deletes an env a run is using.
+        """
         python = find_python(profile.python)
         key = self.key(profile, python, torch_index)
         final = self.root / f"{profile.name}-{key}"
@@ -136,6 +144,8 @@ class EnvManager:
             else:
                 self.reporter.note(f"env {final.name}: cached")
             os.utime(final / MARKER)  # last used, for `cache ls` / `cache prune`
+            if hold is not None:
+                hold.enter_context(_lease(final))
             return _read_marker(final)
 
     def _build(self, profile: Profile, python: str, torch_index: str | None, final: Path) -> None:
@@ -200,6 +210,21 @@ class EnvManager:
         if not result.ok:
             raise EnvBuildError(f"the new env's python does not run: {result.summary()}")
         return json.loads(result.stdout())
+
+
+@contextlib.contextmanager
+def _lease(env_dir: Path) -> Iterator[None]:
+    """Hold ``envs/<name>.users/<unique>.lock`` while a run uses the env (see kvprobe.cache)."""
+    users = env_dir.parent / f"{env_dir.name}.users"
+    users.mkdir(exist_ok=True)
+    path = users / f"{os.getpid()}-{uuid.uuid4().hex[:12]}.lock"
+    lock = FileLock(str(path))
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+        path.unlink(missing_ok=True)
 
 
 def _python_identity(python: str) -> str:

@@ -338,7 +338,7 @@ def step_integrity(bundle: Bundle) -> StepResult:
 
     defects = integrity_defects(bundle)
     listed = bundle.listed()
-    return _result(3, defects, f"{len(listed)} listed files: size, sha256; SHA256SUMS canonical")
+    return _result(3, defects, f"{len(listed)} listed files: size, sha256; SHA256SUMS == manifest.json")
 
 
 # --- step 5: authenticity ----------------------------------------------------------------

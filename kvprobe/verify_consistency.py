@@ -64,10 +64,19 @@ def json_diff(a: Any, b: Any, where: str = "", out: list[str] | None = None) -> 
         if len(a) != len(b):
             out.append(f"{where}: {len(a)} items in the receipt, {len(b)} recomputed")
         for i, (x, y) in enumerate(zip(a, b)):
-            json_diff(x, y, f"{where}[{i}]", out)
+            json_diff(x, y, f"{where}[{_label(i, x)}]", out)
     elif type(a) is not type(b) or a != b:
         out.append(f"{where}: receipt {_short(a)}, recomputed {_short(b)}")
     return out
+
+
+def _label(index: int, item: Any) -> str:
+    """A comparison row's identity beside its index, so a diff names the case it is about."""
+    if isinstance(item, dict):
+        name = [str(item[k]) for k in ("case", "observation", "file", "test") if isinstance(item.get(k), str)]
+        if name:
+            return f"{index} {' '.join(name)}"
+    return str(index)
 
 
 def _short(value: Any) -> str:

@@ -9,6 +9,8 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
+from filelock import FileLock
+
 from kvprobe import proc
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError
 from kvprobe.models import WheelPin
@@ -58,6 +60,7 @@ class WheelSource:
         cached = self.cached_path(pin)
         if cached.is_file():
             if sha256_file(cached) == pin.sha256:
+                os.utime(cached)  # last used, for `kvprobe cache ls` / `prune`
                 return cached, "cache"
             # a damaged entry is kept aside for inspection, never silently reused
             os.replace(cached, cached.with_name(cached.name + ".corrupt"))
@@ -95,15 +98,18 @@ class WheelSource:
 
     def materialize(self, pin: WheelPin, dest: Path) -> dict[str, str]:
         """Unpack the verified wheel into ``dest`` (created atomically); returns its identity."""
-        wheel, fetched_via = self.fetch(pin)
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
-        try:
-            _safe_unzip(wheel, tmp)
-            _check_record(tmp, pin)
-            os.replace(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        self.store.mkdir(parents=True, exist_ok=True)
+        # held from check to unpack: `kvprobe cache prune` skips a wheel while it is locked
+        with FileLock(str(self.store / f"{pin.sha256}.lock")):
+            wheel, fetched_via = self.fetch(pin)
+            tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
+            try:
+                _safe_unzip(wheel, tmp)
+                _check_record(tmp, pin)
+                os.replace(tmp, dest)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         return {**pin.identity(), "fetched_via": fetched_via}
 
 

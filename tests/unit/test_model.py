@@ -209,7 +209,8 @@ def test_door_keeps_reentry():
 
 def test_ledger_counts_double_frees_and_leaks():
     ledger = m.Ledger()
-    a, b = ledger.allocate("kv", "r0"), ledger.allocate("mamba", "r0")
+    a = ledger.allocate("kv", "r0")
+    ledger.allocate("mamba", "r0")
     ledger.free(a)
     ledger.free(a)
     assert ledger.double_frees() == ["kv:r0"] and ledger.leaks() == ["mamba:r0"]

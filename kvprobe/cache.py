@@ -1,0 +1,265 @@
+"""The kvprobe cache as entries: list them (kind, key, size, last used) and prune them safely.
+
+Layout under the cache root::
+
+    git/<key>/              bare object store per upstream URL      lock: git/<key>.lock
+    wheels/<sha256>/<file>  one pinned wheel per digest             lock: wheels/<sha256>.lock
+    envs/<profile>-<key>/   virtualenv, complete when kvprobe-env.json exists
+                                                                    lock: envs/<name>.lock
+                            runs in progress hold envs/<name>.users/<lease>.lock
+    */.build-* .download-* .<key>.tmp-*   work in progress (or left behind by a crash)
+    */.trash-*                            already condemned by a prune that was interrupted
+
+Pruning never blocks and never breaks a run in progress: an entry is removed only while
+its lock is taken without waiting (filelock, timeout 0) and, for an env, while no run
+holds a lease on it; it is first renamed to a trash name inside the same directory (so no
+reader ever sees half a tree) and then deleted. Work in progress younger than
+``PARTIAL_GRACE_S`` is left alone. Nothing outside the root is touched: symlinks are never
+followed, and a kind directory that is itself a symlink is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from filelock import FileLock, Timeout
+
+from kvprobe.errors import UsageError
+
+ENV_MARKER = "kvprobe-env.json"  # kvprobe.venv.MARKER (not imported: cache needs none of venv)
+GIT_URL_MARKER = "kvprobe-url"  # kvprobe.git.URL_MARKER
+KIND_DIRS = {"git": "git", "wheel": "wheels", "env": "envs"}
+PARTIAL_PREFIXES = (".build-", ".download-")
+TRASH_PREFIX = ".trash-"
+PARTIAL_GRACE_S = 6 * 3600.0
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One removable thing in the cache."""
+
+    kind: str  # git | wheel | env | partial | trash
+    key: str  # the name under its kind directory
+    path: Path
+    size: int
+    last_used: float  # epoch seconds
+    lock: Path | None
+    complete: bool = True
+    label: str = ""  # what the key stands for: a git URL, a wheel's file name
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "key": self.key, "label": self.label, "path": str(self.path),
+                "size": self.size,
+                "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
+                "complete": self.complete}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What prune did (or would do) with one entry."""
+
+    entry: Entry
+    action: str  # deleted | would-delete | skipped
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {**self.entry.to_json(), "action": self.action, "reason": self.reason}
+
+
+# --- listing -----------------------------------------------------------------------------
+
+def scan(root: Path) -> list[Entry]:
+    """Every entry under ``root`` (an absent root is an empty cache), sorted by kind and key."""
+    root = Path(root)
+    if root.is_symlink() or not root.is_dir():
+        return []
+    entries = []
+    for kind, dirname in KIND_DIRS.items():
+        kind_dir = root / dirname
+        if kind_dir.is_symlink() or not kind_dir.is_dir():
+            continue  # a symlinked kind dir points outside the root: not ours
+        for child in sorted(kind_dir.iterdir()):
+            entry = _entry(kind, child)
+            if entry is not None:
+                entries.append(entry)
+    return entries
+
+
+def _entry(kind: str, path: Path) -> Entry | None:
+    name = path.name
+    if name.endswith(".lock") or name.endswith(".users"):
+        return None  # locks and lease folders belong to their entry
+    if name.startswith(TRASH_PREFIX):
+        return Entry("trash", name, path, tree_size(path), _mtime(path), None, complete=False)
+    if name.startswith(PARTIAL_PREFIXES) or (name.startswith(".") and ".tmp-" in name):
+        return Entry("partial", name, path, tree_size(path), _mtime(path), None, complete=False)
+    if name.startswith(".") or not path.is_dir() or path.is_symlink():
+        return None
+    lock = path.parent / f"{name}.lock"
+    if kind == "env":
+        marker = path / ENV_MARKER
+        complete = marker.is_file()
+        used = _mtime(marker) if complete else _mtime(path)
+        return Entry(kind, name, path, tree_size(path), used, lock, complete)
+    return Entry(kind, name, path, tree_size(path), _last_used_tree(path), lock, label=_label(kind, path))
+
+
+def _label(kind: str, path: Path) -> str:
+    """A git store's URL or a wheel dir's file name, best effort (display only)."""
+    try:
+        if kind == "git":
+            return (path / GIT_URL_MARKER).read_text(encoding="utf-8").strip()[:200]
+        return ", ".join(sorted(p.name for p in path.iterdir()))[:200]
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _last_used_tree(path: Path) -> float:
+    """A git store or wheel dir: the newest mtime of the dir and its direct children."""
+    times = [_mtime(path)]
+    try:
+        times += [_mtime(child) for child in path.iterdir()]
+    except OSError:
+        pass
+    return max(times)
+
+
+def tree_size(path: Path) -> int:
+    """Bytes under ``path`` (lstat, symlinks not followed; vanishing files ignored)."""
+    if path.is_symlink() or path.is_file():
+        return os.lstat(path).st_size
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+# --- pruning -----------------------------------------------------------------------------
+
+def select(entries: list[Entry], *, older_than_days: float | None, everything: bool,
+           now: float) -> list[Entry]:
+    """Leftovers (partial, trash, incomplete envs) always; complete entries by age or --all."""
+    if older_than_days is not None and older_than_days < 0:
+        raise UsageError(f"--older-than must be >= 0 days, not {older_than_days}")
+    chosen = []
+    for entry in entries:
+        leftover = entry.kind in ("partial", "trash") or not entry.complete
+        old = older_than_days is not None and now - entry.last_used >= older_than_days * DAY_S
+        if leftover or everything or old:
+            chosen.append(entry)
+    return chosen
+
+
+def prune(root: Path, *, older_than_days: float | None = None, everything: bool = False,
+          dry_run: bool = False, now: float | None = None) -> list[Outcome]:
+    """Remove the selected entries that nobody is using; one Outcome per selected entry."""
+    now = time.time() if now is None else now
+    root = Path(root)
+    entries = select(scan(root), older_than_days=older_than_days, everything=everything, now=now)
+    return [_prune_one(root, entry, dry_run, now) for entry in entries]
+
+
+def _prune_one(root: Path, entry: Entry, dry_run: bool, now: float) -> Outcome:
+    if not _inside(root, entry.path):
+        return Outcome(entry, "skipped", "outside the cache root")
+    if entry.kind == "partial" and now - entry.last_used < PARTIAL_GRACE_S:
+        minutes = max(0, int((now - entry.last_used) // 60))
+        return Outcome(entry, "skipped", f"work in progress (started {minutes} min ago)")
+    if entry.lock is None:
+        return _remove(entry, dry_run)
+    lock = FileLock(str(entry.lock), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        return Outcome(entry, "skipped", "in use (its lock is held)")
+    try:
+        if entry.kind == "env" and _env_in_use(entry.path):
+            return Outcome(entry, "skipped", "in use by a run in progress")
+        outcome = _remove(entry, dry_run)
+        if entry.kind == "env" and not dry_run:
+            _rmdir_quietly(entry.path.parent / f"{entry.path.name}.users")
+        return outcome
+    finally:
+        lock.release()
+
+
+def _inside(root: Path, path: Path) -> bool:
+    """``path`` lies in ``root`` without passing through a symlink (its own name may be one)."""
+    real_root = os.path.realpath(root)
+    return os.path.realpath(path.parent).startswith(real_root + os.sep)
+
+
+def _env_in_use(env_path: Path) -> bool:
+    """True if a run holds a lease on the env; stale leases (lockable) are cleared."""
+    users = env_path.parent / f"{env_path.name}.users"
+    if users.is_symlink() or not users.is_dir():
+        return False
+    for lease in users.glob("*.lock"):
+        probe = FileLock(str(lease), timeout=0)
+        try:
+            probe.acquire()
+        except Timeout:
+            return True
+        probe.release()
+        lease.unlink(missing_ok=True)
+    return False
+
+
+def _rmdir_quietly(path: Path) -> None:
+    try:
+        path.rmdir()  # only if empty: leases are created under the env lock we hold
+    except OSError:
+        pass
+
+
+def _remove(entry: Entry, dry_run: bool) -> Outcome:
+    """Rename to a trash name in the same directory (atomic), then delete the trash."""
+    if dry_run:
+        return Outcome(entry, "would-delete")
+    trash = entry.path
+    if entry.kind != "trash":
+        trash = entry.path.with_name(f"{TRASH_PREFIX}{entry.path.name}-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(entry.path, trash)
+        except FileNotFoundError:
+            return Outcome(entry, "skipped", "already gone")
+    _delete(trash)
+    return Outcome(entry, "deleted")
+
+
+def _delete(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)  # rmtree never follows symlinks
+
+
+def total_size(entries: list[Entry] | Iterator[Entry]) -> int:
+    return sum(e.size for e in entries)
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"

@@ -1,0 +1,415 @@
+"""``kvprobe new``: scaffold ``probes/<id>/`` for a PR pair, with pins checked before writing.
+
+Order of checks (cheap and local first, so bad input never starts git or pip):
+
+1. the id (``models.ID_RE``) and that no folder of that name exists anywhere on the
+   experiment search path or in the target directory (never overwrite);
+2. SHAs, PR number, repository URL, test paths, release versions and profile, locally;
+3. git: both commits fetched into the cache by SHA (or via ``refs/pull/N/head``), every
+   ``--test`` path read at head;
+4. pip: for ``--release-base/--release-head``, the wheel is downloaded once to read its
+   exact file name and sha256;
+5. the files are written into a temp folder, loaded back with
+   :func:`kvprobe.experiment.load_file`, then renamed into place.
+
+Errors: an unknown commit in a repository that answers is bad input (PinError, exit 2);
+a repository that cannot be reached is FetchError (exit 3, could not observe).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvprobe import proc, tomltext
+from kvprobe.errors import FetchError, PinError, UsageError
+from kvprobe.experiment import FILENAME, load_file
+from kvprobe.models import ID_RE, GitPin, WheelPin
+from kvprobe.progress import Reporter
+from kvprobe.resources import experiment_dirs
+
+DEFAULT_UPSTREAM = "https://github.com/sgl-project/sglang"
+GIT_PINS, RELEASE_PINS = "commits", "release"
+TEMPLATE_MOCKS = {"none yet": "template: declare what this probe mocks"}
+# Folder names on the search path that are not experiments.
+_RESERVED_IDS = ("profiles", "model")
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+_PACKAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.!+-]*")
+_PYTHON_XY_RE = re.compile(r"3\.\d+")
+_PIP_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class NewSpec:
+    """What ``kvprobe new`` was asked for (unchecked user input)."""
+
+    experiment_id: str
+    base: str
+    head: str
+    pr: int | None = None
+    repo: str = DEFAULT_UPSTREAM
+    tests: tuple[str, ...] = ()
+    release_base: str | None = None
+    release_head: str | None = None
+    package: str = "sglang"
+    profile: str = "sglang-cpu"
+    probes_dir: Path = Path("probes")
+    title: str | None = None
+
+
+@dataclass(frozen=True)
+class Created:
+    """What was written, and whether ``kvprobe run ID`` will find it without more setup."""
+
+    directory: Path
+    experiment_file: Path
+    probe_file: Path
+    on_search_path: bool
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """The spec after every check: normalized URL, pins, python path, wheel pins."""
+
+    spec: NewSpec
+    url: str
+    tests: tuple[str, ...]
+    python_path: str | None
+    wheels: tuple[WheelPin, WheelPin] | None
+
+
+def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None) -> Created:
+    """Check everything, then write ``probes_dir/<id>/``; raises UsageError/PinError (bad
+    input, exit 2) or FetchError (git/pip could not be reached, exit 3). Writes nothing on error."""
+    reporter = reporter or Reporter()
+    url, tests = check_local(spec)
+    python_path = _check_commits(spec, url, tests, cache_root, reporter)
+    wheels = _lookup_releases(spec, reporter)
+    checked = _Checked(spec, url, tests, python_path, wheels)
+    directory = _write(checked)
+    probes_dir = spec.probes_dir.resolve()
+    return Created(directory, directory / FILENAME, directory / probe_filename(spec.experiment_id),
+                   probes_dir in experiment_dirs())
+
+
+# --- local checks (no git, no pip) -------------------------------------------------------
+
+def check_local(spec: NewSpec) -> tuple[str, tuple[str, ...]]:
+    """Everything checkable without a process; returns (validated URL, test paths)."""
+    from kvprobe.git import validate_pr, validate_rel_path, validate_sha, validate_url
+
+    check_id(spec.experiment_id)
+    check_free(spec.experiment_id, spec.probes_dir)
+    validate_sha(spec.base)
+    validate_sha(spec.head)
+    if spec.base == spec.head:
+        raise PinError(f"--base and --head are the same commit {spec.base}: nothing to compare")
+    validate_pr(spec.pr)
+    tests = tuple(dict.fromkeys(validate_rel_path(t) for t in spec.tests))
+    for test in tests:
+        if not test.endswith(".py"):
+            raise UsageError(f"--test {test}: an upstream test is a .py file")
+    _check_release_args(spec)
+    _check_profile(spec.profile)
+    return validate_url(spec.repo), tests
+
+
+def check_id(experiment_id: str) -> str:
+    """The id names a folder and a probe module: lowercase letters, digits, '-'."""
+    if not ID_RE.fullmatch(experiment_id or ""):
+        bad = sorted({ch for ch in experiment_id or "" if ch not in _ID_CHARS})
+        detail = f"characters not allowed: {' '.join(repr(c) for c in bad)}; " if bad else ""
+        raise UsageError(
+            f"bad experiment id {experiment_id!r}: {detail}use 2-63 characters, lowercase "
+            "letters, digits and '-', starting with a letter (e.g. pr-38935-admission)")
+    if experiment_id in _RESERVED_IDS:
+        raise UsageError(f"experiment id {experiment_id!r} is reserved (probes/{experiment_id}/ "
+                         "is not an experiment)")
+    return experiment_id
+
+
+def check_free(experiment_id: str, probes_dir: Path) -> None:
+    """No folder named ``experiment_id`` anywhere an experiment could be found; never overwrite."""
+    for directory in [Path(probes_dir).resolve(), *experiment_dirs()]:
+        taken = directory / experiment_id
+        if taken.exists() or taken.is_symlink():
+            raise UsageError(f"experiment id {experiment_id!r} is already taken: {taken} exists; "
+                             "nothing was written", hints=["choose another id, or remove that folder yourself"])
+
+
+def _check_release_args(spec: NewSpec) -> None:
+    if (spec.release_base is None) != (spec.release_head is None):
+        raise UsageError("--release-base and --release-head go together (a pair of released versions)")
+    if spec.release_base is None:
+        return
+    if not _PACKAGE_RE.fullmatch(spec.package):
+        raise UsageError(f"--package {spec.package!r} is not a package name")
+    for flag, version in (("--release-base", spec.release_base), ("--release-head", spec.release_head)):
+        if not _VERSION_RE.fullmatch(version or ""):
+            raise UsageError(f"{flag} {version!r} is not an exact version (e.g. 0.5.21)")
+    if spec.release_base == spec.release_head:
+        raise UsageError(f"--release-base and --release-head are the same version {spec.release_base}")
+
+
+def _check_profile(name: str) -> None:
+    from kvprobe.venv import load_profile
+
+    load_profile(name)
+
+
+# --- git ---------------------------------------------------------------------------------
+
+def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path,
+                   reporter: Reporter) -> str | None:
+    """Fetch both commits, read each test at head; returns the python path found at head."""
+    from kvprobe.git import GitSource
+
+    source = GitSource(url, cache_root)
+    for side, sha in (("base", spec.base), ("head", spec.head)):
+        with reporter.step(f"{side}: fetching {sha[:12]} from {url}"):
+            fetch_pin(source, GitPin(sha), spec.pr, side)
+    head = GitPin(spec.head)
+    for test in tests:
+        if source.read_file(head, test, pr=spec.pr) is None:
+            raise UsageError(f"--test {test} does not exist at head {spec.head} in {url}",
+                             hints=["paths are relative to the repository root, as at the head commit"])
+    return _python_path(source, head, spec)
+
+
+def fetch_pin(source, pin: GitPin, pr: int | None, side: str) -> None:
+    """Fetch one pin; an answering repository without the commit is bad input (exit 2)."""
+    try:
+        source.fetch_commit(pin, pr=pr)
+    except FetchError as exc:
+        unreachable = source.remote_answers()
+        if unreachable is not None:
+            raise FetchError(f"could not check --{side} {pin.commit}: {source.url} did not answer "
+                             f"({unreachable})") from exc
+        via = "by SHA" + (f" and via refs/pull/{pr}/head" if pr else "")
+        hints = [] if pr else ["a commit reachable only from a pull request needs --pr N"]
+        raise PinError(f"--{side} {pin.commit} is not a commit in {source.url} (fetched {via})",
+                       hints=hints) from exc
+
+
+def _python_path(source, head: GitPin, spec: NewSpec) -> str | None:
+    """Where the package lives at head: 'python' (SGLang), 'src' or '.'; None if not found."""
+    module = import_name(spec.package)
+    for entry in ("python", "src", "."):
+        prefix = "" if entry == "." else f"{entry}/"
+        for rel in (f"{prefix}{module}/__init__.py", f"{prefix}{module}.py"):
+            if source.read_file(head, rel, pr=spec.pr) is not None:
+                return entry
+    return None
+
+
+def import_name(package: str) -> str:
+    return package.replace("-", "_").replace(".", "_").lower()
+
+
+# --- releases ----------------------------------------------------------------------------
+
+def _lookup_releases(spec: NewSpec, reporter: Reporter) -> tuple[WheelPin, WheelPin] | None:
+    if spec.release_base is None:
+        return None
+    python = _profile_python(spec.profile)
+    pins = []
+    for version in (spec.release_base, spec.release_head):
+        with reporter.step(f"looking up the {spec.package} {version} wheel"):
+            pins.append(lookup_wheel(spec.package, version, python))
+    return pins[0], pins[1]
+
+
+def _profile_python(profile: str) -> str | None:
+    from kvprobe.venv import load_profile
+
+    python = load_profile(profile).python
+    return python if _PYTHON_XY_RE.fullmatch(python) else None
+
+
+def lookup_wheel(package: str, version: str, python: str | None = None) -> WheelPin:
+    """Download ``package==version``'s wheel for this platform (and ``python``) with pip into a
+    temp dir; return its exact file name and sha256. FetchError if pip cannot get one wheel."""
+    from kvprobe.wheel import sha256_file
+
+    with tempfile.TemporaryDirectory(prefix="kvprobe-new-wheel-") as scratch:
+        out = Path(scratch, "out")
+        argv = [proc.python_executable(), "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+                "--disable-pip-version-check", "--progress-bar", "off", "--only-binary=:all:",
+                *(["--python-version", python] if python else []),
+                "--dest", str(out), f"{package}=={version}"]
+        result = proc.run(argv, timeout_s=_PIP_TIMEOUT_S, stdout_path=Path(scratch, "pip.out"),
+                          stderr_path=Path(scratch, "pip.err"),
+                          env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)))
+        if not result.ok:
+            raise FetchError(f"could not look up the {package} {version} wheel: {result.summary()}")
+        wheels = sorted(out.glob("*.whl")) if out.is_dir() else []
+        if len(wheels) != 1:
+            got = ", ".join(p.name for p in out.iterdir()) if out.is_dir() else "nothing"
+            raise FetchError(f"pip download of {package}=={version} gave {got}, not one wheel")
+        return WheelPin(package, version, wheels[0].name, sha256_file(wheels[0]))
+
+
+# --- writing -----------------------------------------------------------------------------
+
+def probe_filename(experiment_id: str) -> str:
+    return f"probe_{experiment_id.replace('-', '_')}.py"
+
+
+def _write(checked: _Checked) -> Path:
+    """Write into a temp folder beside the target, load it back, then rename it into place."""
+    spec = checked.spec
+    probes_dir = Path(spec.probes_dir)
+    probes_dir.mkdir(parents=True, exist_ok=True)
+    final = probes_dir / spec.experiment_id
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.experiment_id}.new-", dir=probes_dir))
+    try:
+        staged = tmp / spec.experiment_id
+        staged.mkdir()
+        (staged / probe_filename(spec.experiment_id)).write_text(render_probe(checked), encoding="utf-8")
+        (staged / FILENAME).write_text(render_experiment(checked), encoding="utf-8")
+        load_file(staged / FILENAME)
+        check_free(spec.experiment_id, probes_dir)  # again: someone may have been quicker
+        try:
+            os.rename(staged, final)
+        except OSError as exc:
+            raise UsageError(f"could not create {final}: {exc}; nothing was written") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final.resolve()
+
+
+def render_experiment(checked: _Checked) -> str:
+    """experiment.toml: pins filled in, TODOs where only a human can write the text."""
+    spec, s = checked.spec, tomltext.string
+    title = spec.title or (f"PR #{spec.pr}: TODO one line on what the fix changes" if spec.pr
+                           else "TODO: one line on what the fix changes")
+    lines = [
+        "# Scaffolded by `kvprobe new`. The pins below were checked (commits fetched, test",
+        "# paths read at head, wheel digests computed); replace every TODO before committing.",
+        f'schema = "kvprobe.experiment/1"',
+        f"id = {s(spec.experiment_id)}",
+        f"title = {s(title)}",
+        'layer = "diff-probe"',
+        f"upstream = {s(checked.url)}",
+        f"profile = {s(spec.profile)}",
+        f'default_pins = "{GIT_PINS}"',
+        "",
+        "[fix]",
+        *([f"prs = [{spec.pr}]"] if spec.pr else []),
+        *([f"release = {s(spec.release_head)}"] if spec.release_head else []),
+        'summary = "TODO: what the fix changes, where (file, function), and what upstream calls it"',
+        "",
+        *_git_pin_lines(checked),
+        *_wheel_pin_lines(checked),
+        "[checks]",
+        *_test_lines(checked),
+        f'probes = [{{ path = "{probe_filename(spec.experiment_id)}" }}]',
+        "",
+        "[scope]",
+        'shows = "TODO: what the evidence shows, in one paragraph, with what is mocked"',
+        "does_not_show = [",
+        '  "TODO: what the evidence does not show (GPU, transport, a running server, ...)",',
+        "]",
+        "",
+        "# No expectations yet: `kvprobe run` reports no-expectations (exit 1) until they are",
+        f"# recorded. Write the probe, run, review, then: kvprobe run {spec.experiment_id} --record-expectations",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _git_pin_lines(checked: _Checked) -> list[str]:
+    spec = checked.spec
+    pr_text = f"PR #{spec.pr}'s base and head" if spec.pr else "the commits before and after the fix"
+    reach = f" (head reachable via refs/pull/{spec.pr}/head)" if spec.pr else ""
+    lines = [f"[pins.{GIT_PINS}]", 'kind = "git"',
+             f"description = {tomltext.string(pr_text + reach)}"]
+    if spec.pr:
+        lines.append(f"pr = {spec.pr}")
+    if checked.python_path is None:
+        lines.append(f"# TODO: {spec.package} was not found at head under python/, src/ or the root;")
+        lines.append("# set python_path to the folder(s) its import package lives in.")
+    lines += [f"python_path = [{tomltext.string(checked.python_path or '.')}]",
+              f"[pins.{GIT_PINS}.base]", f'commit = "{spec.base}"',
+              f"[pins.{GIT_PINS}.head]", f'commit = "{spec.head}"', ""]
+    return lines
+
+
+def _wheel_pin_lines(checked: _Checked) -> list[str]:
+    if checked.wheels is None:
+        return []
+    spec, s = checked.spec, tomltext.string
+    lines = [f"[pins.{RELEASE_PINS}]", 'kind = "wheel"',
+             f"description = {s(f'{spec.package} release wheels: {spec.release_base} -> {spec.release_head}')}"]
+    for side, pin in zip(("base", "head"), checked.wheels):
+        lines += [f"[pins.{RELEASE_PINS}.{side}]", f"package = {s(pin.package)}", f"version = {s(pin.version)}",
+                  f"file = {s(pin.filename)}", f'sha256 = "{pin.sha256}"']
+    return lines + [""]
+
+
+def _test_lines(checked: _Checked) -> list[str]:
+    if not checked.tests:
+        return ["# TODO: upstream test files the fix added or changed, run at head's version on both sides:",
+                '# tests = [{ path = "test/..." }]']
+    only = f', pins = ["{GIT_PINS}"]' if checked.wheels else ""
+    return ["tests = [", *(f"  {{ path = {tomltext.string(t)}{only} }}," for t in checked.tests), "]"]
+
+
+def render_probe(checked: _Checked) -> str:
+    spec = checked.spec
+    name = probe_filename(spec.experiment_id)[:-3]
+    return _PROBE_TEMPLATE.format(name=name, package=import_name(spec.package), exp_id=spec.experiment_id,
+                                  mocks=repr(TEMPLATE_MOCKS))
+
+
+_PROBE_TEMPLATE = '''"""TODO: one line on what this probe observes about the fix, base vs head.
+
+Scaffolded by `kvprobe new {exp_id}`. It runs as is: each side's pinned tree comes first on
+sys.path, so `import {package}` imports that side's code. Replace the template case with
+cases that drive the code the fix changed and record what a reviewer needs to see differ
+(values, calls made, objects created), e.g. obs.record("enqueued", req in queue).
+An exception in a case is recorded as data (the reserved observation "raised").
+"""
+
+import importlib
+import os
+
+import kvprobe_probe as kp
+
+PACKAGE = "{package}"
+
+probe = kp.Probe(
+    "{name}",
+    # TODO: name every collaborator this probe replaces (mock, stub, fake) and why; the
+    # receipt quotes this. `kvprobe run --record-expectations` refuses the template's value.
+    mocks={mocks},
+    description="TODO: what this probe observes",
+)
+
+
+@probe.case("template.import")
+def _(obs):
+    """Placeholder: where the package under test was imported from (the same on both sides)."""
+    module = importlib.import_module(PACKAGE)
+    where = os.path.realpath(module.__file__)
+    roots = [os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    root = next((r for r in roots if where.startswith(r + os.sep)), None)
+    # relative to the sys.path entry it came from, so it is stable across runs and sides
+    obs.record("module_file", os.path.relpath(where, root) if root else os.path.basename(where))
+    obs.record("from_pinned_tree", root is not None)
+
+
+# TODO: add cases like this one (names: lowercase letters, digits, '_' and '.'):
+# @probe.case("door.rejected_request", "a rejected request at the admission door")
+# def _(obs):
+#     ...build the objects the fixed function uses, mocking only what has to be mocked...
+#     obs.record("enqueued", ...)
+
+
+if __name__ == "__main__":
+    probe.main()
+'''

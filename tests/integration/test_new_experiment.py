@@ -1,0 +1,272 @@
+"""`kvprobe new` and `run --record-expectations`: the README walk-through on a fake upstream."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprobe.cli import main
+from kvprobe.experiment import load_file
+from tests.fakeupstream import build_fake_upstream
+from tests.wheelfactory import build_wheel
+
+EXP_ID = "scrub-on-free"
+PROBE_NAME = "probe_scrub_on_free"
+MISSING_SHA = "0123456789abcdef0123456789abcdef01234567"
+
+# What an author writes in place of the template's case (like test_run_fake_upstream's PROBE).
+PROBE = f'''"""Observes whether a freed block's data is visible to the next owner (fake upstream)."""
+import kvprobe_probe as kp
+from minikv import BlockPool
+
+probe = kp.Probe("{PROBE_NAME}", mocks={{"nothing": "minikv has no transport to mock"}})
+
+
+@probe.case("reuse.after_free")
+def _(obs):
+    pool = BlockPool(1)
+    idx = pool.alloc("victim")
+    pool.write(idx, "victim", [7, 7, 7, 7])
+    pool.free(idx)
+    again = pool.alloc("attacker")
+    obs.record("same_block", again == idx)
+    obs.record("data_seen", pool.read(again, "attacker"))
+    obs.record("previous_data_visible", pool.read(again, "attacker") != [0, 0, 0, 0])
+    obs.record("owner_note", None)
+
+
+@probe.case("scrub.exists")
+def _(obs):
+    obs.record("has_scrub", hasattr(BlockPool, "scrub"))
+    BlockPool(1).scrub(0)
+
+
+if __name__ == "__main__":
+    probe.main()
+'''
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("new-world")
+    return {"fake": build_fake_upstream(root), "cache": root / "cache"}
+
+
+@pytest.fixture
+def probes_dir(tmp_path) -> Path:
+    return tmp_path / "probes"
+
+
+@pytest.fixture
+def cli(world, probes_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # ./probes of the test, never the repository's
+    monkeypatch.setenv("KVPROBE_PROBES_PATH", str(probes_dir))
+    monkeypatch.setenv("KVPROBE_CACHE_DIR", str(world["cache"]))
+    monkeypatch.setenv("COLUMNS", "240")  # rich tables unwrapped, so names can be asserted
+
+    def invoke(*args: str, input: str | None = None):
+        return CliRunner().invoke(main, list(args), catch_exceptions=False, input=input)
+
+    return invoke
+
+
+def new_args(fake, *extra: str, experiment_id: str = EXP_ID, **override: str) -> list[str]:
+    opts = {"--base": fake.base_sha, "--head": fake.head_sha, "--pr": str(fake.fix_pr),
+            "--repo": fake.url, "--package": "minikv", "--profile": "pytest-minimal", **override}
+    return ["new", experiment_id, *[x for kv in opts.items() for x in kv], *extra]
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".")) if directory.is_dir() else []
+
+
+def test_readme_walkthrough_new_run_record_run(world, cli, probes_dir, tmp_path):
+    fake = world["fake"]
+    # 1. scaffold: pins checked against the repository, files written and loadable
+    result = cli(*new_args(fake, "--test", fake.test_path))
+    assert result.exit_code == 0, result.stderr
+    folder = probes_dir / EXP_ID
+    toml_path, probe_path = folder / "experiment.toml", folder / f"{PROBE_NAME}.py"
+    assert sorted(p.name for p in folder.iterdir()) == ["experiment.toml", f"{PROBE_NAME}.py"]
+    exp = load_file(toml_path)
+    pins = exp.pin_sets["commits"]
+    assert (pins.base.commit, pins.head.commit, pins.pr) == (fake.base_sha, fake.head_sha, 1)
+    assert pins.python_path == (".",)
+    assert [t.path for t in exp.tests] == [fake.test_path]
+    assert exp.upstream == fake.url and exp.expectations == {} and exp.fix.prs == (1,)
+    assert "none yet" in probe_path.read_text()
+    assert leftovers(probes_dir) == []
+
+    # 2. it runs at once: upstream tests on both sides, the template probe, no expectations
+    result = cli("run", EXP_ID, "--out", str(tmp_path / "b1"), "--json")
+    summary = json.loads(result.stdout)
+    assert result.exit_code == 1, summary["reasons"]
+    assert summary["verdict"] == "no-expectations"
+    rows = {r["test"]: r for r in summary["tests"]}
+    assert rows["tests/test_minikv.py::test_scrub_clears_block"]["transition"] == "FAIL_TO_PASS"
+    receipt = json.loads((tmp_path / "b1" / "receipt.json").read_text())
+    for side in ("base", "head"):
+        case = receipt["comparison"]["cases"][side][f"{PROBE_NAME}/template.import"]
+        assert case["observations"]["module_file"] == "minikv/__init__.py"
+        assert case["observations"]["from_pinned_tree"] is True
+
+    # 3. the template's observations are not recorded as expectations
+    before = toml_path.read_bytes()
+    result = cli("run", EXP_ID, "--out", str(tmp_path / "b2"), "--record-expectations", "--yes")
+    assert result.exit_code == 2 and "template" in result.stderr
+    assert toml_path.read_bytes() == before
+
+    # 4. write the probe; record, declining first (nothing written), then accepting
+    probe_path.write_text(PROBE)
+    result = cli("run", EXP_ID, "--out", str(tmp_path / "b3"), "--record-expectations", input="n\n")
+    assert result.exit_code == 1 and "previous_data_visible" in result.stderr
+    assert toml_path.read_bytes() == before
+    result = cli("run", EXP_ID, "--out", str(tmp_path / "b4"), "--record-expectations", "--yes", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["verdict"] == "no-expectations"  # stdout stays one JSON document
+    assert "owner_note is None" in result.stderr
+    after = toml_path.read_bytes()
+    assert after.startswith(before)  # everything before the new [expect] tables, byte for byte
+    expect = tomllib.loads(after.decode())["expect"]
+    case = f"{PROBE_NAME}/reuse.after_free"
+    assert expect["base"][case] == {"same_block": True, "data_seen": [7, 7, 7, 7],
+                                    "previous_data_visible": True, "raised": False}
+    assert expect["head"][case]["previous_data_visible"] is False
+    assert expect["base"][f"{PROBE_NAME}/scrub.exists"] == {"has_scrub": False, "raised": "AttributeError"}
+    assert expect["head"][f"{PROBE_NAME}/scrub.exists"] == {"has_scrub": True, "raised": False}
+    assert "owner_note" not in expect["base"][case]
+    assert leftovers(folder) == []
+
+    # 5. the recorded experiment reproduces
+    result = cli("run", EXP_ID, "--out", str(tmp_path / "b5"), "--json")
+    summary = json.loads(result.stdout)
+    assert result.exit_code == 0, summary["reasons"]
+    assert summary["verdict"] == "reproduced"
+
+    # 6. recording again replaces the [expect] tables instead of adding to them
+    result = cli("run", EXP_ID, "--out", str(tmp_path / "b6"), "--record-expectations", "--yes")
+    assert result.exit_code == 0, result.stderr
+    again = toml_path.read_text()
+    assert again.count(f'[expect.base."{case}"]') == 1
+    assert tomllib.loads(again)["expect"] == expect
+    assert again.startswith(before.decode())
+
+
+def test_unknown_sha_is_bad_input_and_writes_nothing(world, cli, probes_dir):
+    result = cli(*new_args(world["fake"], **{"--head": MISSING_SHA}))
+    assert result.exit_code == 2
+    assert MISSING_SHA in result.stderr and "--head" in result.stderr
+    assert not (probes_dir / EXP_ID).exists() and leftovers(probes_dir) == []
+
+
+def test_unreachable_repository_is_exit_3(world, cli, tmp_path, probes_dir):
+    result = cli(*new_args(world["fake"], **{"--repo": (tmp_path / "no-such-repo").as_uri()}))
+    assert result.exit_code == 3, result.stderr
+    assert "did not answer" in result.stderr
+    assert not (probes_dir / EXP_ID).exists()
+
+
+def test_test_path_absent_at_head(world, cli, probes_dir):
+    fake = world["fake"]
+    result = cli(*new_args(fake, "--test", "tests/test_nothing_here.py"))
+    assert result.exit_code == 2
+    assert "tests/test_nothing_here.py" in result.stderr and fake.head_sha in result.stderr
+    assert not (probes_dir / EXP_ID).exists()
+
+
+def test_id_already_taken_is_never_overwritten(world, cli, probes_dir):
+    taken = probes_dir / "taken"
+    taken.mkdir(parents=True)
+    (taken / "experiment.toml").write_text("# someone's work\n")
+    result = cli(*new_args(world["fake"], experiment_id="taken"))
+    assert result.exit_code == 2 and "already taken" in result.stderr and str(taken) in result.stderr
+    assert (taken / "experiment.toml").read_text() == "# someone's work\n"
+    assert sorted(p.name for p in taken.iterdir()) == ["experiment.toml"]
+    # a built-in experiment's id is taken too, wherever the new one would go
+    result = cli(*new_args(world["fake"], experiment_id="experiment-a"))
+    assert result.exit_code == 2 and "already taken" in result.stderr
+
+
+@pytest.fixture
+def git_calls(monkeypatch):
+    import kvprobe.proc as proc
+
+    calls = []
+    real_run = proc.run
+    monkeypatch.setattr(proc, "run", lambda argv, **kw: (calls.append(list(map(str, argv))), real_run(argv, **kw))[1])
+    return calls
+
+
+@pytest.mark.parametrize("bad_id", ["Scrub", "scrub_on_free", "scrub on free", "9lives", "x", "profiles"])
+def test_bad_id_is_exit_2_before_any_git(world, cli, probes_dir, git_calls, bad_id):
+    result = cli(*new_args(world["fake"], experiment_id=bad_id))
+    assert result.exit_code == 2 and result.stderr.startswith("kvprobe: error:")
+    assert repr(bad_id) in result.stderr
+    assert git_calls == [] and not probes_dir.exists()
+
+
+def test_bad_id_message_names_the_characters(world, cli):
+    result = cli(*new_args(world["fake"], experiment_id="scrub_On-free"))
+    assert "'O'" in result.stderr and "'_'" in result.stderr
+
+
+@pytest.mark.parametrize("url", ["ext::sh -c touch% /tmp/kvprobe-pwned", "-uhttps://x", "http://example.org/x",
+                                 "https://user:pw@example.org/x", "https://example.org/x\nmore"])
+def test_bad_url_is_exit_2_and_runs_no_git(world, cli, probes_dir, git_calls, url):
+    result = cli(*new_args(world["fake"], **{"--repo": url}))
+    assert result.exit_code == 2
+    assert git_calls == [] and not (probes_dir / EXP_ID).exists()
+
+
+@pytest.mark.parametrize("flag,value", [("--base", "main"), ("--head", "f4d01a7"), ("--base", "A" * 40),
+                                        ("--pr", "0")])
+def test_bad_pins_are_exit_2_and_run_no_git(world, cli, git_calls, flag, value):
+    result = cli(*new_args(world["fake"], **{flag: value}))
+    assert result.exit_code == 2, result.stderr
+    assert git_calls == []
+
+
+def test_release_pins_are_looked_up_exactly(world, cli, probes_dir, tmp_path, monkeypatch):
+    index = tmp_path / "index"
+    base_wheel = build_wheel(index, "minipkg", "1.0")
+    head_wheel = build_wheel(index, "minipkg", "1.1", files={"minipkg/__init__.py": "FIXED = True\n"})
+    build_wheel(index, "minipkg", "1.2")  # a later release must not be picked
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    fake = world["fake"]
+    result = cli(*new_args(fake, "--test", fake.test_path, "--release-base", "1.0", "--release-head", "1.1",
+                           **{"--package": "minipkg"}))
+    assert result.exit_code == 0, result.stderr
+    data = tomllib.loads((probes_dir / EXP_ID / "experiment.toml").read_text())
+    release = data["pins"]["release"]
+    assert release["kind"] == "wheel"
+    for side, wheel, version in (("base", base_wheel, "1.0"), ("head", head_wheel, "1.1")):
+        assert release[side] == {"package": "minipkg", "version": version, "file": wheel.name,
+                                 "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+    assert data["checks"]["tests"] == [{"path": fake.test_path, "pins": ["commits"]}]
+    assert data["fix"]["release"] == "1.1" and data["default_pins"] == "commits"
+    exp = load_file(probes_dir / EXP_ID / "experiment.toml")
+    assert exp.pin_sets["release"].head.filename == "minipkg-1.1-py3-none-any.whl"
+
+
+def test_release_version_that_does_not_exist_is_exit_3_and_writes_nothing(world, cli, probes_dir, tmp_path,
+                                                                          monkeypatch):
+    index = tmp_path / "index"
+    build_wheel(index, "minipkg", "1.0")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    result = cli(*new_args(world["fake"], "--release-base", "1.0", "--release-head", "9.9",
+                           **{"--package": "minipkg"}))
+    assert result.exit_code == 3 and "9.9" in result.stderr
+    assert not (probes_dir / EXP_ID).exists() and leftovers(probes_dir) == []
+
+
+def test_release_flags_go_together(world, cli, git_calls):
+    result = cli(*new_args(world["fake"], "--release-base", "1.0"))
+    assert result.exit_code == 2 and "--release-head" in result.stderr
+    assert git_calls == []

@@ -1,0 +1,450 @@
+"""Gates 1, 3 and 4 from startup logs, server arguments and small fake SGLang trees.
+
+The logs are written here, line by line, in the formats SGLang's own code prints
+(scheduler.py, memory_pool.py _finalize_allocation_log, kv_pool_runtime.py post-capture
+sizing, engine.py server_args=, kv_canary/api.py install_canary), with the logging prefix
+of utils/common.py configure_logger. The formats are the same in 0.5.19 .. 0.5.22; what
+differs per release is the server_args field set (0.5.21 added disaggregation_enable_kv_checksum).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprobe import gates, serverlog
+from kvprobe.cli import main
+from kvprobe.fixmarkers import MARKERS, Presence, Tree, code_settings, find, find_all
+from kvprobe.gates import Status
+
+GLM_CONTEXT = 1_048_576
+INCIDENT_POOL = 681_280
+RAISED_POOL = 2_040_000
+
+# Field sets of resolved_dict() as far as the gates care, per release (engine.py logs all of them).
+_BASE_FIELDS = {
+    "model_path": "zai-org/GLM-5.3", "tokenizer_path": "zai-org/GLM-5.3", "host": "0.0.0.0", "port": 30000,
+    "device": "cuda", "tp_size": 8, "dp_size": 1, "context_length": None, "page_size": 64,
+    "mem_fraction_static": 0.88, "chunked_prefill_size": 16384, "kv_canary": "none",
+    "kv_canary_real_data": "none", "kv_canary_sweep_interval": 0, "api_key": "sk-live-SECRET",
+    "disaggregation_transfer_backend": "mooncake", "disaggregation_bootstrap_port": 8998,
+    "disaggregation_ib_device": None, "num_reserved_decode_tokens": 512,
+}
+_NEW_IN = {"0.5.21": {"disaggregation_enable_kv_checksum": False},
+           "0.5.22": {"disaggregation_enable_kv_checksum": False, "disaggregation_decode_allocation_policy": "early"}}
+
+
+def server_args_dict(version: str, mode: str, **overrides) -> dict:
+    fields = dict(_BASE_FIELDS)
+    fields.update(_NEW_IN.get(version, {}))
+    fields["disaggregation_mode"] = mode
+    fields.update(overrides)
+    return fields
+
+
+def startup_log(version: str, mode: str, pool: int, context: int, *, kv: str = "kv", tp: int = 8,
+                dp: int = 1, canary: bool = False, args: dict | None = None, stop_after: str | None = None,
+                ms: bool = False) -> str:
+    """A worker's startup log in SGLang's formats; ``stop_after`` truncates after a line kind."""
+    stamp = "2026-08-27 10:00:0{}" + (".123" if ms else "")
+    lines: list[tuple[str, str]] = []
+
+    def add(kind: str, text: str, ranks: str = "") -> None:
+        lines.append((kind, f"[{stamp.format(len(lines) % 10)}{ranks}] {text}"))
+
+    add("args", "server_args=" + repr(args if args is not None else server_args_dict(version, mode)))
+    for dp_rank in range(dp):
+        ranks = (f" DP{dp_rank}" if dp > 1 else "") + (" TP0" if tp > 1 else "")
+        add("weights", "Load weight end. elapsed=512.31 s, type=Glm5ForCausalLM, avail mem=31.20 GB, "
+            "mem usage=44.10 GB.", ranks)
+        if kv == "kv":
+            add("kv", f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {pool}, KV size: 27.31 GB", ranks)
+        elif kv == "kv_split":
+            add("kv", f"KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: {pool}, K size: 13.66 GB, "
+                "V size: 13.66 GB", ranks)
+        elif kv == "swa":
+            add("kv", f"Full KV Cache is allocated. dtype: torch.bfloat16, #tokens: {pool}, KV size: 20.00 GB", ranks)
+            add("kv", "SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: 65536, KV size: 2.00 GB", ranks)
+        elif kv == "post_capture":
+            add("kv", f"KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: {pool * 2}, KV size: 54.62 GB", ranks)
+            add("kv", f"Post-capture KV sizing: full_layer_tokens={pool}, swa_layer_tokens=0", ranks)
+            add("kv", f"Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: {pool}, "
+                "KV size: 27.31 GB, avail mem=3.02 GB", ranks)
+        add("pool_end", "Memory pool end. avail mem=3.02 GB", ranks)
+        if canary:
+            add("canary", f"install_canary: disaggregation_mode={mode} config=CanaryConfig(mode=<CanaryMode.LOG: "
+                "'log'>) perturb_config=None launch_capacities=... n_buffer_groups=1 buffer_group_kinds=['MHA'] "
+                "swa_window_size=0 speculative_num_steps=1", ranks)
+        add("scheduler", f"max_total_num_tokens={pool}, chunked_prefill_size=16384, max_prefill_tokens=16384, "
+            f"max_running_requests=128, context_len={context}, available_gpu_mem=3.02 GB", ranks)
+    add("ready", "The server is fired up and ready to roll!")
+    out = []
+    for kind, text in lines:
+        out.append(text)
+        if kind == stop_after:
+            break
+    return "\n".join(out) + "\n"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def parse(text: str, role: str | None = None) -> serverlog.WorkerLog:
+    return serverlog.parse_log(text, "worker.log", role)
+
+
+# --- log parsing --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.20", "0.5.21", "0.5.22"])
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_each_release_and_role_is_read_from_the_log(version, mode):
+    log = parse(startup_log(version, mode, RAISED_POOL, GLM_CONTEXT))
+    assert log.role == mode and log.role_flag is None
+    assert [(p.pool_tokens, p.context_len, p.ranks) for p in log.pools] == [(RAISED_POOL, GLM_CONTEXT, "TP0")]
+    assert [(k.label, k.kind, k.tokens) for k in log.kv_lines] == [(None, "allocated", RAISED_POOL)]
+    assert log.args.values["disaggregation_mode"] == mode
+    assert ("disaggregation_enable_kv_checksum" in log.args.values) == (version >= "0.5.21")
+    check = gates.pool_check(log)
+    assert check.status is Status.PASS
+    assert "pool 2,040,000 tokens, context 1,048,576 tokens" in check.detail
+    assert check.evidence.startswith("worker.log:")
+
+
+@pytest.mark.parametrize("kv", ["kv", "kv_split", "swa", "post_capture"])
+def test_every_kv_allocation_format_is_recognised(kv):
+    log = parse(startup_log("0.5.22", "decode", RAISED_POOL, GLM_CONTEXT, kv=kv, ms=True))
+    assert gates._main_kv(log).tokens == RAISED_POOL  # SWA window and VA upper bound are not the pool
+    assert gates.pool_check(log).status is Status.PASS
+
+
+def test_the_incident_pool_fails_gate_1_with_both_numbers():
+    log = parse(startup_log("0.5.20", "prefill", INCIDENT_POOL, GLM_CONTEXT))
+    check = gates.pool_check(log)
+    assert check.status is Status.FAIL
+    assert "pool 681,280 tokens, context 1,048,576 tokens" in check.detail
+    assert "367,296 tokens short" in check.detail
+    assert "max_total_num_tokens=681280" in check.evidence
+
+
+def test_a_kv_allocation_smaller_than_the_scheduler_number_decides():
+    text = startup_log("0.5.21", "decode", RAISED_POOL, GLM_CONTEXT).replace(
+        f"#tokens: {RAISED_POOL}", f"#tokens: {INCIDENT_POOL}")
+    check = gates.pool_check(parse(text))
+    assert check.status is Status.FAIL and "KV Cache is allocated" in check.evidence
+
+
+def test_one_short_dp_group_fails_the_worker():
+    text = startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT, dp=2)
+    text = text.replace(f"max_total_num_tokens={RAISED_POOL}", f"max_total_num_tokens={INCIDENT_POOL}", 1)
+    log = parse(text)
+    assert [p.ranks for p in log.pools] == ["DP0 TP0", "DP1 TP0"]
+    assert gates.pool_check(log).status is Status.FAIL
+
+
+@pytest.mark.parametrize("stop_after", ["args", "weights", "kv", "pool_end"])
+def test_a_truncated_log_is_unknown_never_pass(stop_after):
+    log = parse(startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT, stop_after=stop_after))
+    check = gates.pool_check(log)
+    assert check.status is Status.UNKNOWN
+    assert "partial log" in check.detail
+
+
+def test_a_scheduler_line_cut_mid_way_is_unknown():
+    text = startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT)
+    cut = text[: text.index("context_len=")]
+    log = parse(cut)
+    assert not log.pools and any("truncated" in p for p in log.problems)
+    assert gates.pool_check(log).status is Status.UNKNOWN
+
+
+def test_a_non_pd_server_is_reported_not_counted():
+    log = parse(startup_log("0.5.22", "null", INCIDENT_POOL, GLM_CONTEXT, tp=1))
+    check = gates.pool_check(log)
+    assert check.status is Status.INFO and not check.decides
+    assert "not a PD worker" in check.detail
+    gate = gates.gate1([log])
+    assert gate.status is Status.UNKNOWN  # no prefill or decode log: nothing decided
+    assert {c.name for c in gate.checks if c.status is Status.UNKNOWN} == {"prefill: (no log)", "decode: (no log)"}
+
+
+def test_role_flag_fills_in_and_a_conflict_is_unknown():
+    text = startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT)
+    no_args = "\n".join(ln for ln in text.splitlines() if "server_args=" not in ln)
+    unnamed = parse(no_args)
+    assert unnamed.role is None and gates.pool_check(unnamed).status is Status.UNKNOWN
+    assert gates.pool_check(parse(no_args, "prefill")).status is Status.PASS
+    conflict = parse(text, "decode")
+    assert gates.pool_check(conflict).status is Status.UNKNOWN
+    assert "--log says decode" in gates.pool_check(conflict).detail
+
+
+def test_an_unrelated_file_is_unknown():
+    log = parse("hello\nthis is not sglang\n")
+    assert gates.pool_check(log).status is Status.UNKNOWN
+
+
+def test_gate_1_needs_both_sides_and_fails_on_the_mismatch():
+    prefill = parse(startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
+    decode = parse(startup_log("0.5.22", "decode", RAISED_POOL, GLM_CONTEXT))
+    assert gates.gate1([prefill, decode]).status is Status.FAIL
+    fixed = parse(startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT))
+    assert gates.gate1([fixed, decode]).status is Status.PASS
+    assert gates.gate1([fixed]).status is Status.UNKNOWN
+
+
+# --- server arguments ---------------------------------------------------------------------------
+
+def test_server_args_formats(tmp_path):
+    as_json = write(tmp_path, "p.json", json.dumps({**server_args_dict("0.5.22", "prefill"),
+                                                    "env": {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"}}))
+    parsed = serverlog.read_args_file(as_json)
+    assert parsed.role == "prefill" and parsed.env == {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"}
+
+    line = write(tmp_path, "d.log", "[2026-08-27 10:00:00] server_args=" + repr(server_args_dict("0.5.20", "decode")))
+    parsed = serverlog.read_args_file(line)
+    assert parsed.role == "decode" and parsed.full_dump
+    assert "disaggregation_enable_kv_checksum" not in parsed.values
+    assert "SECRET" not in parsed.evidence.text and "api_key" not in parsed.values
+
+    older = write(tmp_path, "old.txt", "server_args=ServerArgs(model_path='m', disaggregation_mode='prefill', "
+                  "kv_canary='log', attention_backend=<AttentionBackend.FA3: 'fa3'>, device='cuda')")
+    parsed = serverlog.read_args_file(older)
+    assert parsed.values == {"model_path": "m", "disaggregation_mode": "prefill", "kv_canary": "log", "device": "cuda"}
+
+    cmd = write(tmp_path, "cmd.sh", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0 python -m sglang.launch_server "
+                "--model-path m --disaggregation-mode decode --disaggregation-enable-kv-checksum "
+                "--disaggregation-transfer-backend=nixl\n")
+    parsed = serverlog.read_args_file(cmd)
+    assert parsed.values["disaggregation_enable_kv_checksum"] is True
+    assert parsed.values["disaggregation_transfer_backend"] == "nixl"
+    assert parsed.role == "decode" and parsed.env["SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"] == "0"
+
+    with pytest.raises(ValueError):
+        serverlog.read_args_file(write(tmp_path, "junk.txt", "nothing here"))
+
+
+def test_a_non_literal_args_dump_falls_back_to_the_keys_that_matter():
+    text = "{'model_path': 'm', 'attention_backend': <AttentionBackend.FA3: 'fa3'>, 'disaggregation_mode': 'decode'}"
+    parsed = serverlog.parse_args_text(text, "x.log", 3)
+    assert parsed.role == "decode" and parsed.values["model_path"] == "m"
+
+
+def test_redaction_keeps_only_gate_keys_and_masks_secrets_in_quoted_lines():
+    assert "api_key" not in serverlog.KEYS  # only the gate keys are ever extracted
+    assert serverlog.redacted({"hf_token": "t", "device": "cuda"}) == {"device": "cuda", "hf_token": "<redacted>"}
+    line = serverlog.parse_args_text("{'api_key': 'sk-1', 'hf_token': 'hf_x', 'tokenizer_path': 'tok', "
+                                     "'disaggregation_mode': 'prefill'}", "x.log", 1)
+    assert "sk-1" not in line.evidence.text and "hf_x" not in line.evidence.text
+    assert "'tokenizer_path': 'tok'" in line.evidence.text
+
+
+# --- fix markers on small fake trees ------------------------------------------------------------
+
+D = "sglang/srt/disaggregation"
+
+
+def fake_tree(root: Path, *, fixed: bool, deferred_backends=("mooncake", "nixl"), checksum_flag=None) -> Path:
+    """The few files the markers read, pre- or post-fix (not SGLang code: just the patterns)."""
+    checksum_flag = fixed if checksum_flag is None else checksum_flag
+    files = {
+        f"{D}/decode.py": "class DecodePreallocQueue:\n    pass\n\ndef _defer_release(self):\n    pass\n"
+                          + ("def _verify_kv_checksums(self, batch):\n    pass\n"
+                             "x.kv_receiver.ensure_abort_notified(force_arm=True)\n" if fixed else ""),
+        f"{D}/common/conn.py": "def _maybe_ack_drained_abort(self, room):\n    pass\n"
+                               + ("self.kv_mgr._maybe_ack_drained_abort(self.bootstrap_room)\n"
+                                  "def _send_abort_acks(self, room, targets):\n    pass\n" if fixed
+                                  else "self.kv_mgr._deferred_ack_targets.pop(self.bootstrap_room, None)\n"),
+        "sglang/srt/environ.py": "    SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE = EnvBool("
+                                 f"{'True' if fixed else 'False'})\n",
+        "sglang/srt/arg_groups/fields/disagg.py": "class Disagg:\n    disaggregation_mode: str = 'null'\n"
+                                                  + ("    disaggregation_enable_kv_checksum: A[bool, 'x'] = False\n"
+                                                     if checksum_flag else ""),
+        "sglang/srt/server_args.py": "    kv_canary: A[str, Arg(choices=['none', 'log', 'raise'])] = 'none'\n",
+    }
+    if fixed:
+        files[f"{D}/checksum.py"] = "class KvChecksumComputer:\n    pass\n"
+        files[f"{D}/base/conn.py"] = "class BaseKVManager:\n    supports_deferred_decode_kv_release: bool = False\n"
+        for backend in deferred_backends:
+            files[f"{D}/{backend}/conn.py"] = "class M:\n    supports_deferred_decode_kv_release = True\n"
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_markers_absent_before_present_after(tmp_path):
+    before = Tree(fake_tree(tmp_path / "before", fixed=False))
+    after = Tree(fake_tree(tmp_path / "after", fixed=True))
+    assert {f.marker.pr: f.presence for f in find_all(before)} == {m.pr: Presence.ABSENT for m in MARKERS}
+    assert {f.marker.pr: f.presence for f in find_all(after)} == {m.pr: Presence.PRESENT for m in MARKERS}
+    assert {m.pr for m in MARKERS} == {39500, 40645, 41402, 41404, 41023}
+
+
+def test_a_marker_survives_reformatting_and_an_unrecognisable_tree_is_unknown(tmp_path):
+    root = fake_tree(tmp_path / "t", fixed=True)
+    conn = root / D / "decode.py"
+    conn.write_text(conn.read_text().replace("ensure_abort_notified(force_arm=True)",
+                                             "ensure_abort_notified(\n        force_arm=True\n    )"))
+    marker = next(m for m in MARKERS if m.pr == 41404)
+    assert find(Tree(root), marker).presence is Presence.PRESENT
+    empty = tmp_path / "empty" / "sglang" / "srt"
+    empty.mkdir(parents=True)
+    findings = find_all(Tree(empty.parent.parent))
+    assert all(f.presence is Presence.UNKNOWN for f in findings)
+    assert "anchor" in findings[0].evidence
+
+
+def test_code_settings_read_from_the_tree(tmp_path):
+    before = code_settings(Tree(fake_tree(tmp_path / "b", fixed=False)))
+    assert not before.has_checksum_flag and before.deferred_default is False
+    assert not before.deferred_capability_flag
+    after = code_settings(Tree(fake_tree(tmp_path / "a", fixed=True, deferred_backends=("mooncake", "mori"))))
+    assert after.has_checksum_flag and after.deferred_default is True
+    assert after.deferred_backends == ("mooncake", "mori") and after.has_canary_flag
+
+
+# --- gates 3 and 4 ------------------------------------------------------------------------------
+
+def sources_for(prefill_args: dict | None, decode_args: dict | None, *, canary=(False, False),
+                version="0.5.22") -> gates.Sources:
+    logs = []
+    for mode, args, can in (("prefill", prefill_args, canary[0]), ("decode", decode_args, canary[1])):
+        if args is not None:
+            logs.append(parse(startup_log(version, mode, RAISED_POOL, GLM_CONTEXT, args=args, canary=can)))
+    return gates.collect_sources(logs, [])
+
+
+def test_gate_3_checksum_on_both_sides_passes_on_fixed_code(tmp_path):
+    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    on = {"disaggregation_enable_kv_checksum": True}
+    src = sources_for(server_args_dict("0.5.22", "prefill", **on), server_args_dict("0.5.22", "decode", **on))
+    gate = gates.gate3(src, tree, code_settings(tree), [])
+    assert gate.status is Status.PASS, [c for c in gate.checks]
+
+
+def test_gate_3_fails_when_no_defence_is_active(tmp_path):
+    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    src = sources_for(server_args_dict("0.5.22", "prefill"), server_args_dict("0.5.22", "decode"))
+    gate = gates.gate3(src, tree, code_settings(tree), [])
+    assert gate.status is Status.FAIL
+    defence = next(c for c in gate.checks if c.name == "read-integrity defence")
+    assert defence.status is Status.FAIL and "neither" in defence.detail
+
+
+def test_gate_3_checksum_flag_missing_from_the_release_is_said_so(tmp_path):
+    old = server_args_dict("0.5.20", "prefill")
+    src = sources_for(old, server_args_dict("0.5.20", "decode"))
+    tree = Tree(fake_tree(tmp_path / "t", fixed=False))
+    gate = gates.gate3(src, tree, code_settings(tree), [])
+    checksum = next(c for c in gate.checks if c.name == "prefill: KV checksum")
+    assert "not present in this release" in checksum.detail
+    assert next(c for c in gate.checks if c.name == "#39500 in code").status is Status.FAIL
+    # without the code, the resolved dump alone shows the field does not exist
+    gate = gates.gate3(src, None, None, [])
+    assert "not present in this release" in next(c for c in gate.checks if c.name == "prefill: KV checksum").detail
+
+
+def test_gate_3_unsupported_device_does_not_count(tmp_path):
+    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    on = {"disaggregation_enable_kv_checksum": True, "device": "npu"}
+    src = sources_for(server_args_dict("0.5.22", "prefill", **on), server_args_dict("0.5.22", "decode", **on))
+    gate = gates.gate3(src, tree, code_settings(tree), [])
+    row = next(c for c in gate.checks if c.name == "decode: KV checksum")
+    assert row.status is Status.FAIL and "does not count" in row.detail
+    assert gate.status is Status.FAIL
+
+
+def test_gate_3_canary_counts_only_when_the_log_shows_it(tmp_path):
+    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    args = {m: server_args_dict("0.5.22", m, kv_canary="log") for m in ("prefill", "decode")}
+    shown = gates.gate3(sources_for(args["prefill"], args["decode"], canary=(True, True)), tree,
+                        code_settings(tree), [])
+    assert shown.status is Status.PASS
+    not_shown = gates.gate3(sources_for(args["prefill"], args["decode"], canary=(True, False)), tree,
+                            code_settings(tree), [])
+    row = next(c for c in not_shown.checks if c.name == "decode: KV canary")
+    assert row.status is Status.FAIL and "configured (kv_canary=log)" in row.detail
+
+
+def test_gate_4_deferred_release(tmp_path):
+    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    code = code_settings(tree)
+    src = sources_for(server_args_dict("0.5.22", "prefill"), server_args_dict("0.5.22", "decode"))
+    gate = gates.gate4(src, tree, code, [])
+    assert gate.status is Status.UNKNOWN  # env not observed
+    assert "release default: on" in next(c for c in gate.checks if c.name == "decode: deferred KV release").detail
+
+    def with_env(value, backend="mooncake"):
+        found = {}
+        for mode in ("prefill", "decode"):
+            path = write(tmp_path, f"{mode}-{value}-{backend}.json", json.dumps({
+                **server_args_dict("0.5.22", mode, disaggregation_transfer_backend=backend),
+                "env": {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": value}}))
+            found[mode] = serverlog.read_args_file(path)
+        return gates.collect_sources([], [(None, found[m].role, found[m]) for m in found])
+
+    assert gates.gate4(with_env("1"), tree, code, []).status is Status.PASS
+    assert gates.gate4(with_env("0"), tree, code, []).status is Status.FAIL
+    unsupported = gates.gate4(with_env("1", backend="ascend"), tree, code, [])
+    assert unsupported.status is Status.FAIL
+    assert "does not count" in next(c for c in unsupported.checks if c.name == "decode: deferred KV release").detail
+    old = Tree(fake_tree(tmp_path / "old", fixed=False))
+    assert gates.gate4(with_env("1"), old, code_settings(old), []).status is Status.FAIL  # markers absent
+
+
+def test_gates_3_and_4_without_code_are_unknown():
+    src = sources_for(None, None)
+    assert gates.gate3(src, None, None, []).status is Status.UNKNOWN
+    gate4 = gates.gate4(src, None, None, [])
+    assert gate4.status is Status.UNKNOWN
+    assert all("no code to read" in c.detail for c in gate4.checks if c.name.startswith("#"))
+
+
+# --- the command, without gate 2 (no --sglang: gate 2 is unknown) -------------------------------
+
+def test_cli_writes_a_receipt_and_exits_1_on_the_incident_pool(tmp_path):
+    p = write(tmp_path, "prefill.log", startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
+    d = write(tmp_path, "decode.log", startup_log("0.5.22", "decode", RAISED_POOL, GLM_CONTEXT))
+    out = tmp_path / "bundle"
+    result = CliRunner().invoke(main, ["gates", "--log", str(p), "--log", f"decode={d}", "--out", str(out),
+                                       "--json"], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert [g["status"] for g in doc["gates"]] == ["fail", "unknown", "fail", "unknown"]
+    receipt = json.loads((out / "receipt.json").read_text())
+    assert receipt["schema"] == "kvprobe.gates-receipt/1" and receipt["layer"] == "deployment"
+    assert receipt["workers"][0]["pools"][0]["pool_tokens"] == INCIDENT_POOL
+    assert receipt["inputs"]["logs"][1]["role_flag"] == "decode"
+    assert (out / "manifest.json").is_file() and (out / "SHA256SUMS").is_file()
+    bundle_text = "".join(p.read_text() for p in out.rglob("*") if p.is_file())
+    assert "sk-live-SECRET" not in bundle_text  # operator secrets never reach the bundle
+
+
+def test_cli_exits_3_when_nothing_failed_but_something_is_unknown(tmp_path):
+    args = server_args_dict("0.5.22", "prefill", disaggregation_enable_kv_checksum=True)
+    p = write(tmp_path, "prefill.log", startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT,
+                                                   stop_after="kv", args=args))
+    result = CliRunner().invoke(main, ["gates", "--log", str(p), "--out", str(tmp_path / "b")],
+                                catch_exceptions=False)
+    assert result.exit_code == 3, result.stderr
+    receipt = json.loads((tmp_path / "b" / "receipt.json").read_text())
+    assert [g["status"] for g in receipt["gates"]] == ["unknown"] * 4 and receipt["overall"] == "unknown"
+
+
+def test_cli_usage_errors_exit_2(tmp_path):
+    runner = CliRunner()
+    assert runner.invoke(main, ["gates"], catch_exceptions=False).exit_code == 2
+    assert runner.invoke(main, ["gates", "--log", str(tmp_path / "missing.log")],
+                         catch_exceptions=False).exit_code == 2
+    log = write(tmp_path, "x.log", startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT))
+    result = runner.invoke(main, ["gates", "--log", str(log), "--sglang", "9.9.9", "--out", str(tmp_path / "o")],
+                           catch_exceptions=False)
+    assert result.exit_code == 2 and "no pinned wheel" in result.stderr
+    assert not (tmp_path / "o").exists()
