@@ -82,7 +82,7 @@ def _fmt(value: float, unit: str) -> str:
     if unit == "s":
         return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
     if unit == "bytes":
-        return f"{value / MiB:.2f} MiB"
+        return f"{value / MiB:.2f} MiB" if value >= MiB else f"{value / 1024:.1f} KiB"
     if unit == "MiB/s":
         return f"{value:.0f} MiB/s"
     return f"{value:g} {unit}"
@@ -327,7 +327,7 @@ def bench_git(figs: Figures, work: Path, commits: int) -> None:
     figs.add("cold", "git: bytes stored for base+head pins (shallow fetch by SHA)", [store_bytes],
              unit="bytes", floor=[full_bytes], target="far below a full clone",
              met=store_bytes < full_bytes / 10,
-             note=f"fetched {pin_bytes / MiB:.2f} MiB via {[i['fetched_via'] for i in ids]} in {pin_s:.2f} s; "
+             note=f"fetched {pin_bytes / 1024:.1f} KiB via {[i['fetched_via'] for i in ids]} in {pin_s:.2f} s; "
                   f"full mirror clone {full_bytes / MiB:.1f} MiB in {full_s:.2f} s; upstream history {commits} commits")
     started = time.perf_counter()
     again = source.materialize(GitPin(head), work / "tree-again", pr=1)
@@ -554,7 +554,8 @@ def _machine() -> dict[str, Any]:
     except (ValueError, OSError):
         pass
     return {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "memory_gib": round(mem / GiB, 1), "python": platform.python_version()}
+            "cpus": os.cpu_count(), "memory_gib": round(mem / GiB, 1), "python": platform.python_version(),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
 
 
 if __name__ == "__main__":

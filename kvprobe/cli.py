@@ -149,6 +149,16 @@ def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json,
     return _VERDICT_EXIT[result.receipt["verdict"]]
 
 
+@main.command("model")
+@click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (must not exist or be empty).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+@click.pass_context
+def model_cmd(ctx, out, as_json) -> None:
+    """Run the synthetic PD handoff model (same as `kvprobe run model`; seconds, no downloads)."""
+    ctx.invoke(run_cmd, experiment_id="model", pins=None, out=out, repo=None, torch_index=None,
+               jobs=None, timeout=1800, as_json=as_json)
+
+
 def run_summary(result) -> dict[str, Any]:
     receipt = result.receipt
     return {

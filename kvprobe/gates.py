@@ -15,6 +15,7 @@ arguments (they can hold keys): it records their sha256 and the lines that decid
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -348,8 +349,8 @@ class _ProbeOutcome:
     refs: list[dict[str, Any]]
 
 
-def run_gate2(target: Target | None, opts: GateOptions, staging: Path, work: Path,
-              reporter: Reporter) -> tuple[Gate, list[dict[str, Any]], dict[str, Any] | None]:
+def run_gate2(target: Target | None, opts: GateOptions, staging: Path, work: Path, reporter: Reporter,
+              held: contextlib.ExitStack | None = None) -> tuple[Gate, list[dict[str, Any]], dict[str, Any] | None]:
     """Gate 2, the probe references for the receipt and the env block (None when nothing ran)."""
     title = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"
     if target is None:
@@ -362,7 +363,7 @@ def run_gate2(target: Target | None, opts: GateOptions, staging: Path, work: Pat
     for exp in (experiment.load(i) for i in GATE_EXPERIMENTS):
         # any non-synthetic pin set: it only selects the experiment's dependency profile
         pin_set = next(p for p in exp.pin_sets.values() if p.kind.value != "synthetic")
-        env, python, env_vars = runner._environment(exp, pin_set, run_opts, reporter)
+        env, python, env_vars = runner._environment(exp, pin_set, run_opts, reporter, held)
         outcome = _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opts, reporter)
         checks += outcome.checks
         refs += outcome.refs
@@ -592,6 +593,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
     work = Path(tempfile.mkdtemp(prefix="kvprobe-gates-"))
     timings: dict[str, float] = {"read_inputs_s": time.monotonic() - clock}
+    held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
         clock = time.monotonic()
         target = resolve_target(opts.sglang, work, opts.cache_root, reporter) if opts.sglang else None
@@ -599,7 +601,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         code = code_settings(tree) if tree else None
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
-        gate2, probe_refs, env = run_gate2(target, opts, staging, work, reporter)
+        gate2, probe_refs, env = run_gate2(target, opts, staging, work, reporter, held)
         timings["gate2_s"] = time.monotonic() - clock
         worker_logs = [log for _f, log in logs]
         sources = collect_sources(worker_logs, files)
@@ -609,6 +611,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         digest = runner.seal_bundle(receipt, RECEIPT_VERSION, render_readme(receipt), staging, final)
         return GatesResult(final, receipt, digest)
     finally:
+        held.close()
         shutil.rmtree(work, ignore_errors=True)
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -35,8 +35,8 @@ from kvprobe.resources import experiment_dirs
 DEFAULT_UPSTREAM = "https://github.com/sgl-project/sglang"
 GIT_PINS, RELEASE_PINS = "commits", "release"
 TEMPLATE_MOCKS = {"none yet": "template: declare what this probe mocks"}
-# Folder names on the search path that are not experiments.
-_RESERVED_IDS = ("profiles", "model")
+# Folder names on the search path that are not experiments (dependency profiles live there).
+_RESERVED_IDS = ("profiles",)
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 _PACKAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.!+-]*")
