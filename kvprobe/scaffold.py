@@ -291,7 +291,7 @@ def render_experiment(checked: _Checked) -> str:
     lines = [
         "# Scaffolded by `kvprobe new`. The pins below were checked (commits fetched, test",
         "# paths read at head, wheel digests computed); replace every TODO before committing.",
-        f'schema = "kvprobe.experiment/1"',
+        'schema = "kvprobe.experiment/1"',
         f"id = {s(spec.experiment_id)}",
         f"title = {s(title)}",
         'layer = "diff-probe"',

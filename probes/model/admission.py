@@ -10,7 +10,7 @@ also show #36988 (freed exactly once on head).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import kvprobe_probe as kp
 import pd_model as m
@@ -27,25 +27,8 @@ probe = kp.Probe(
     ),
 )
 
-CASES: dict[str, Callable[[m.Switches], dict[str, Any]]] = {}
+CASES, case = m.case_registry(probe, kp)
 CLIENT_ABORT = "FINISH_ABORT: client abort while the request was out of the queue"
-
-
-def side() -> m.Switches:
-    return m.switches_from_side(kp.side_config())
-
-
-def case(name: str) -> Callable:
-    """Register ``fn(switches)`` as case ``name``, run with the side's switches."""
-    def register(fn: Callable[[m.Switches], dict[str, Any]]) -> Callable:
-        CASES[name] = fn
-
-        @probe.case(name, (fn.__doc__ or "").strip())
-        def run(obs: kp.Observations) -> None:
-            for key, value in fn(side()).items():
-                obs.record(key, value)
-        return fn
-    return register
 
 
 def _request(*, rejected: bool = False, aborted: bool = False) -> m.Req:
@@ -182,7 +165,7 @@ def session_streaming_detach(sw: m.Switches) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    probe.fact("switches", side().to_dict())
+    probe.fact("switches", m.switches_from_side(kp.side_config()).to_dict())
     probe.fact("door_rule", "retire iff to_finish is set, finished() is False, and the request "
                "neither re-enters (is_retracted/is_rebootstrap) nor holds a resource "
                "(metadata buffer, KV, KV retraction backup, Mamba state)")

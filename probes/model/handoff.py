@@ -8,7 +8,7 @@ side, so base vs head shows what the other fixes change.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import kvprobe_probe as kp
 import pd_model as m
@@ -26,25 +26,8 @@ probe = kp.Probe(
     ),
 )
 
-CASES: dict[str, Callable[[m.Switches], dict[str, Any]]] = {}
+CASES, case = m.case_registry(probe, kp)
 OVER_POOL_PROMPT = 800  # > the 665-token pool, <= the 1,024-token context (819,200 unscaled)
-
-
-def side() -> m.Switches:
-    return m.switches_from_side(kp.side_config())
-
-
-def case(name: str) -> Callable:
-    """Register ``fn(switches)`` as case ``name``, run with the side's switches."""
-    def register(fn: Callable[[m.Switches], dict[str, Any]]) -> Callable:
-        CASES[name] = fn
-
-        @probe.case(name, (fn.__doc__ or "").strip())
-        def run(obs: kp.Observations) -> None:
-            for key, value in fn(side()).items():
-                obs.record(key, value)
-        return fn
-    return register
 
 
 def _warm(cluster: m.Cluster) -> None:
@@ -151,7 +134,7 @@ def late_result_after_abort(sw: m.Switches) -> dict[str, Any]:
 
 if __name__ == "__main__":
     geometry = m.Geometry.scaled()
-    probe.fact("switches", side().to_dict())
+    probe.fact("switches", m.switches_from_side(kp.side_config()).to_dict())
     probe.fact("geometry_scaled", geometry.to_dict())
     probe.fact("scale", f"token counts divided by {m.SCALE}: context 1,048,576 -> "
                f"{geometry.context_tokens}, prefill pool 681,280 -> {geometry.prefill_pool_tokens} "

@@ -256,24 +256,7 @@ def search_invariant(name: str, switches: m.Switches) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- cases
 
-CASES: dict[str, Callable[[m.Switches], dict[str, Any]]] = {}
-
-
-def side() -> m.Switches:
-    return m.switches_from_side(kp.side_config())
-
-
-def case(name: str) -> Callable:
-    """Register ``fn(switches)`` as case ``name``, run with the side's switches."""
-    def register(fn: Callable[[m.Switches], dict[str, Any]]) -> Callable:
-        CASES[name] = fn
-
-        @probe.case(name, (fn.__doc__ or "").strip())
-        def run(obs: kp.Observations) -> None:
-            for key, value in fn(side()).items():
-                obs.record(key, value)
-        return fn
-    return register
+CASES, case = m.case_registry(probe, kp)
 
 
 @case("decode_reads_own_pages")
@@ -312,7 +295,7 @@ def resources_freed_once_fixed_door_pre_36988(sw: m.Switches) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    probe.fact("switches", side().to_dict())
+    probe.fact("switches", m.switches_from_side(kp.side_config()).to_dict())
     probe.fact("hypothesis_version", hypothesis.__version__)
     probe.fact("search", {"seed": SEED, "max_examples": MAX_EXAMPLES, "stateful_step_count": STEPS,
                           "database": None, "phases": ["generate", "shrink"],

@@ -26,7 +26,7 @@ import hashlib
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 # ---------------------------------------------------------------- geometry
 
@@ -130,6 +130,25 @@ def switches_from_side(config: dict[str, Any]) -> Switches:
     if "switches" not in config:
         raise RuntimeError("no side switches: run with KVPROBE_SIDE_CONFIG='{\"side\": ..., \"switches\": {...}}'")
     return Switches.from_dict(config["switches"])
+
+
+def case_registry(probe: Any, kp: Any) -> tuple[dict[str, Callable], Callable]:
+    """(cases, decorator): ``@case(name)`` registers ``fn(switches) -> observations`` both as a
+    plain function (tests call it with any switches) and as a probe case run with the side's."""
+    cases: dict[str, Callable] = {}
+
+    def case(name: str) -> Callable:
+        def register(fn: Callable[[Switches], dict[str, Any]]) -> Callable:
+            cases[name] = fn
+
+            @probe.case(name, (fn.__doc__ or "").strip())
+            def run(obs: Any) -> None:
+                for key, value in fn(switches_from_side(kp.side_config())).items():
+                    obs.record(key, value)
+            return fn
+        return register
+
+    return cases, case
 
 
 # ---------------------------------------------------------------- requests
