@@ -143,6 +143,12 @@ def _materialize_side(source, pin_set, side, work, reporter) -> dict[str, Any]:
 
 
 def _source(exp, pin_set, opts, reporter):
+    if opts.repo is not None and pin_set.kind is not SourceKind.GIT:
+        from kvprobe.git import validate_url
+
+        validate_url(opts.repo)  # a hostile value is named as such, not just as misplaced
+        raise UsageError(f"--repo applies to git pin sets; {exp.id} pin set {pin_set.name!r} is "
+                         f"{pin_set.kind.value}" + _git_pin_sets_hint(exp))
     if pin_set.kind is SourceKind.SYNTHETIC:
         return None
     if pin_set.kind is SourceKind.WHEEL:
@@ -153,6 +159,11 @@ def _source(exp, pin_set, opts, reporter):
 
     url = validate_url(opts.repo or exp.upstream or "")
     return _GitWithHints(GitSource(url, opts.cache_root), exp, pin_set, opts.repo is not None)
+
+
+def _git_pin_sets_hint(exp: Experiment) -> str:
+    names = [n for n, p in exp.pin_sets.items() if p.kind is SourceKind.GIT]
+    return f" (use --pins {names[0]})" if names else ""
 
 
 class _GitWithHints:

@@ -206,3 +206,33 @@ def test_bad_sha_in_the_experiment_is_exit_2(world, cli, tmp_path, monkeypatch):
     monkeypatch.setenv("KVPROBE_PROBES_PATH", str(tmp_path / "probes"))
     result = cli("run", "bad-sha")
     assert result.exit_code == 2 and "pins.commits.head.commit" in result.stderr
+
+
+def test_repo_with_a_non_git_pin_set_is_refused(cli, tmp_path, monkeypatch):
+    folder = tmp_path / "probes" / "synthetic-only"
+    folder.mkdir(parents=True)
+    (folder / "minikv_probe.py").write_text(PROBE)
+    (folder / "experiment.toml").write_text('''
+schema = "kvprobe.experiment/1"
+id = "synthetic-only"
+title = "t"
+layer = "synthetic-model"
+profile = "none"
+[fix]
+summary = "s"
+[pins.model]
+kind = "synthetic"
+[pins.model.base]
+switches = {}
+[pins.model.head]
+switches = {}
+[checks]
+probes = [{ path = "minikv_probe.py" }]
+[scope]
+shows = "s"
+does_not_show = ["x"]
+''')
+    monkeypatch.setenv("KVPROBE_PROBES_PATH", str(tmp_path / "probes"))
+    result = cli("run", "synthetic-only", "--repo", str(tmp_path))
+    assert result.exit_code == 2 and "--repo applies to git pin sets" in result.stderr
+    assert cli("run", "synthetic-only", "--repo", "ext::sh -c id").exit_code == 2
