@@ -15,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kvprobe import __version__, compare, manifest, probes, schema, upstream
 from kvprobe.bundle_readme import render_readme
-from kvprobe.errors import BundleExistsError, FetchError, UsageError
+from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
 from kvprobe.models import EnvInfo, Experiment, PinSet, Side, SourceKind, Verdict
 from kvprobe.progress import Reporter
 
@@ -385,22 +385,34 @@ def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
 
 
 def _write_bundle(exp, receipt, staging: Path, final: Path) -> RunResult:
-    digest = seal_bundle(receipt, RECEIPT_VERSION, render_readme(receipt), staging, final)
+    digest = seal_bundle(receipt, RECEIPT_VERSION, render_readme(receipt), staging, final,
+                         check=_verify_on_write)
     return RunResult(final, receipt, digest)
 
 
-def seal_bundle(receipt: dict[str, Any], version: str, readme: str, staging: Path, final: Path) -> str:
-    """Validate, write, hash, re-check, then rename into place (nothing half-written).
+def _verify_on_write(staging: Path) -> None:
+    """The bundle must pass the same offline verification a reader will run on it."""
+    from kvprobe.verify import verify
 
-    Returns manifest.json's sha256; shared by `run` and `gates` bundles.
+    report = verify(staging)
+    if report.outcome != "verified":
+        details = "; ".join(str(d) for d in report.defects[:3])
+        raise CheckRunError(f"the new bundle failed its own verification: {details}")
+
+
+def seal_bundle(receipt: dict[str, Any], version: str, readme: str, staging: Path, final: Path,
+                check: Callable[[Path], None] | None = None) -> str:
+    """Validate, write, hash, check, then rename into place (nothing half-written).
+
+    Returns manifest.json's sha256; shared by `run` and `gates` bundles. ``check`` runs on
+    the finished staging directory and raises to keep it from being published.
     """
     schema.validate(receipt, version, source="receipt")
     _write_json(staging / RECEIPT, receipt)
     (staging / "README.md").write_text(readme, encoding="utf-8")
     digest = manifest.write(staging)
-    rebuilt = manifest.build(staging)
-    if manifest.render_manifest(rebuilt) != (staging / manifest.MANIFEST).read_bytes():
-        raise UsageError("bundle changed while it was being written")
+    if check is not None:
+        check(staging)
     if final.exists():
         final.rmdir()  # empty, checked before the run
     os.replace(staging, final)

@@ -236,3 +236,21 @@ does_not_show = ["x"]
     result = cli("run", "synthetic-only", "--repo", str(tmp_path))
     assert result.exit_code == 2 and "--repo applies to git pin sets" in result.stderr
     assert cli("run", "synthetic-only", "--repo", "ext::sh -c id").exit_code == 2
+
+
+def test_a_bundle_that_fails_its_own_verification_is_not_published(cli, tmp_path, monkeypatch):
+    import kvprobe.runner as runner_mod
+
+    real = runner_mod._receipt
+
+    def lying_receipt(*args):  # a verdict the raw outputs do not support
+        receipt = real(*args)
+        receipt["verdict"] = receipt["comparison"]["verdict"] = "not-reproduced"
+        return receipt
+
+    monkeypatch.setattr(runner_mod, "_receipt", lying_receipt)
+    out = tmp_path / "never"
+    result = cli("run", "fake-fix", "--out", str(out))
+    assert result.exit_code == 3
+    assert "failed its own verification" in result.stderr
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
