@@ -110,6 +110,7 @@ class Bundle:
     experiment: dict[str, Any] | None = None
     experiment_bytes: bytes | None = None
     raw_docs: dict[str, Any] = field(default_factory=dict)
+    receipt_family: str = "kvprobe.receipt"
 
     def listed(self) -> dict[str, dict[str, Any]]:
         return {f["path"]: f for f in (self.manifest or {}).get("files", [])}
@@ -157,9 +158,10 @@ def verify_dir(root: Path, opts: VerifyOptions, reporter: Reporter | None = None
         steps.append(step_documents(bundle) if _usable(steps[0]) else _skip(2, 1))
         steps.append(step_integrity(bundle) if bundle.manifest is not None and bundle.scan.complete
                      else _skip(3, 2 if bundle.scan.complete else 1))
-        from kvprobe.verify_consistency import step_consistency
+        from kvprobe.verify_consistency import step_consistency, step_gates_consistency
 
-        steps.append(step_consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None
+        consistency = step_gates_consistency if bundle.receipt_family != "kvprobe.receipt" else step_consistency
+        steps.append(consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None
                      else _skip(4, 2))
         steps.append(step_authenticity(bundle, opts.expect_manifest_sha256))
         if opts.rerun is not None:
@@ -258,15 +260,23 @@ def step_documents(bundle: Bundle) -> StepResult:
     receipt = read_json(bundle, RECEIPT, defects)
     bundle.manifest_bytes = _read(bundle, MANIFEST, bundle.limits.max_json_bytes, defects)
     manifest = parse_json(bundle, MANIFEST, bundle.manifest_bytes, defects)
-    receipt_ok = receipt is not None and _append(defects, schema_defects(receipt, RECEIPT, "kvprobe.receipt"))
+    bundle.receipt_family = _receipt_family(receipt)
+    receipt_ok = receipt is not None and _append(defects, schema_defects(receipt, RECEIPT, bundle.receipt_family))
     manifest_ok = manifest is not None and _append(defects, schema_defects(manifest, MANIFEST, "kvprobe.manifest"))
     bundle.receipt = receipt if receipt_ok else None
     bundle.manifest = manifest if manifest_ok else None
     count = 2
-    if bundle.receipt is not None:
+    if bundle.receipt is not None and bundle.receipt_family == "kvprobe.receipt":
         count += _read_cited(bundle, defects)
         _read_experiment(bundle, defects)
     return _result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
+
+
+def _receipt_family(receipt: Any) -> str:
+    """Run receipts and `kvprobe gates` receipts (layer deployment) share the bundle format."""
+    version = receipt.get("schema") if isinstance(receipt, dict) else None
+    gates = isinstance(version, str) and version.startswith("kvprobe.gates-receipt/")
+    return "kvprobe.gates-receipt" if gates else "kvprobe.receipt"
 
 
 def _append(defects: list[BundleDefect], found: list[BundleDefect]) -> bool:
@@ -364,6 +374,9 @@ def _rerun_step(bundle: Bundle, steps: list[StepResult], opts: RerunOptions,
                 reporter: Reporter | None) -> StepResult:
     if any(s.status != "pass" for s in steps[:4]):
         return StepResult(6, "skipped", "the bundle did not verify (steps 1-4); nothing to re-run")
+    if bundle.receipt_family != "kvprobe.receipt":
+        return StepResult(6, "could-not-run", "a gates bundle holds digests of the operator's logs, not "
+                                              "the logs: run `kvprobe gates` again with the same inputs")
     from kvprobe.rerun import rerun
 
     return rerun(bundle, opts, reporter)

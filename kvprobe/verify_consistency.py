@@ -391,3 +391,48 @@ def run_id_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
                                        f"{receipt['experiment']['id']!r}, pin set {receipt['pin_set']['name']!r} "
                                        f"and created_utc {receipt['created_utc']!r}")]
     return []
+
+
+# --- gates receipts (layer deployment) -----------------------------------------------------
+
+def gates_citations(node: Any, where: str = "") -> list[tuple[str, dict[str, str]]]:
+    """Every ``{"path", "sha256"}`` object anywhere in a gates receipt (files it cites)."""
+    found: list[tuple[str, dict[str, str]]] = []
+    if isinstance(node, dict):
+        if set(node) >= {"path", "sha256"} and isinstance(node.get("path"), str) \
+                and isinstance(node.get("sha256"), str) and not node["path"].startswith("/"):
+            found.append((where or "(top)", {"path": node["path"], "sha256": node["sha256"]}))
+        for key, value in node.items():
+            found += gates_citations(value, f"{where}.{key}" if where else key)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += gates_citations(value, f"{where}[{i}]")
+    return found
+
+
+def step_gates_consistency(bundle: "Bundle") -> "StepResult":
+    """Cited files are the manifest's; each gate and the overall result follow from the checks."""
+    from kvprobe.gates import EXIT_FOR, Status, combine
+    from kvprobe.verify import _result
+
+    receipt, listed = bundle.receipt, bundle.listed()
+    defects: list[BundleDefect] = []
+    for where, ref in gates_citations(receipt):
+        entry = listed.get(ref["path"])
+        if entry is None:
+            defects.append(CitationNotInManifest(ref["path"], f"receipt {where} cites it; manifest.json does not list it"))
+        elif entry["sha256"] != ref["sha256"]:
+            defects.append(CitationDigestMismatch(ref["path"], f"receipt {where} records sha256 {ref['sha256']}, "
+                                                               f"manifest.json lists {entry['sha256']}"))
+    gates = []
+    for gate in receipt["gates"]:
+        status = combine(Status(c["status"]) for c in gate["checks"] if c["decides"])
+        if status.value != gate["status"]:
+            defects.append(ForgedVerdict("receipt.json", f"gate {gate['number']} states {gate['status']!r}; "
+                                                         f"its deciding checks give {status.value!r}"))
+        gates.append(status)
+    overall = combine(gates)
+    if overall.value != receipt["overall"] or EXIT_FOR[overall.value] != receipt["exit_code"]:
+        defects.append(ForgedVerdict("receipt.json", f"overall states {receipt['overall']!r} (exit "
+                                                     f"{receipt['exit_code']}); the gates give {overall.value!r}"))
+    return _result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks")

@@ -427,6 +427,25 @@ def test_cli_writes_a_receipt_and_exits_1_on_the_incident_pool(tmp_path):
     assert "sk-live-SECRET" not in bundle_text  # operator secrets never reach the bundle
 
 
+def test_gates_bundle_verifies_and_a_forged_gate_fails(tmp_path):
+    from kvprobe import manifest
+
+    p = write(tmp_path, "prefill.log", startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
+    d = write(tmp_path, "decode.log", startup_log("0.5.22", "decode", RAISED_POOL, GLM_CONTEXT))
+    out = tmp_path / "bundle"
+    CliRunner().invoke(main, ["gates", "--log", str(p), "--log", f"decode={d}", "--out", str(out)],
+                       catch_exceptions=False)
+    verified = CliRunner().invoke(main, ["verify", str(out), "--json"], catch_exceptions=False)
+    assert verified.exit_code == 0, verified.stdout
+    receipt = json.loads((out / "receipt.json").read_text())
+    receipt["gates"][0]["status"] = "pass"  # forge gate 1 and re-hash: the checks still say fail
+    (out / "receipt.json").write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n")
+    manifest.write(out)
+    forged = CliRunner().invoke(main, ["verify", str(out), "--json"], catch_exceptions=False)
+    assert forged.exit_code == 1
+    assert "forged-verdict" in forged.stdout and "gate 1" in forged.stdout
+
+
 def test_cli_exits_3_when_nothing_failed_but_something_is_unknown(tmp_path):
     args = server_args_dict("0.5.22", "prefill", disaggregation_enable_kv_checksum=True)
     p = write(tmp_path, "prefill.log", startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT,
