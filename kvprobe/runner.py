@@ -320,8 +320,8 @@ def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, stagin
     probe_dir = staging / "probes" / exp.id
     probe_dir.mkdir(parents=True)
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
-    for check in exp.probes:
-        shutil.copy2(exp.directory / check.path, probe_dir / check.path)
+    for source in _experiment_sources(exp):
+        shutil.copy2(source, probe_dir / source.name)
     side_blocks, probe_docs, problems, test_runs, mocks = {}, {}, {}, {}, {}
     for side in (Side.BASE, Side.HEAD):
         c = checks[side]
@@ -371,6 +371,13 @@ def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, stagin
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
     return receipt
+
+
+def _experiment_sources(exp: Experiment) -> list[Path]:
+    """The probe files and the modules beside them that they import (e.g. a model): all ran."""
+    listed = {exp.directory / check.path for check in exp.probes}
+    helpers = {p for p in exp.directory.glob("*.py") if p.is_file() and not p.is_symlink()}
+    return sorted(listed | helpers)
 
 
 def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
