@@ -72,11 +72,27 @@ def _run(exp, pin_set: str, opts: "RerunOptions", work: Path, reporter: Reporter
 def diff_runs(published: dict[str, Any], fresh: dict[str, Any]) -> list[RerunDiffers]:
     """Every observation, case outcome, test outcome and the verdict that differ."""
     raw = _raw_paths(published)
-    found = _observation_diffs(published, fresh, raw) + _case_diffs(published, fresh, raw)
+    found = _problem_diffs(published, fresh, raw)  # the cause first: a probe that did not run
+    found += _observation_diffs(published, fresh, raw) + _case_diffs(published, fresh, raw)
     found += _test_diffs(published, fresh, raw)
     if published["verdict"] != fresh["verdict"]:
         found.append(RerunDiffers("receipt.json", f"verdict: published {published['verdict']!r}, "
                                                   f"rerun {fresh['verdict']!r}"))
+    return found
+
+
+def _problem_diffs(published, fresh, raw) -> list[RerunDiffers]:
+    """A probe or test file that ran when published but could not run now, with why."""
+    found = []
+    for side in SIDES:
+        was = {c.get("name") or c.get("path"): c["problem"] for kind in ("probes", "tests")
+               for c in published["sides"][side][kind]}
+        for kind in ("probes", "tests"):
+            for check in fresh["sides"][side][kind]:
+                key = check.get("name") or check.get("path")
+                if check["problem"] and check["problem"] != was.get(key):
+                    found.append(RerunDiffers(_where(raw, side, key), f"{side} {key}: rerun could not run it: "
+                                                                      f"{check['problem']}"))
     return found
 
 

@@ -588,6 +588,19 @@ def test_rerun_that_differs_reports_each_difference(env, monkeypatch):
     assert_defect(doc, "rerun-differs", "receipt.json")
 
 
+def test_rerun_names_the_probe_that_could_not_run(env, monkeypatch):
+    def change(receipt):
+        probe = receipt["sides"]["head"]["probes"][0]
+        probe["problem"] = "probe doors exited 1 without output: ModuleNotFoundError: No module named 'helper'"
+        receipt["verdict"] = "error"
+
+    BUNDLE_UNDER_TEST[:] = [env["bundle"]]
+    monkeypatch.setattr("kvprobe.runner.run_experiment", _fake_run(change))
+    doc = verify(env, env["bundle"], "--rerun", code=1)
+    defect = assert_defect(doc, "rerun-differs", "raw/head/probes/doors.json", step=6)
+    assert "could not run it" in defect["detail"] and "No module named 'helper'" in defect["detail"]
+
+
 def test_rerun_that_cannot_observe_exits_3(env, monkeypatch):
     from kvprobe.errors import FetchError
 
