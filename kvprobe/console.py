@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -21,13 +22,15 @@ def stderr_console() -> Console:
 
 
 class RichReporter(Reporter):
-    """A spinner per long step with live detail; finished steps stay in the scrollback."""
+    """One spinner listing every step in progress (base and head run in parallel threads);
+    each thread's updates go to its own step; finished steps stay in the scrollback."""
 
     def __init__(self, console: Console | None = None, quiet: bool = False) -> None:
         self.console = console or stderr_console()
         self.quiet = quiet
+        self._lock = threading.Lock()
+        self._active: dict[int, list[str]] = {}  # thread id -> [title, detail]
         self._status = None
-        self._title = ""
 
     @contextmanager
     def step(self, title: str) -> Iterator[None]:
@@ -35,18 +38,41 @@ class RichReporter(Reporter):
             yield
             return
         started = time.monotonic()
-        self._title = title
-        with self.console.status(title) as status:
-            self._status = status
-            try:
-                yield
-            finally:
-                self._status = None
+        self._begin(title)
+        try:
+            yield
+        finally:
+            self._end()
         self.console.print(f"[green]✓[/] {title} [dim]({time.monotonic() - started:.1f}s)[/]")
 
+    def _begin(self, title: str) -> None:
+        with self._lock:
+            self._active[threading.get_ident()] = [title, ""]
+            if self._status is None:
+                self._status = self.console.status(self._text())
+                self._status.start()
+            else:
+                self._status.update(self._text())
+
+    def _end(self) -> None:
+        with self._lock:
+            self._active.pop(threading.get_ident(), None)
+            if not self._active and self._status is not None:
+                self._status.stop()
+                self._status = None
+            elif self._status is not None:
+                self._status.update(self._text())
+
+    def _text(self) -> str:
+        return "\n".join(f"{title} [dim]— {detail}[/]" if detail else title
+                         for title, detail in self._active.values())
+
     def update(self, text: str) -> None:
-        if self._status is not None:
-            self._status.update(f"{self._title} [dim]— {text}[/]")
+        with self._lock:
+            entry = self._active.get(threading.get_ident())
+            if entry is not None and self._status is not None:
+                entry[1] = text
+                self._status.update(self._text())
 
     def note(self, text: str) -> None:
         if not self.quiet:
