@@ -123,7 +123,7 @@ def _run_options(pins, out, repo, torch_index, jobs, timeout):
 @click.option("--repo", help="Git URL or local path of a mirror/clone to fetch pins from.")
 @click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX",
               help="Index for torch/torchvision (e.g. https://download.pytorch.org/whl/cpu).")
-@click.option("--jobs", type=click.IntRange(1, 2), help="Run base and head in parallel (2) or in turn (1).")
+@click.option("--jobs", type=click.IntRange(1, 2), help="Run base and head in parallel (2) or in turn (1); default: 2 where there are 2+ cores.")
 @click.option("--timeout", default=1800, show_default=True, type=click.IntRange(1), help="Seconds per check.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @click.option("--record-expectations", "record", is_flag=True,

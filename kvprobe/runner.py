@@ -35,7 +35,7 @@ class RunOptions:
     repo: str | None = None
     cache_root: Path = field(default_factory=lambda: default_cache_root())
     torch_index: str | None = None
-    jobs: int = 2
+    jobs: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))  # sides in parallel where there are cores
     timeout_s: float = 1800.0
     bundles_dir: Path = field(default_factory=lambda: Path("bundles"))
 
