@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -14,8 +15,30 @@ def _pins(receipt: dict[str, Any]) -> list[str]:
         elif pin["kind"] == "wheel":
             lines.append(f"- {side}: `{pin['filename']}` sha256 `{pin['sha256']}`")
         else:
-            lines.append(f"- {side}: model switches `{pin['switches']}`")
+            lines.append(f"- {side}: model switches `{json.dumps(pin['switches'], sort_keys=True)}`")
     return lines
+
+
+def _case_state(case: dict[str, Any] | None) -> str:
+    if case is None:
+        return "not run"
+    return f"raised {case['error_type']}" if case["status"] == "raised" else "behaviour"
+
+
+def _cases(receipt: dict[str, Any]) -> list[str]:
+    """One row per case: what each side did, and how many expected observations held."""
+    comp = receipt["comparison"]
+    keys = sorted(set(comp["cases"]["base"]) | set(comp["cases"]["head"]))
+    if not keys:
+        return []
+    lines = ["| case | base | head | expected observations held |", "| --- | --- | --- | --- |"]
+    for key in keys:
+        rows = [r for r in comp["observations"] if r["case"] == key
+                and (r["expected_base_declared"] or r["expected_head_declared"])]
+        held = sum(1 for r in rows if r["base_ok"] and r["head_ok"])
+        lines.append(f"| `{key}` | {_case_state(comp['cases']['base'].get(key))} | "
+                     f"{_case_state(comp['cases']['head'].get(key))} | {held}/{len(rows)} |")
+    return [*lines, ""]
 
 
 def render_readme(receipt: dict[str, Any]) -> str:
@@ -39,6 +62,7 @@ def render_readme(receipt: dict[str, Any]) -> str:
         *[f"- {item}" for item in receipt["evidence"]["does_not_show"]],
         "",
     ]
+    lines += _cases(receipt)
     if comp["reasons"]:
         lines += ["Reasons:", *[f"- {r}" for r in comp["reasons"]], ""]
     lines += [

@@ -39,6 +39,11 @@ def test_committed_bundle_verifies(bundle):
     receipt = json.loads((bundle / "receipt.json").read_text())
     assert receipt["verdict"] == "reproduced"
     subprocess.run(["sha256sum", "-c", "--strict", "--quiet", "SHA256SUMS"], cwd=bundle, check=True)
+    summary = (bundle / "README.md").read_text()
+    assert "| case | base | head | expected observations held |" in summary
+    for key, case in receipt["comparison"]["cases"]["base"].items():
+        state = f"raised {case['error_type']}" if case["status"] == "raised" else "behaviour"
+        assert f"| `{key}` | {state} |" in summary  # a reader sees behaviour vs exception at a glance
 
 
 @pytest.mark.parametrize("bundle", BUNDLES, ids=[b.name for b in BUNDLES])
