@@ -388,14 +388,17 @@ def _record_expectations(exp, receipt, console, yes: bool) -> int:
 
 @main.command("new")
 @click.argument("experiment_id")
-@click.option("--base", required=True, help="Full 40-hex SHA of the commit before the fix.")
-@click.option("--head", required=True, help="Full 40-hex SHA of the commit with the fix.")
+@click.option("--base", help="Full 40-hex SHA of the commit before the fix (git pins; required unless "
+              "--release-base/--release-head are given).")
+@click.option("--head", help="Full 40-hex SHA of the commit with the fix (goes with --base).")
 @click.option("--pr", type=int, help="Pull request number (fetches a head reachable only via refs/pull/N/head).")
 @click.option("--repo", default="https://github.com/sgl-project/sglang", show_default=True,
               help="Upstream git URL (https://, file://) or local clone.")
 @click.option("--test", "tests", multiple=True, metavar="PATH",
-              help="Upstream test file (path at head) to run on both sides; repeatable.")
-@click.option("--release-base", metavar="VERSION", help="Released version without the fix (wheel pins).")
+              help="Upstream test file (path at head) to run on both sides; repeatable; needs --base/--head.")
+@click.option("--release-base", metavar="VERSION",
+              help="Released version without the fix (wheel pins); with --release-head and no "
+              "--base/--head, the experiment uses release wheels only and runs no git.")
 @click.option("--release-head", metavar="VERSION", help="First released version with the fix.")
 @click.option("--package", default="sglang", show_default=True, help="PyPI / import package of the upstream.")
 @click.option("--profile", default="sglang-cpu", show_default=True, help="Dependency profile (probes/profiles/NAME.toml).")
@@ -405,7 +408,12 @@ def _record_expectations(exp, receipt, console, yes: bool) -> int:
 @guarded
 def new_cmd(experiment_id, base, head, pr, repo, tests, release_base, release_head, package, profile,
             title, probes_dir) -> int:
-    """Scaffold a new PR-pair experiment: checked pins, a runnable probe template (exit 0)."""
+    """Scaffold a new PR-pair experiment: checked pins, a runnable probe template (exit 0).
+
+    Pins are git commits (--base/--head), release wheels (--release-base/--release-head), or
+    both. Wheel-only needs just PyPI (no git is run): the probe runs on both wheels, and there
+    are no upstream tests, since wheels carry none.
+    """
     from kvprobe import scaffold
     from kvprobe.console import RichReporter, stderr_console
     from kvprobe.runner import default_cache_root

@@ -1,12 +1,16 @@
 """``kvprobe new``: scaffold ``probes/<id>/`` for a PR pair, with pins checked before writing.
 
+The pair is git commits (``--base/--head``), release wheels (``--release-base/--release-head``),
+or both. Wheel-only (no commits) is for hosts that reach PyPI but not the git upstream: then
+there is only the ``release`` pin set, no upstream tests (wheels carry none) and no git at all.
+
 Order of checks (cheap and local first, so bad input never starts git or pip):
 
 1. the id (``models.ID_RE``) and that no folder of that name exists anywhere on the
    experiment search path or in the target directory (never overwrite);
 2. SHAs, PR number, repository URL, test paths, release versions and profile, locally;
-3. git: both commits fetched into the cache by SHA (or via ``refs/pull/N/head``), every
-   ``--test`` path read at head;
+3. git (only with ``--base/--head``): both commits fetched into the cache by SHA (or via
+   ``refs/pull/N/head``), every ``--test`` path read at head;
 4. pip: for ``--release-base/--release-head``, the wheel is downloaded once to read its
    exact file name and sha256;
 5. the files are written into a temp folder, loaded back with
@@ -49,8 +53,8 @@ class NewSpec:
     """What ``kvprobe new`` was asked for (unchecked user input)."""
 
     experiment_id: str
-    base: str
-    head: str
+    base: str | None = None  # None (with head) only when release wheels are the pins
+    head: str | None = None
     pr: int | None = None
     repo: str = DEFAULT_UPSTREAM
     tests: tuple[str, ...] = ()
@@ -88,7 +92,7 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
     input, exit 2) or FetchError (git/pip could not be reached, exit 3). Writes nothing on error."""
     reporter = reporter or Reporter()
     url, tests = check_local(spec)
-    python_path = _check_commits(spec, url, tests, cache_root, reporter)
+    python_path = _check_commits(spec, url, tests, cache_root, reporter) if has_commits(spec) else None
     wheels = _lookup_releases(spec, reporter)
     checked = _Checked(spec, url, tests, python_path, wheels)
     directory = _write(checked)
@@ -105,16 +109,26 @@ def check_local(spec: NewSpec) -> tuple[str, tuple[str, ...]]:
 
     check_id(spec.experiment_id)
     check_free(spec.experiment_id, spec.probes_dir)
-    validate_sha(spec.base)
-    validate_sha(spec.head)
-    if spec.base == spec.head:
-        raise PinError(f"--base and --head are the same commit {spec.base}: nothing to compare")
+    _check_release_args(spec)
+    if has_commits(spec):
+        validate_sha(spec.base)
+        validate_sha(spec.head)
+        if spec.base == spec.head:
+            raise PinError(f"--base and --head are the same commit {spec.base}: nothing to compare")
+    elif spec.base is not None or spec.head is not None:
+        raise UsageError("--base and --head go together (the commits before and after the fix); "
+                         f"only {'--base' if spec.base is not None else '--head'} was given")
+    elif spec.release_base is None:
+        raise UsageError("--base and --head are required (the commits before and after the fix), "
+                         "unless --release-base and --release-head name release wheels")
+    elif spec.tests:
+        raise UsageError("--test needs --base and --head: upstream tests need git pins, "
+                         "release wheels carry no tests")
     validate_pr(spec.pr)
     tests = tuple(dict.fromkeys(validate_rel_path(t) for t in spec.tests))
     for test in tests:
         if not test.endswith(".py"):
             raise UsageError(f"--test {test}: an upstream test is a .py file")
-    _check_release_args(spec)
     _check_profile(spec.profile)
     return validate_url(spec.repo), tests
 
@@ -140,6 +154,11 @@ def check_free(experiment_id: str, probes_dir: Path) -> None:
         if taken.exists() or taken.is_symlink():
             raise UsageError(f"experiment id {experiment_id!r} is already taken: {taken} exists; "
                              "nothing was written", hints=["choose another id, or remove that folder yourself"])
+
+
+def has_commits(spec: NewSpec) -> bool:
+    """Whether git pins were asked for (both --base and --head); else only release wheels."""
+    return spec.base is not None and spec.head is not None
 
 
 def _check_release_args(spec: NewSpec) -> None:
@@ -288,16 +307,18 @@ def render_experiment(checked: _Checked) -> str:
     spec, s = checked.spec, tomltext.string
     title = spec.title or (f"PR #{spec.pr}: TODO one line on what the fix changes" if spec.pr
                            else "TODO: one line on what the fix changes")
+    checked_what = ("(commits fetched, test\n# paths read at head, wheel digests computed)"
+                    if has_commits(spec) else "(wheel file names and\n# digests computed)")
     lines = [
-        "# Scaffolded by `kvprobe new`. The pins below were checked (commits fetched, test",
-        "# paths read at head, wheel digests computed); replace every TODO before committing.",
+        f"# Scaffolded by `kvprobe new`. The pins below were checked {checked_what};"
+        " replace every TODO before committing.",
         'schema = "kvprobe.experiment/1"',
         f"id = {s(spec.experiment_id)}",
         f"title = {s(title)}",
         'layer = "diff-probe"',
         f"upstream = {s(checked.url)}",
         f"profile = {s(spec.profile)}",
-        f'default_pins = "{GIT_PINS}"',
+        f'default_pins = "{GIT_PINS if has_commits(spec) else RELEASE_PINS}"',
         "",
         "[fix]",
         *([f"prs = [{spec.pr}]"] if spec.pr else []),
@@ -324,6 +345,8 @@ def render_experiment(checked: _Checked) -> str:
 
 def _git_pin_lines(checked: _Checked) -> list[str]:
     spec = checked.spec
+    if not has_commits(spec):
+        return []
     pr_text = f"PR #{spec.pr}'s base and head" if spec.pr else "the commits before and after the fix"
     reach = f" (head reachable via refs/pull/{spec.pr}/head)" if spec.pr else ""
     lines = [f"[pins.{GIT_PINS}]", 'kind = "git"',
@@ -352,6 +375,8 @@ def _wheel_pin_lines(checked: _Checked) -> list[str]:
 
 
 def _test_lines(checked: _Checked) -> list[str]:
+    if not has_commits(checked.spec):
+        return ["# No upstream tests: release wheels carry none (they need git pins: kvprobe new --base/--head)."]
     if not checked.tests:
         return ["# TODO: upstream test files the fix added or changed, run at head's version on both sides:",
                 '# tests = [{ path = "test/..." }]']

@@ -270,3 +270,140 @@ def test_release_flags_go_together(world, cli, git_calls):
     result = cli(*new_args(world["fake"], "--release-base", "1.0"))
     assert result.exit_code == 2 and "--release-head" in result.stderr
     assert git_calls == []
+
+
+# --- wheel-only: release pins without --base/--head (hosts that reach PyPI but not git) ----
+
+WHEEL_ID = "clamp-upper"
+WHEEL_PROBE_NAME = "probe_clamp_upper"
+BUGGY = "def clamp(x, lo, hi):\n    return max(lo, x)\n"  # 1.0: the upper bound is ignored
+FIXED = "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n"  # 1.1: the fix
+
+WHEEL_PROBE = f'''"""Observes whether minipkg.clamp honours the upper bound (release wheels)."""
+import kvprobe_probe as kp
+from minipkg import clamp
+
+probe = kp.Probe("{WHEEL_PROBE_NAME}", mocks={{"nothing": "clamp is a pure function"}})
+
+
+@probe.case("clamp.above_upper")
+def _(obs):
+    obs.record("value", clamp(15, 0, 10))
+    obs.record("within_bounds", 0 <= clamp(15, 0, 10) <= 10)
+
+
+if __name__ == "__main__":
+    probe.main()
+'''
+
+
+@pytest.fixture
+def wheel_index(world, tmp_path, monkeypatch) -> dict[str, Path]:
+    """minipkg 1.0 (bug) and 1.1 (fix) in a local find-links dir; pip sees nothing else.
+
+    The pytest-minimal env is built (or reused) in the test cache first, while pip can still
+    reach its index; the runner then only downloads the two wheels from the local dir."""
+    from kvprobe.venv import EnvManager, load_profile
+
+    EnvManager(world["cache"]).ensure(load_profile("pytest-minimal"))
+    index = tmp_path / "wheel-index"
+    wheels = {"1.0": build_wheel(index, "minipkg", "1.0", files={"minipkg/__init__.py": BUGGY}),
+              "1.1": build_wheel(index, "minipkg", "1.1", files={"minipkg/__init__.py": FIXED})}
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    return wheels
+
+
+@pytest.fixture
+def process_calls(monkeypatch):
+    """Every argv given to kvprobe.proc.run / proc.capture (git goes through these)."""
+    import kvprobe.proc as proc
+
+    calls: list[list[str]] = []
+    for name in ("run", "capture"):
+        real = getattr(proc, name)
+        monkeypatch.setattr(proc, name, lambda argv, _real=real, **kw: (calls.append(list(map(str, argv))),
+                                                                         _real(argv, **kw))[1])
+    return calls
+
+
+def no_git(calls: list[list[str]]) -> bool:
+    return not any(Path(argv[0]).name == "git" for argv in calls if argv)
+
+
+def wheel_args(*extra: str, experiment_id: str = WHEEL_ID) -> list[str]:
+    return ["new", experiment_id, "--release-base", "1.0", "--release-head", "1.1", "--package", "minipkg",
+            "--profile", "pytest-minimal", *extra]
+
+
+def test_wheel_only_walkthrough_new_run_record_run(world, cli, probes_dir, tmp_path, wheel_index, process_calls):
+    # 1. scaffold from release wheels alone: only the `release` pin set, exact files and digests
+    result = cli(*wheel_args())
+    assert result.exit_code == 0, result.stderr
+    folder = probes_dir / WHEEL_ID
+    toml_path, probe_path = folder / "experiment.toml", folder / f"{WHEEL_PROBE_NAME}.py"
+    assert sorted(p.name for p in folder.iterdir()) == ["experiment.toml", f"{WHEEL_PROBE_NAME}.py"]
+    data = tomllib.loads(toml_path.read_text())
+    assert list(data["pins"]) == ["release"] and data["default_pins"] == "release"
+    for side, version in (("base", "1.0"), ("head", "1.1")):
+        wheel = wheel_index[version]
+        assert data["pins"]["release"][side] == {
+            "package": "minipkg", "version": version, "file": wheel.name,
+            "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+    assert "tests" not in data["checks"] and data["fix"]["release"] == "1.1"
+    exp = load_file(toml_path)
+    assert list(exp.pin_sets) == ["release"] and exp.tests == ()
+    assert exp.pin_sets["release"].python_path == (".",)  # the unpacked wheel's root
+    assert leftovers(probes_dir) == []
+
+    # 2. the template probe runs on both wheels at once; no expectations yet
+    result = cli("run", WHEEL_ID, "--out", str(tmp_path / "w1"), "--json")
+    summary = json.loads(result.stdout)
+    assert result.exit_code == 1, summary["reasons"]
+    assert summary["verdict"] == "no-expectations" and summary["tests"] == []
+    receipt = json.loads((tmp_path / "w1" / "receipt.json").read_text())
+    for side in ("base", "head"):
+        case = receipt["comparison"]["cases"][side][f"{WHEEL_PROBE_NAME}/template.import"]
+        assert case["observations"]["module_file"] == "minipkg/__init__.py"
+        assert case["observations"]["from_pinned_tree"] is True
+
+    # 3. a real probe observes the difference; recorded, then reproduced
+    probe_path.write_text(WHEEL_PROBE)
+    result = cli("run", WHEEL_ID, "--out", str(tmp_path / "w2"), "--record-expectations", "--yes")
+    assert result.exit_code == 0, result.stderr
+    expect = tomllib.loads(toml_path.read_text())["expect"]
+    case = f"{WHEEL_PROBE_NAME}/clamp.above_upper"
+    assert expect["base"][case] == {"value": 15, "within_bounds": False, "raised": False}
+    assert expect["head"][case] == {"value": 10, "within_bounds": True, "raised": False}
+    result = cli("run", WHEEL_ID, "--out", str(tmp_path / "w3"), "--json")
+    summary = json.loads(result.stdout)
+    assert result.exit_code == 0, summary["reasons"]
+    assert summary["verdict"] == "reproduced"
+
+    # no git at any step: new, run, record, run
+    assert process_calls and no_git(process_calls), [c[:3] for c in process_calls]
+
+
+def test_wheel_only_test_path_needs_git_pins(cli, probes_dir, process_calls):
+    result = cli(*wheel_args("--test", "tests/test_minikv.py"))
+    assert result.exit_code == 2, result.stderr
+    assert "--test" in result.stderr and "git pins" in result.stderr and "wheels carry no tests" in result.stderr
+    assert process_calls == [] and not (probes_dir / WHEEL_ID).exists()
+
+
+@pytest.mark.parametrize("given", ["--base", "--head"])
+def test_only_one_of_base_head_is_exit_2(world, cli, probes_dir, process_calls, given):
+    sha = world["fake"].base_sha
+    for args in (wheel_args(given, sha), ["new", EXP_ID, given, sha, "--profile", "pytest-minimal"]):
+        result = cli(*args)
+        assert result.exit_code == 2, result.stderr
+        assert "--base and --head go together" in result.stderr and f"only {given}" in result.stderr
+    assert process_calls == [] and not probes_dir.exists()
+
+
+def test_neither_commits_nor_releases_is_exit_2(cli, probes_dir, process_calls):
+    result = cli("new", EXP_ID, "--package", "minikv", "--profile", "pytest-minimal")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("kvprobe: error:") and "--base and --head are required" in result.stderr
+    assert "--release-base" in result.stderr
+    assert process_calls == [] and not probes_dir.exists()
