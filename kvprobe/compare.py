@@ -12,6 +12,9 @@ from typing import Any, Mapping
 from kvprobe.models import FailureKind, Outcome, Transition, Verdict
 
 SIDES = ("base", "head")
+# Names what compare() computes; change it whenever its output for the same inputs changes,
+# so a verifier can tell a bundle made by another comparison from a forged one.
+ALGORITHM = "kvprobe.compare/1"
 RAISED = "raised"  # reserved observation: the exception type a case raised, or False
 
 
@@ -132,6 +135,7 @@ def compare(
     verdict, reasons = _verdict(expect, rows, trows, tsummary, probe_problems, tables)
     declared = [r for r in rows if r["expected_base_declared"] or r["expected_head_declared"]]
     return {
+        "algorithm": ALGORITHM,
         "verdict": verdict.value,
         "reasons": reasons,
         "cases": {side: tables[side] for side in SIDES},

@@ -271,6 +271,10 @@ class RecomputeFailed(ConsistencyDefect):
     code = "recompute-failed"
 
 
+class ComparisonAlgorithmUnknown(ConsistencyDefect):
+    code = "comparison-algorithm-unknown"
+
+
 class ExpectationsMismatch(ConsistencyDefect):
     code = "expectations-mismatch"
 

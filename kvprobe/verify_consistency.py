@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvprobe.defects import (
     BadPin, BundleDefect, CitationDigestMismatch, CitationMisplaced, CitationNotInManifest,
-    ComparisonMismatch, ExperimentDigestMismatch, ExperimentMismatch, ExpectationsMismatch, ForgedVerdict,
+    ComparisonAlgorithmUnknown, ComparisonMismatch, ExperimentDigestMismatch, ExperimentMismatch, ExpectationsMismatch, ForgedVerdict,
     RawInvalid, RecomputeFailed, RecordMismatch, PinMismatch, RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
@@ -244,6 +244,12 @@ def recompute_defects(bundle: "Bundle") -> list[BundleDefect]:
     from kvprobe import compare
 
     receipt = bundle.receipt
+    made_by = receipt["comparison"].get("algorithm", "kvprobe.compare/1")
+    if made_by != compare.ALGORITHM:
+        return [ComparisonAlgorithmUnknown(RECEIPT, f"the comparison was made by {made_by!r} "
+                                                    f"(kvprobe {receipt['tool']['version']}); this kvprobe "
+                                                    f"computes {compare.ALGORITHM!r}: verify with a kvprobe "
+                                                    "that has that comparison")]
     inputs = recompute_inputs(bundle)
     if inputs is None:
         return [RecomputeFailed(RECEIPT, "a cited raw output is unusable (step 2): comparison not recomputed")]

@@ -634,3 +634,17 @@ def test_verification_is_fast(env):
 def test_manifest_module_digest_is_the_bundle_digest(env):
     assert manifest.sha256_bytes((env["bundle"] / "manifest.json").read_bytes()) == \
         verify(env, env["bundle"], code=0)["manifest_sha256"]
+
+
+def test_bundle_from_another_comparison_algorithm_is_named_not_called_forged(env, tmp_path):
+    from kvprobe import manifest
+
+    bundle = forge.copy(env["bundle"], tmp_path / "other-algorithm")
+    receipt = forge.load(bundle, "receipt.json")
+    receipt["comparison"]["algorithm"] = "kvprobe.compare/99"
+    (bundle / "receipt.json").write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n")
+    manifest.write(bundle)
+    doc = verify(env, bundle, code=1)
+    defect = assert_defect(doc, "comparison-algorithm-unknown", "receipt.json", step=4)
+    assert "kvprobe.compare/99" in defect["detail"] and "kvprobe.compare/1" in defect["detail"]
+    assert not any(d["code"] in ("forged-verdict", "comparison-mismatch") for d in defects(doc))
