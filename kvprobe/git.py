@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import filelock
 
 from kvprobe import proc
+from kvprobe.cache import tree_size
 from kvprobe.errors import CheckoutError, FetchError, PinError, UsageError
 from kvprobe.models import GitPin
 
@@ -306,10 +307,10 @@ class GitSource:
         os.utime(self.store)  # last used, for `kvprobe cache ls` / `prune`
         if self.has_commit(sha):
             return "cache", 0
-        before = _dir_size(self.store / "objects")
+        before = tree_size(self.store / "objects")
         via = self._fetch(sha, pr)
         self._git_checked(["update-ref", _pin_ref(sha), sha], what=f"pin {sha} in the cache")
-        return via, max(0, _dir_size(self.store / "objects") - before)
+        return via, max(0, tree_size(self.store / "objects") - before)
 
     def _fetch(self, sha: str, pr: int | None) -> str:
         """Fetch by SHA, then via refs/pull/<pr>/head (shallow, then deeper if it moved)."""
@@ -483,14 +484,3 @@ def _replace_dir(tmp: Path, dest: Path) -> None:
         os.replace(tmp, dest)
     except OSError as exc:
         raise CheckoutError(f"could not move the exported tree to {dest}: {exc}") from exc
-
-
-def _dir_size(root: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue
-    return total

@@ -32,7 +32,7 @@ def step_consistency(bundle: "Bundle") -> "StepResult":
     from kvprobe.verify import _result
 
     receipt = bundle.receipt
-    defects = citation_defects(receipt, bundle.listed()) + placement_defects(receipt)
+    defects = citation_defects(citations(receipt), bundle.listed()) + placement_defects(receipt)
     defects += record_defects(bundle)
     defects += recompute_defects(bundle)
     defects += pin_defects(receipt) + run_id_defects(receipt)
@@ -108,9 +108,10 @@ def citations(receipt: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
     return found
 
 
-def citation_defects(receipt: dict[str, Any], listed: dict[str, dict[str, Any]]) -> list[BundleDefect]:
+def citation_defects(cited: list[tuple[str, dict[str, str]]], listed: dict[str, dict[str, Any]]) -> list[BundleDefect]:
+    """Each cited file is in the manifest with the digest the receipt records."""
     found: list[BundleDefect] = []
-    for where, ref in citations(receipt):
+    for where, ref in cited:
         entry = listed.get(ref["path"])
         if entry is None:
             found.append(CitationNotInManifest(ref["path"], f"receipt {where} cites it; manifest.json does not list it"))
@@ -421,15 +422,8 @@ def step_gates_consistency(bundle: "Bundle") -> "StepResult":
     from kvprobe.gates import EXIT_FOR, Status, combine
     from kvprobe.verify import _result
 
-    receipt, listed = bundle.receipt, bundle.listed()
-    defects: list[BundleDefect] = []
-    for where, ref in gates_citations(receipt):
-        entry = listed.get(ref["path"])
-        if entry is None:
-            defects.append(CitationNotInManifest(ref["path"], f"receipt {where} cites it; manifest.json does not list it"))
-        elif entry["sha256"] != ref["sha256"]:
-            defects.append(CitationDigestMismatch(ref["path"], f"receipt {where} records sha256 {ref['sha256']}, "
-                                                               f"manifest.json lists {entry['sha256']}"))
+    receipt = bundle.receipt
+    defects = citation_defects(gates_citations(receipt), bundle.listed())
     gates = []
     for gate in receipt["gates"]:
         status = combine(Status(c["status"]) for c in gate["checks"] if c["decides"])
