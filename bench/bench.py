@@ -320,7 +320,7 @@ def dir_size(root: Path) -> int:
 
 def bench_git(figs: Figures, work: Path, commits: int) -> None:
     from kvprobe.git import GitSource
-    from kvprobe.models import GitPin
+    from kvprobe.model.records import GitPin
 
     _log(f"building a fake upstream: {commits} commits, 2 x 4 x 8 MiB files that left the tree")
     repo, base, head = make_upstream(work, commits)
@@ -416,7 +416,7 @@ def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
 
 def prepare_trees(exp, pin_set, work: Path) -> dict[str, Path]:
     """Each side's tree, materialized once through kvprobe's own sources (cache hits)."""
-    from kvprobe.models import SourceKind
+    from kvprobe.model.records import SourceKind
     from kvprobe.runner import default_cache_root
 
     trees = {}

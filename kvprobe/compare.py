@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping
 
-from kvprobe.models import FailureKind, Outcome, Transition, Verdict
+from kvprobe.model.records import FailureKind, Outcome, Transition, Verdict
 
 SIDES = ("base", "head")
 # Names what compare() computes; change it whenever its output for the same inputs changes,

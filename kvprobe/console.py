@@ -10,7 +10,7 @@ from typing import Any, Iterator
 from rich.console import Console
 from rich.table import Table
 
-from kvprobe.models import Experiment
+from kvprobe.model.records import Experiment
 from kvprobe.progress import Reporter
 
 _VERDICT_STYLE = {"reproduced": "bold green", "not-reproduced": "bold red",

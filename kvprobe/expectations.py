@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from kvprobe import tomltext
 from kvprobe.errors import CheckRunError, ExperimentError, UsageError
 from kvprobe.experiment import load_file
-from kvprobe.models import Experiment
+from kvprobe.model.records import Experiment
 
 SIDES = ("base", "head")
 _CASE_KEY_RE = re.compile(r"[a-z][a-z0-9_]*/[a-z0-9_.]+")

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvprobe import schema
 from kvprobe.errors import ExperimentError, SchemaError
-from kvprobe.models import (
+from kvprobe.model.records import (
     ID_RE, Experiment, Fix, GitPin, Layer, ModelPin, PinSet, ProbeCheck, Scope,
     SourceKind, TestCheck, WheelPin,
 )

@@ -234,7 +234,7 @@ class Target:
 def release_pins() -> dict[str, Any]:
     """version -> WheelPin for every sglang wheel the gate-2 experiments pin."""
     from kvprobe import experiment
-    from kvprobe.models import SourceKind
+    from kvprobe.model.records import SourceKind
 
     pins: dict[str, Any] = {}
     for exp_id in GATE_EXPERIMENTS:
@@ -285,7 +285,7 @@ def _target_from_dir(spec: str, path: Path, work: Path) -> Target:
 
 
 def _target_from_wheel(spec: str, path: Path, work: Path) -> Target:
-    from kvprobe.models import WheelPin
+    from kvprobe.model.records import WheelPin
     from kvprobe.wheel import _check_record, _safe_unzip
 
     parts = path.name[:-4].split("-")
@@ -371,7 +371,7 @@ def run_gate2(target: Target | None, opts: GateOptions, staging: Path, work: Pat
 
 
 def _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opts, reporter) -> _ProbeOutcome:
-    from kvprobe.models import Side
+    from kvprobe.model.records import Side
 
     probe_dir = staging / "probes" / exp.id
     probe_dir.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ import filelock
 from kvprobe import proc
 from kvprobe.cache import tree_size
 from kvprobe.errors import CheckoutError, FetchError, PinError, UsageError
-from kvprobe.models import GitPin
+from kvprobe.model.records import GitPin
 
 # Safety switches on every git invocation. The store's own config can add to these but
 # cannot turn them off, because -c wins over repository config.

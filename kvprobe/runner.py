@@ -20,7 +20,7 @@ from typing import Any, Callable
 from kvprobe import __version__, compare, manifest, probes, schema, upstream
 from kvprobe.bundle_readme import render_readme
 from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
-from kvprobe.models import EnvInfo, Experiment, PinSet, Side, SourceKind, Verdict
+from kvprobe.model.records import EnvInfo, Experiment, PinSet, Side, SourceKind, Verdict
 from kvprobe.progress import Reporter
 
 RECEIPT = "receipt.json"

@@ -32,7 +32,7 @@ from pathlib import Path
 from kvprobe import proc, tomltext
 from kvprobe.errors import FetchError, PinError, UsageError
 from kvprobe.experiment import FILENAME, load_file
-from kvprobe.models import ID_RE, GitPin, WheelPin
+from kvprobe.model.records import ID_RE, GitPin, WheelPin
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
 

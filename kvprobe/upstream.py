@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 
 from kvprobe import proc
 from kvprobe.errors import CheckRunError, SchemaError, UsageError
-from kvprobe.models import FailureKind, Outcome, TestResult, Transition
+from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition
 
 REPORT_SCHEMA = "kvprobe.pytest-report/1"
 REPORT_ENV = "KVPROBE_PYTEST_REPORT"

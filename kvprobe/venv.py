@@ -28,7 +28,7 @@ from filelock import FileLock
 
 from kvprobe import proc
 from kvprobe.errors import EnvBuildError, ExperimentError
-from kvprobe.models import EnvInfo
+from kvprobe.model.records import EnvInfo
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
 

@@ -18,7 +18,7 @@ from kvprobe.defects import (
     RawInvalid, RecomputeFailed, RecordMismatch, PinMismatch, RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
-from kvprobe.models import GitPin, ModelPin, WheelPin
+from kvprobe.model.records import GitPin, ModelPin, WheelPin
 
 if TYPE_CHECKING:
     from kvprobe.verify import Bundle, StepResult

@@ -13,7 +13,7 @@ from filelock import FileLock
 
 from kvprobe import proc
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError
-from kvprobe.models import WheelPin
+from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
 
 _CHUNK = 1 << 20

@@ -15,7 +15,7 @@ import pytest
 
 from kvprobe.errors import CheckoutError, FetchError, UsageError
 from kvprobe.git import GitSource
-from kvprobe.models import GitPin
+from kvprobe.model.records import GitPin
 from tests.fakeupstream import FakeUpstream, build_fake_upstream
 
 # The fake upstream's SHAs must be the same on every machine (fixed author, dates,

@@ -12,7 +12,7 @@ import pytest
 
 from kvprobe import proc
 from kvprobe.errors import CheckRunError, UsageError
-from kvprobe.models import FailureKind, Outcome, Transition
+from kvprobe.model.records import FailureKind, Outcome, Transition
 from kvprobe.upstream import (
     Overlay,
     TestFileRun,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError
-from kvprobe.models import WheelPin
+from kvprobe.model.records import WheelPin
 from kvprobe.wheel import WheelSource, platform_args
 from tests.wheelfactory import build_wheel
 

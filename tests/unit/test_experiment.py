@@ -8,7 +8,7 @@ import pytest
 
 from kvprobe import experiment
 from kvprobe.errors import ExperimentError
-from kvprobe.models import Layer, SourceKind
+from kvprobe.model.records import Layer, SourceKind
 
 GOOD = """
 schema = "kvprobe.experiment/1"

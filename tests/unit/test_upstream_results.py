@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import SchemaError
-from kvprobe import models
-from kvprobe.models import FailureKind, Outcome, Transition
+from kvprobe.model import records as models
+from kvprobe.model.records import FailureKind, Outcome, Transition
 from kvprobe.proc import CommandResult
 from kvprobe.upstream import (
     REPORT_SCHEMA,

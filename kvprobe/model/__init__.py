@@ -1,0 +1,1 @@
+"""Typed records shared by the core: pins, experiments, test results, env info."""
