@@ -369,7 +369,7 @@ def _recorder():
 
 
 def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
-    from kvprobe import experiment
+    from kvprobe.experiments import experiment
     from kvprobe.errors import KvprobeError
     from kvprobe.runner import default_cache_root
     from kvprobe.venv import EnvManager, find_python, load_profile
@@ -487,7 +487,7 @@ def kvprobe_run(work: Path, jobs: int, keep: list[Path]) -> float:
 
 
 def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
-    from kvprobe import experiment
+    from kvprobe.experiments import experiment
     from kvprobe.runner import default_cache_root
     from kvprobe.venv import EnvManager, load_profile
 

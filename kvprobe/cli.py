@@ -66,7 +66,7 @@ def main(debug: bool) -> None:
 @guarded
 def list_cmd(as_json: bool) -> int:
     """List the experiments kvprobe knows."""
-    from kvprobe import experiment
+    from kvprobe.experiments import experiment
 
     exps = [experiment.load(i, validate=False) for i in experiment.list_ids()]  # fast start
     if as_json:
@@ -85,7 +85,7 @@ def list_cmd(as_json: bool) -> int:
 @guarded
 def show_cmd(experiment_id: str, as_json: bool) -> int:
     """Show one experiment in full: pins, checks, expectations, scope."""
-    from kvprobe import experiment
+    from kvprobe.experiments import experiment
 
     exp = experiment.load(experiment_id)
     if as_json:
@@ -133,7 +133,7 @@ def _run_options(pins, out, repo, torch_index, jobs, timeout):
 @guarded
 def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json, record=False, yes=False) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not)."""
-    from kvprobe import experiment
+    from kvprobe.experiments import experiment
     from kvprobe.console import RichReporter, print_run_summary, stderr_console
     from kvprobe.runner import run_experiment
 
@@ -372,7 +372,7 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
 
 def _record_expectations(exp, receipt, console, yes: bool) -> int:
     """Show what the run observed, confirm, write it as the experiment's expectations."""
-    from kvprobe import expectations
+    from kvprobe.experiments import expectations
     from kvprobe.console import print_recording
 
     recording = expectations.plan(exp, receipt)
@@ -414,7 +414,7 @@ def new_cmd(experiment_id, base, head, pr, repo, tests, release_base, release_he
     both. Wheel-only needs just PyPI (no git is run): the probe runs on both wheels, and there
     are no upstream tests, since wheels carry none.
     """
-    from kvprobe import scaffold
+    from kvprobe.experiments import scaffold
     from kvprobe.console import RichReporter, stderr_console
     from kvprobe.runner import default_cache_root
 

@@ -233,7 +233,7 @@ class Target:
 
 def release_pins() -> dict[str, Any]:
     """version -> WheelPin for every sglang wheel the gate-2 experiments pin."""
-    from kvprobe import experiment
+    from kvprobe.experiments import experiment
     from kvprobe.model.records import SourceKind
 
     pins: dict[str, Any] = {}
@@ -356,7 +356,7 @@ def run_gate2(target: Target | None, opts: GateOptions, staging: Path, work: Pat
     if target is None:
         return Gate(2, title, (Check("probes", Status.UNKNOWN,
                                      "no SGLang given: pass --sglang PATH|WHEEL|VERSION"),)), [], None
-    from kvprobe import experiment
+    from kvprobe.experiments import experiment
 
     run_opts = runner.RunOptions(cache_root=opts.cache_root, torch_index=opts.torch_index)
     checks, refs, env = [], [], None

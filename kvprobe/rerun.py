@@ -47,7 +47,7 @@ def rerun(bundle: "Bundle", opts: "RerunOptions", reporter: Reporter | None = No
 
 def _bundled_experiment(bundle: "Bundle", work: Path):
     """Copy probes/<id>/ (manifest-listed, already verified) out, then load it."""
-    from kvprobe.experiment import load_file
+    from kvprobe.experiments.experiment import load_file
 
     exp_id = bundle.receipt["experiment"]["id"]
     prefix = f"probes/{exp_id}/"

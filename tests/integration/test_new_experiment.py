@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
-from kvprobe.experiment import load_file
+from kvprobe.experiments.experiment import load_file
 from tests.fakeupstream import build_fake_upstream
 from tests.wheelfactory import build_wheel
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprobe import experiment
+from kvprobe.experiments import experiment
 from kvprobe.cli import main
 from kvprobe.runner import RunOptions, run_experiment
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe import tomltext
-from kvprobe.expectations import Recording, render_section, replace_section
+from kvprobe.experiments import tomltext
+from kvprobe.experiments.expectations import Recording, render_section, replace_section
 
 PROBES = Path(__file__).resolve().parents[2] / "probes"
 

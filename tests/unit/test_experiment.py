@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe import experiment
+from kvprobe.experiments import experiment
 from kvprobe.errors import ExperimentError
 from kvprobe.model.records import Layer, SourceKind
 

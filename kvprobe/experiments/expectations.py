@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvprobe import tomltext
+from kvprobe.experiments import tomltext
 from kvprobe.errors import CheckRunError, ExperimentError, UsageError
-from kvprobe.experiment import load_file
+from kvprobe.experiments.experiment import load_file
 from kvprobe.model.records import Experiment
 
 SIDES = ("base", "head")
@@ -77,7 +77,7 @@ def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
 
 
 def _refuse_template(receipt: Mapping[str, Any]) -> None:
-    from kvprobe.scaffold import TEMPLATE_MOCKS
+    from kvprobe.experiments.scaffold import TEMPLATE_MOCKS
 
     for probe, mocks in receipt["evidence"]["mocks"].items():
         if set(TEMPLATE_MOCKS) & set(mocks):

@@ -14,7 +14,7 @@ Order of checks (cheap and local first, so bad input never starts git or pip):
 4. pip: for ``--release-base/--release-head``, the wheel is downloaded once to read its
    exact file name and sha256;
 5. the files are written into a temp folder, loaded back with
-   :func:`kvprobe.experiment.load_file`, then renamed into place.
+   :func:`kvprobe.experiments.experiment.load_file`, then renamed into place.
 
 Errors: an unknown commit in a repository that answers is bad input (PinError, exit 2);
 a repository that cannot be reached is FetchError (exit 3, could not observe).
@@ -29,9 +29,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvprobe import proc, tomltext
+from kvprobe import proc
+from kvprobe.experiments import tomltext
 from kvprobe.errors import FetchError, PinError, UsageError
-from kvprobe.experiment import FILENAME, load_file
+from kvprobe.experiments.experiment import FILENAME, load_file
 from kvprobe.model.records import ID_RE, GitPin, WheelPin
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs

@@ -1,0 +1,1 @@
+"""experiment.toml and profiles: load, validate, scaffold (`kvprobe new`), record expectations."""
