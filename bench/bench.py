@@ -319,7 +319,7 @@ def dir_size(root: Path) -> int:
 
 
 def bench_git(figs: Figures, work: Path, commits: int) -> None:
-    from kvprobe.git import GitSource
+    from kvprobe.sources.git import GitSource
     from kvprobe.model.records import GitPin
 
     _log(f"building a fake upstream: {commits} commits, 2 x 4 x 8 MiB files that left the tree")
@@ -373,7 +373,7 @@ def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
     from kvprobe.errors import KvprobeError
     from kvprobe.runner import default_cache_root
     from kvprobe.venv import EnvManager, find_python, load_profile
-    from kvprobe.wheel import WheelSource
+    from kvprobe.sources.wheel import WheelSource
 
     root = default_cache_root()
     exp = experiment.load(EXPERIMENT)
@@ -427,11 +427,11 @@ def prepare_trees(exp, pin_set, work: Path) -> dict[str, Path]:
         tree.parent.mkdir(parents=True)
         pin = getattr(pin_set, side)
         if pin_set.kind is SourceKind.WHEEL:
-            from kvprobe.wheel import WheelSource
+            from kvprobe.sources.wheel import WheelSource
 
             WheelSource(default_cache_root()).materialize(pin, tree)
         elif pin_set.kind is SourceKind.GIT:
-            from kvprobe.git import GitSource
+            from kvprobe.sources.git import GitSource
 
             GitSource(exp.upstream, default_cache_root()).materialize(pin, tree, pr=pin_set.pr)
         else:

@@ -33,7 +33,7 @@ from filelock import FileLock, Timeout
 from kvprobe.errors import UsageError
 
 ENV_MARKER = "kvprobe-env.json"  # kvprobe.venv.MARKER (not imported: cache needs none of venv)
-GIT_URL_MARKER = "kvprobe-url"  # kvprobe.git.URL_MARKER
+GIT_URL_MARKER = "kvprobe-url"  # kvprobe.sources.git.URL_MARKER
 KIND_DIRS = {"git": "git", "wheel": "wheels", "env": "envs"}
 PARTIAL_PREFIXES = (".build-", ".download-")
 TRASH_PREFIX = ".trash-"

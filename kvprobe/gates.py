@@ -257,7 +257,7 @@ def resolve_target(spec: str, work: Path, cache_root: Path, reporter: Reporter) 
         if spec not in pins:
             raise UsageError(f"--sglang {spec}: no pinned wheel for this version (pinned: "
                              f"{', '.join(sorted(pins))}); pass a wheel file or an installed package path")
-        from kvprobe.wheel import WheelSource
+        from kvprobe.sources.wheel import WheelSource
 
         tree = work / "target" / "tree"
         tree.parent.mkdir(parents=True)
@@ -286,7 +286,7 @@ def _target_from_dir(spec: str, path: Path, work: Path) -> Target:
 
 def _target_from_wheel(spec: str, path: Path, work: Path) -> Target:
     from kvprobe.model.records import WheelPin
-    from kvprobe.wheel import _check_record, _safe_unzip
+    from kvprobe.sources.wheel import _check_record, _safe_unzip
 
     parts = path.name[:-4].split("-")
     digest = manifest.sha256_file(path)

@@ -144,7 +144,7 @@ def _materialize_side(source, pin_set, side, work, reporter) -> dict[str, Any]:
 
 def _source(exp, pin_set, opts, reporter):
     if opts.repo is not None and pin_set.kind is not SourceKind.GIT:
-        from kvprobe.git import validate_url
+        from kvprobe.sources.git import validate_url
 
         validate_url(opts.repo)  # a hostile value is named as such, not just as misplaced
         raise UsageError(f"--repo applies to git pin sets; {exp.id} pin set {pin_set.name!r} is "
@@ -152,10 +152,10 @@ def _source(exp, pin_set, opts, reporter):
     if pin_set.kind is SourceKind.SYNTHETIC:
         return None
     if pin_set.kind is SourceKind.WHEEL:
-        from kvprobe.wheel import WheelSource
+        from kvprobe.sources.wheel import WheelSource
 
         return WheelSource(opts.cache_root, reporter=reporter)
-    from kvprobe.git import GitSource, validate_url
+    from kvprobe.sources.git import GitSource, validate_url
 
     url = validate_url(opts.repo or exp.upstream or "")
     return _GitWithHints(GitSource(url, opts.cache_root), exp, pin_set, opts.repo is not None)

@@ -106,7 +106,7 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
 
 def check_local(spec: NewSpec) -> tuple[str, tuple[str, ...]]:
     """Everything checkable without a process; returns (validated URL, test paths)."""
-    from kvprobe.git import validate_pr, validate_rel_path, validate_sha, validate_url
+    from kvprobe.sources.git import validate_pr, validate_rel_path, validate_sha, validate_url
 
     check_id(spec.experiment_id)
     check_free(spec.experiment_id, spec.probes_dir)
@@ -187,7 +187,7 @@ def _check_profile(name: str) -> None:
 def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path,
                    reporter: Reporter) -> str | None:
     """Fetch both commits, read each test at head; returns the python path found at head."""
-    from kvprobe.git import GitSource
+    from kvprobe.sources.git import GitSource
 
     source = GitSource(url, cache_root)
     for side, sha in (("base", spec.base), ("head", spec.head)):
@@ -254,7 +254,7 @@ def _profile_python(profile: str) -> str | None:
 def lookup_wheel(package: str, version: str, python: str | None = None) -> WheelPin:
     """Download ``package==version``'s wheel for this platform (and ``python``) with pip into a
     temp dir; return its exact file name and sha256. FetchError if pip cannot get one wheel."""
-    from kvprobe.wheel import sha256_file
+    from kvprobe.sources.wheel import sha256_file
 
     with tempfile.TemporaryDirectory(prefix="kvprobe-new-wheel-") as scratch:
         out = Path(scratch, "out")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import CheckoutError, FetchError, UsageError
-from kvprobe.git import GitSource
+from kvprobe.sources.git import GitSource
 from kvprobe.model.records import GitPin
 from tests.fakeupstream import FakeUpstream, build_fake_upstream
 

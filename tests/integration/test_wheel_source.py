@@ -9,7 +9,7 @@ import pytest
 
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError
 from kvprobe.model.records import WheelPin
-from kvprobe.wheel import WheelSource, platform_args
+from kvprobe.sources.wheel import WheelSource, platform_args
 from tests.wheelfactory import build_wheel
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe import git, proc
+from kvprobe import proc
+from kvprobe.sources import git
 from kvprobe.errors import CheckoutError, PinError, UsageError
-from kvprobe.git import (
+from kvprobe.sources.git import (
     GitSource, compare_trees, store_key, validate_pr, validate_rel_path, validate_sha,
     validate_url,
 )
