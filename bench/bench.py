@@ -372,7 +372,7 @@ def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
     from kvprobe.experiments import experiment
     from kvprobe.errors import KvprobeError
     from kvprobe.runner import default_cache_root
-    from kvprobe.venv import EnvManager, find_python, load_profile
+    from kvprobe.env.venv import EnvManager, find_python, load_profile
     from kvprobe.sources.wheel import WheelSource
 
     root = default_cache_root()
@@ -489,7 +489,7 @@ def kvprobe_run(work: Path, jobs: int, keep: list[Path]) -> float:
 def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
     from kvprobe.experiments import experiment
     from kvprobe.runner import default_cache_root
-    from kvprobe.venv import EnvManager, load_profile
+    from kvprobe.env.venv import EnvManager, load_profile
 
     exp = experiment.load(EXPERIMENT)
     pin_set = exp.pin_sets[exp.default_pin_set]

@@ -326,7 +326,7 @@ def cache_ls_cmd(as_json: bool) -> int:
     """List cache entries: kind, key, size, last used."""
     import time
 
-    from kvprobe import cache
+    from kvprobe.env import cache
 
     root = _cache_root()
     entries = cache.scan(root)
@@ -354,7 +354,7 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
     entries go with --older-than or --all. Entries whose lock is held, envs a run is
     using, and builds younger than a few hours are skipped and named.
     """
-    from kvprobe import cache
+    from kvprobe.env import cache
 
     outcomes = cache.prune(_cache_root(), older_than_days=older_than, everything=everything,
                            dry_run=dry_run)

@@ -230,7 +230,7 @@ def print_cache(console: Console, root: str, entries: list[Any], now: float) -> 
     """`kvprobe cache ls`: one row per entry, newest use last, and the total."""
     from rich.markup import escape
 
-    from kvprobe.cache import human_size
+    from kvprobe.env.cache import human_size
 
     table = Table(title=f"cache {escape(root)}", title_justify="left")
     for col in ("kind", "key", "size", "last used"):
@@ -248,7 +248,7 @@ def print_prune(console: Console, outcomes: list[Any], dry_run: bool) -> None:
     """`kvprobe cache prune`: what went (or would go), what stayed and why, bytes freed."""
     from rich.markup import escape
 
-    from kvprobe.cache import human_size
+    from kvprobe.env.cache import human_size
 
     for o in outcomes:
         mark = {"deleted": "[green]deleted[/]", "would-delete": "[yellow]would delete[/]"}.get(

@@ -202,7 +202,7 @@ def _environment(exp, pin_set, opts, reporter, held=None) -> tuple[dict[str, Any
                  "lock_name": None, "lock_sha256": None, "torch": None, "torch_index": None,
                  "packages": {"hypothesis": hypothesis.__version__, "kvprobe": __version__},
                  "shared_by_sides": True}, sys.executable, {})
-    from kvprobe.venv import EnvManager, load_profile
+    from kvprobe.env.venv import EnvManager, load_profile
 
     profile = load_profile(exp.profile)
     info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(

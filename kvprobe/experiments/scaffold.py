@@ -177,7 +177,7 @@ def _check_release_args(spec: NewSpec) -> None:
 
 
 def _check_profile(name: str) -> None:
-    from kvprobe.venv import load_profile
+    from kvprobe.env.venv import load_profile
 
     load_profile(name)
 
@@ -245,7 +245,7 @@ def _lookup_releases(spec: NewSpec, reporter: Reporter) -> tuple[WheelPin, Wheel
 
 
 def _profile_python(profile: str) -> str | None:
-    from kvprobe.venv import load_profile
+    from kvprobe.env.venv import load_profile
 
     python = load_profile(profile).python
     return python if _PYTHON_XY_RE.fullmatch(python) else None

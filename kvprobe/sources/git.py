@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import filelock
 
 from kvprobe import proc
-from kvprobe.cache import tree_size
+from kvprobe.env.cache import tree_size
 from kvprobe.errors import CheckoutError, FetchError, PinError, UsageError
 from kvprobe.model.records import GitPin
 

@@ -10,7 +10,7 @@ import pytest
 
 from kvprobe.errors import EnvBuildError
 from kvprobe.progress import Reporter
-from kvprobe.venv import MARKER, EnvManager, Profile, load_profile, split_lock
+from kvprobe.env.venv import MARKER, EnvManager, Profile, load_profile, split_lock
 
 
 class Counting(Reporter):
@@ -72,7 +72,7 @@ def test_incomplete_env_without_marker_is_rebuilt(built):
 def test_lock_content_is_the_key(built):
     _, manager, profile, _, _ = built
     other = Profile(profile.name, "", profile.python, profile.lock_name, profile.lock_bytes + b"\n# changed\n")
-    from kvprobe.venv import find_python
+    from kvprobe.env.venv import find_python
 
     python = find_python(profile.python)
     assert manager.key(profile, python, None) != manager.key(other, python, None)

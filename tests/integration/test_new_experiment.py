@@ -303,7 +303,7 @@ def wheel_index(world, tmp_path, monkeypatch) -> dict[str, Path]:
 
     The pytest-minimal env is built (or reused) in the test cache first, while pip can still
     reach its index; the runner then only downloads the two wheels from the local dir."""
-    from kvprobe.venv import EnvManager, load_profile
+    from kvprobe.env.venv import EnvManager, load_profile
 
     EnvManager(world["cache"]).ensure(load_profile("pytest-minimal"))
     index = tmp_path / "wheel-index"

@@ -1,4 +1,4 @@
-"""kvprobe.cache and `kvprobe cache`: fake cache trees, real file locks, no subprocesses."""
+"""kvprobe.env.cache and `kvprobe cache`: fake cache trees, real file locks, no subprocesses."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from filelock import FileLock
 
-from kvprobe import cache
+from kvprobe.env import cache
 from kvprobe.cli import main
 from kvprobe.errors import UsageError
 

@@ -32,7 +32,7 @@ from filelock import FileLock, Timeout
 
 from kvprobe.errors import UsageError
 
-ENV_MARKER = "kvprobe-env.json"  # kvprobe.venv.MARKER (not imported: cache needs none of venv)
+ENV_MARKER = "kvprobe-env.json"  # kvprobe.env.venv.MARKER (not imported: cache needs none of venv)
 GIT_URL_MARKER = "kvprobe-url"  # kvprobe.sources.git.URL_MARKER
 KIND_DIRS = {"git": "git", "wheel": "wheels", "env": "envs"}
 PARTIAL_PREFIXES = (".build-", ".download-")

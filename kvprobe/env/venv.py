@@ -214,7 +214,7 @@ class EnvManager:
 
 @contextlib.contextmanager
 def _lease(env_dir: Path) -> Iterator[None]:
-    """Hold ``envs/<name>.users/<unique>.lock`` while a run uses the env (see kvprobe.cache)."""
+    """Hold ``envs/<name>.users/<unique>.lock`` while a run uses the env (see kvprobe.env.cache)."""
     users = env_dir.parent / f"{env_dir.name}.users"
     users.mkdir(exist_ok=True)
     path = users / f"{os.getpid()}-{uuid.uuid4().hex[:12]}.lock"
