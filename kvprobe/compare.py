@@ -70,7 +70,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def test_rows(test_runs: Mapping[str, Mapping[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
     """Per-test transitions and per-file summaries from the two sides' test-run records."""
-    from kvprobe.upstream import results_from_report, transitions
+    from kvprobe.checks.upstream import results_from_report, transitions
 
     rows, summary = [], {}
     for path, sides in sorted(test_runs.items()):

@@ -17,7 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from kvprobe import __version__, compare, manifest, probes, schema, upstream
+from kvprobe import __version__, compare, manifest, schema
+from kvprobe.checks import probes
+from kvprobe.checks import upstream
 from kvprobe.bundle_readme import render_readme
 from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
 from kvprobe.model.records import EnvInfo, Experiment, PinSet, Side, SourceKind, Verdict

@@ -194,7 +194,7 @@ def record_defects(bundle: "Bundle") -> list[BundleDefect]:
 
 
 def _probe_record(rel: str, doc: dict[str, Any], record: dict[str, Any]) -> list[BundleDefect]:
-    from kvprobe.probes import check_output
+    from kvprobe.checks.probes import check_output
     from kvprobe.errors import SchemaError
 
     found: list[BundleDefect] = []

@@ -13,7 +13,7 @@ import pytest
 from kvprobe import proc
 from kvprobe.errors import CheckRunError, UsageError
 from kvprobe.model.records import FailureKind, Outcome, Transition
-from kvprobe.upstream import (
+from kvprobe.checks.upstream import (
     Overlay,
     TestFileRun,
     load_report,

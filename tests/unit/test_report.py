@@ -16,7 +16,7 @@ from kvprobe import compare, manifest, report, schema
 from kvprobe.cli import main
 from kvprobe.errors import SchemaError, UsageError, VerificationFailed
 from kvprobe.resources import schemas_dir
-from kvprobe.upstream import REPORT_SCHEMA
+from kvprobe.checks.upstream import REPORT_SCHEMA
 
 TEST_FILE = "test/unit/test_door.py"
 HOSTILE = "a|b\nc\\|d `tick` <b>x</b> | end"

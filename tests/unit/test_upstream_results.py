@@ -12,7 +12,7 @@ from kvprobe.errors import SchemaError
 from kvprobe.model import records as models
 from kvprobe.model.records import FailureKind, Outcome, Transition
 from kvprobe.proc import CommandResult
-from kvprobe.upstream import (
+from kvprobe.checks.upstream import (
     REPORT_SCHEMA,
     count_results,
     failure_kinds,

@@ -24,11 +24,11 @@ from typing import Any, Iterable, Mapping
 from kvprobe import proc
 from kvprobe.errors import CheckRunError, SchemaError, UsageError
 from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition
+from kvprobe.resources import probe_api_dir
 
 REPORT_SCHEMA = "kvprobe.pytest-report/1"
 REPORT_ENV = "KVPROBE_PYTEST_REPORT"
 PLUGIN_MODULE = "kvprobe_pytest_report"
-PROBE_API_DIR = Path(__file__).resolve().parent / "probe_api"
 # Deterministic SGLang test behaviour: no retries (CustomTestCase), not "in CI".
 PINNED_ENV = {
     "SGLANG_TEST_MAX_RETRY": "0",
@@ -253,7 +253,7 @@ def _checked_extra(env_extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def _python_path(entries: Iterable[Path]) -> list[str]:
-    return [str(Path(p).absolute()) for p in entries] + [str(PROBE_API_DIR)]
+    return [str(Path(p).absolute()) for p in entries] + [str(probe_api_dir())]
 
 
 def _remove_stale(*paths: Path) -> None:

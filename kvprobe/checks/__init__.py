@@ -1,0 +1,1 @@
+"""The checks that run on a side: upstream pytest files and kvprobe probes, and their results."""
