@@ -28,7 +28,7 @@ from kvprobe.defects import (
     BundleDefect, BundleTooLarge, FileTooLarge, NameCollision, NotABundle, TooManyFiles,
 )
 from kvprobe.errors import BundleExistsError, UsageError
-from kvprobe.safetree import Limits, Tree, display, find_collisions, path_problem
+from kvprobe.evidence.safetree import Limits, Tree, display, find_collisions, path_problem
 
 _DIR_MODE, _FILE_MODE = 0o755, 0o644
 _HEADER_ALLOWANCE = 64 << 10  # per member: tar and PAX headers in the decompressed stream
@@ -82,7 +82,7 @@ def _write_atomic(bundle: Path, out: Path, top: str, limits: Limits) -> str:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    from kvprobe.manifest import sha256_file
+    from kvprobe.evidence.manifest import sha256_file
 
     return sha256_file(out)
 

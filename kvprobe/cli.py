@@ -229,7 +229,7 @@ _VERIFY_EXIT = {"verified": EXIT_OK, "failed": EXIT_FAIL, "could-not-rerun": EXI
 
 def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--max-files / --max-file-bytes / --max-bytes: caps that keep a hostile bundle cheap."""
-    from kvprobe.safetree import Limits
+    from kvprobe.evidence.safetree import Limits
 
     defaults = Limits()
     for option in (
@@ -245,7 +245,7 @@ def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _limits(max_files: int, max_file_bytes: int, max_bytes: int):
-    from kvprobe.safetree import Limits
+    from kvprobe.evidence.safetree import Limits
 
     return Limits(max_files=max_files, max_file_bytes=max_file_bytes, max_total_bytes=max_bytes)
 

@@ -29,7 +29,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable
 
-from kvprobe import __version__, compare, manifest, runner, serverlog
+from kvprobe import __version__, runner, serverlog
+from kvprobe.evidence import compare
+from kvprobe.evidence import manifest
 from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.fixmarkers import CodeSettings, Presence, Tree, code_settings, find_all
 from kvprobe.progress import Reporter

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 from urllib.parse import quote, urlsplit
 
 from kvprobe import __version__
-from kvprobe import manifest as manifest_mod
+from kvprobe.evidence import manifest as manifest_mod
 from kvprobe.errors import SchemaError, UsageError, VerificationFailed
 
 FORMATS = ("markdown", "openvex", "intoto")

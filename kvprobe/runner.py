@@ -17,10 +17,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from kvprobe import __version__, compare, manifest, schema
+from kvprobe import __version__, schema
+from kvprobe.evidence import compare
+from kvprobe.evidence import manifest
 from kvprobe.checks import probes
 from kvprobe.checks import upstream
-from kvprobe.bundle_readme import render_readme
+from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
 from kvprobe.model.records import EnvInfo, Experiment, PinSet, Side, SourceKind, Verdict
 from kvprobe.progress import Reporter

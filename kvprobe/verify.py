@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvprobe import manifest as manifest_mod
+from kvprobe.evidence import manifest as manifest_mod
 from kvprobe import schema
 from kvprobe.defects import (
     BundleDefect, ManifestDigestMismatch, MissingRequired, NotABundle, SchemaViolation, TomlMalformed,
@@ -23,8 +23,8 @@ from kvprobe.defects import (
 )
 from kvprobe.errors import SchemaError, UsageError
 from kvprobe.progress import Reporter
-from kvprobe.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
-from kvprobe.strict_json import loads as strict_loads
+from kvprobe.evidence.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
+from kvprobe.evidence.strict_json import loads as strict_loads
 
 RECEIPT, MANIFEST, SUMS = "receipt.json", manifest_mod.MANIFEST, manifest_mod.SUMS
 REQUIRED = (RECEIPT, MANIFEST, SUMS)

@@ -1,6 +1,6 @@
 """Step 4: the receipt agrees with the raw outputs, the manifest and the bundled experiment.
 
-The comparison and verdict are recomputed with :func:`kvprobe.compare.compare` from the raw
+The comparison and verdict are recomputed with :func:`kvprobe.evidence.compare.compare` from the raw
 outputs and the receipt's expectations, and must equal what the receipt states: re-hashing
 forged files passes step 3 but not this step.
 """
@@ -242,7 +242,7 @@ def recompute_inputs(bundle: "Bundle") -> tuple[dict, dict, dict] | None:
 
 
 def recompute_defects(bundle: "Bundle") -> list[BundleDefect]:
-    from kvprobe import compare
+    from kvprobe.evidence import compare
 
     receipt = bundle.receipt
     made_by = receipt["comparison"].get("algorithm", "kvprobe.compare/1")

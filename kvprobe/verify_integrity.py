@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from kvprobe import manifest as manifest_mod
+from kvprobe.evidence import manifest as manifest_mod
 from kvprobe.defects import (
     BundleDefect, DuplicateEntry, FileDigestMismatch, ManifestNotCanonical, MissingFile, NotRegular,
     OversizedClaim, ReservedEntry, SizeMismatch, SumsBsdStyle, SumsCrlf, SumsMalformed, SumsMismatch,
     SumsNotCanonical, SumsUppercaseHex, UnlistedFile, UnsafePath,
 )
-from kvprobe.safetree import NotRegularFile, path_problem
+from kvprobe.evidence.safetree import NotRegularFile, path_problem
 
 if TYPE_CHECKING:
     from kvprobe.verify import Bundle

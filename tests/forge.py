@@ -18,7 +18,9 @@ import tarfile
 from pathlib import Path
 from typing import Any, Callable
 
-from kvprobe import compare, manifest, schema
+from kvprobe import schema
+from kvprobe.evidence import compare
+from kvprobe.evidence import manifest
 
 EXP_ID = "forge-exp"
 PIN_SET = "commits"

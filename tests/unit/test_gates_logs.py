@@ -428,7 +428,7 @@ def test_cli_writes_a_receipt_and_exits_1_on_the_incident_pool(tmp_path):
 
 
 def test_gates_bundle_verifies_and_a_forged_gate_fails(tmp_path):
-    from kvprobe import manifest
+    from kvprobe.evidence import manifest
 
     p = write(tmp_path, "prefill.log", startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
     d = write(tmp_path, "decode.log", startup_log("0.5.22", "decode", RAISED_POOL, GLM_CONTEXT))

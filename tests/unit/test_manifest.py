@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from kvprobe import manifest
+from kvprobe.evidence import manifest
 
 
 def test_manifest_and_sums_cover_every_other_file(tmp_path):

@@ -12,7 +12,9 @@ import pytest
 from click.testing import CliRunner
 from jsonschema import Draft202012Validator, FormatChecker
 
-from kvprobe import compare, manifest, report, schema
+from kvprobe import report, schema
+from kvprobe.evidence import compare
+from kvprobe.evidence import manifest
 from kvprobe.cli import main
 from kvprobe.errors import SchemaError, UsageError, VerificationFailed
 from kvprobe.resources import schemas_dir

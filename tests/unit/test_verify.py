@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprobe import manifest
+from kvprobe.evidence import manifest
 from kvprobe.cli import main
 from tests import forge
 
@@ -637,7 +637,7 @@ def test_manifest_module_digest_is_the_bundle_digest(env):
 
 
 def test_bundle_from_another_comparison_algorithm_is_named_not_called_forged(env, tmp_path):
-    from kvprobe import manifest
+    from kvprobe.evidence import manifest
 
     bundle = forge.copy(env["bundle"], tmp_path / "other-algorithm")
     receipt = forge.load(bundle, "receipt.json")
