@@ -268,7 +268,7 @@ def verify_cmd(bundle, expect_digest, rerun, repo, torch_index, timeout, max_fil
     """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
     2 not a bundle, 3 could not re-run)."""
     from kvprobe.console import RichReporter, print_verify_report, stderr_console
-    from kvprobe.verify import RerunOptions, VerifyOptions, parse_digest, verify
+    from kvprobe.verify.steps import RerunOptions, VerifyOptions, parse_digest, verify
 
     opts = VerifyOptions(limits=_limits(max_files, max_file_bytes, max_bytes),
                          expect_manifest_sha256=parse_digest(expect_digest),
@@ -295,7 +295,7 @@ def bundle_group() -> None:
 @guarded
 def bundle_pack_cmd(bundle_dir, output, max_files, max_file_bytes, max_bytes, as_json) -> int:
     """Verify BUNDLE_DIR, then write a deterministic .tar.gz of it (same bundle, same bytes)."""
-    from kvprobe.bundle_pack import pack
+    from kvprobe.verify.pack import pack
 
     result = pack(bundle_dir, output, _limits(max_files, max_file_bytes, max_bytes))
     click.echo(f"wrote {result.archive} (sha256 {result.sha256}; manifest sha256 {result.manifest_sha256})",

@@ -18,13 +18,13 @@ from kvprobe.errors import ExperimentError, ObserveError, UsageError
 from kvprobe.progress import Reporter
 
 if TYPE_CHECKING:
-    from kvprobe.verify import Bundle, RerunOptions, StepResult
+    from kvprobe.verify.steps import Bundle, RerunOptions, StepResult
 
 SIDES = ("base", "head")
 
 
 def rerun(bundle: "Bundle", opts: "RerunOptions", reporter: Reporter | None = None) -> "StepResult":
-    from kvprobe.verify import StepResult, _result
+    from kvprobe.verify.steps import StepResult, _result
 
     work = Path(tempfile.mkdtemp(prefix="kvprobe-rerun-"))
     try:

@@ -403,7 +403,7 @@ def _write_bundle(exp, receipt, staging: Path, final: Path) -> RunResult:
 
 def _verify_on_write(staging: Path) -> None:
     """The bundle must pass the same offline verification a reader will run on it."""
-    from kvprobe.verify import verify
+    from kvprobe.verify.steps import verify
 
     report = verify(staging)
     if report.outcome != "verified":

@@ -622,7 +622,7 @@ def test_rerun_is_skipped_for_a_bundle_that_does_not_verify(env, monkeypatch):
 def test_verification_is_fast(env):
     import time
 
-    from kvprobe.verify import verify as verify_api
+    from kvprobe.verify.steps import verify as verify_api
 
     verify_api(env["bundle"])  # warm imports
     started = time.perf_counter()

@@ -15,7 +15,7 @@ from kvprobe.defects import (
 from kvprobe.evidence.safetree import NotRegularFile, path_problem
 
 if TYPE_CHECKING:
-    from kvprobe.verify import Bundle
+    from kvprobe.verify.steps import Bundle
 
 MANIFEST, SUMS = manifest_mod.MANIFEST, manifest_mod.SUMS
 _SUMS_LINE = re.compile(r"([0-9A-Fa-f]{64}) ([ *])(.*)")
@@ -100,7 +100,7 @@ def unlisted_defects(bundle: "Bundle") -> list[BundleDefect]:
 
 def sums_defects(bundle: "Bundle") -> list[BundleDefect]:
     """Byte-identical to the canonical render; when not, say exactly how it differs."""
-    from kvprobe.verify import _read
+    from kvprobe.verify.steps import _read
 
     defects: list[BundleDefect] = []
     data = _read(bundle, SUMS, bundle.limits.max_json_bytes, defects)

@@ -21,7 +21,7 @@ from kvprobe.errors import KvprobeError
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 
 if TYPE_CHECKING:
-    from kvprobe.verify import Bundle, StepResult
+    from kvprobe.verify.steps import Bundle, StepResult
 
 SIDES = ("base", "head")
 RECEIPT = "receipt.json"
@@ -29,7 +29,7 @@ _MAX_DIFFS = 8
 
 
 def step_consistency(bundle: "Bundle") -> "StepResult":
-    from kvprobe.verify import _result
+    from kvprobe.verify.steps import _result
 
     receipt = bundle.receipt
     defects = citation_defects(citations(receipt), bundle.listed()) + placement_defects(receipt)
@@ -178,7 +178,7 @@ def _sides_share_probes(receipt: dict[str, Any]) -> list[BundleDefect]:
 # --- records vs raw outputs --------------------------------------------------------------
 
 def record_defects(bundle: "Bundle") -> list[BundleDefect]:
-    from kvprobe.verify import cited_raw
+    from kvprobe.verify.steps import cited_raw
 
     found: list[BundleDefect] = []
     for side in SIDES:
@@ -420,7 +420,7 @@ def gates_citations(node: Any, where: str = "") -> list[tuple[str, dict[str, str
 def step_gates_consistency(bundle: "Bundle") -> "StepResult":
     """Cited files are the manifest's; each gate and the overall result follow from the checks."""
     from kvprobe.gates import EXIT_FOR, Status, combine
-    from kvprobe.verify import _result
+    from kvprobe.verify.steps import _result
 
     receipt = bundle.receipt
     defects = citation_defects(gates_citations(receipt), bundle.listed())

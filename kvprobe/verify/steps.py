@@ -138,7 +138,7 @@ def verify(path: Path, opts: VerifyOptions = VerifyOptions(), reporter: Reporter
     if path.is_dir():
         return verify_dir(path, opts, reporter)
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-        from kvprobe.bundle_pack import extracted
+        from kvprobe.verify.pack import extracted
 
         with extracted(path, opts.limits) as (root, defects):
             if root is None:
@@ -158,7 +158,7 @@ def verify_dir(root: Path, opts: VerifyOptions, reporter: Reporter | None = None
         steps.append(step_documents(bundle) if _usable(steps[0]) else _skip(2, 1))
         steps.append(step_integrity(bundle) if bundle.manifest is not None and bundle.scan.complete
                      else _skip(3, 2 if bundle.scan.complete else 1))
-        from kvprobe.verify_consistency import step_consistency, step_gates_consistency
+        from kvprobe.verify.consistency import step_consistency, step_gates_consistency
 
         consistency = step_gates_consistency if bundle.receipt_family != "kvprobe.receipt" else step_consistency
         steps.append(consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None
@@ -344,7 +344,7 @@ def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
 # --- step 3: integrity -------------------------------------------------------------------
 
 def step_integrity(bundle: Bundle) -> StepResult:
-    from kvprobe.verify_integrity import integrity_defects
+    from kvprobe.verify.integrity import integrity_defects
 
     defects = integrity_defects(bundle)
     listed = bundle.listed()

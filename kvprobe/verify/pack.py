@@ -53,7 +53,7 @@ def pack(bundle: Path, out: Path | None = None, limits: Limits = Limits()) -> Pa
 
     Raises NotABundle, UsageError (the bundle does not verify), BundleExistsError.
     """
-    from kvprobe.verify import VerifyOptions, verify_dir
+    from kvprobe.verify.steps import VerifyOptions, verify_dir
 
     if not Path(bundle).is_dir():
         raise NotABundle(f"{bundle}: not a bundle directory")
