@@ -107,7 +107,7 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
 
 
 def _run_options(pins, out, repo, torch_index, jobs, timeout):
-    from kvprobe.runner import RunOptions
+    from kvprobe.run.runner import RunOptions
 
     opts = RunOptions(pin_set=pins, out=Path(out) if out else None, repo=repo,
                       torch_index=torch_index, timeout_s=float(timeout))
@@ -135,7 +135,7 @@ def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json,
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not)."""
     from kvprobe.experiments import experiment
     from kvprobe.console import RichReporter, print_run_summary, stderr_console
-    from kvprobe.runner import run_experiment
+    from kvprobe.run.runner import run_experiment
 
     exp = experiment.load(experiment_id)
     console = stderr_console()
@@ -309,7 +309,7 @@ def bundle_pack_cmd(bundle_dir, output, max_files, max_file_bytes, max_bytes, as
 # --- cache -------------------------------------------------------------------------------
 
 def _cache_root() -> Path:
-    from kvprobe.runner import default_cache_root
+    from kvprobe.run.runner import default_cache_root
 
     return default_cache_root()
 
@@ -416,7 +416,7 @@ def new_cmd(experiment_id, base, head, pr, repo, tests, release_base, release_he
     """
     from kvprobe.experiments import scaffold
     from kvprobe.console import RichReporter, stderr_console
-    from kvprobe.runner import default_cache_root
+    from kvprobe.run.runner import default_cache_root
 
     spec = scaffold.NewSpec(experiment_id, base, head, pr=pr, repo=repo, tests=tuple(tests),
                             release_base=release_base, release_head=release_head, package=package,

@@ -29,7 +29,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable
 
-from kvprobe import __version__, runner, serverlog
+from kvprobe import __version__, serverlog
+from kvprobe.run import runner
 from kvprobe.evidence import compare
 from kvprobe.evidence import manifest
 from kvprobe.errors import BundleExistsError, UsageError

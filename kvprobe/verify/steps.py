@@ -29,7 +29,7 @@ from kvprobe.evidence.strict_json import loads as strict_loads
 RECEIPT, MANIFEST, SUMS = "receipt.json", manifest_mod.MANIFEST, manifest_mod.SUMS
 REQUIRED = (RECEIPT, MANIFEST, SUMS)
 STEP_NAMES = {1: "layout", 2: "documents", 3: "integrity", 4: "consistency", 5: "authenticity", 6: "rerun"}
-TEST_RUN_VERSION = "kvprobe.test-run/1"  # kvprobe.runner.TEST_RUN_VERSION (runner is heavy to import)
+TEST_RUN_VERSION = "kvprobe.test-run/1"  # kvprobe.run.runner.TEST_RUN_VERSION (runner is heavy to import)
 _MAX_SCHEMA_ERRORS = 20
 
 
@@ -377,6 +377,6 @@ def _rerun_step(bundle: Bundle, steps: list[StepResult], opts: RerunOptions,
     if bundle.receipt_family != "kvprobe.receipt":
         return StepResult(6, "could-not-run", "a gates bundle holds digests of the operator's logs, not "
                                               "the logs: run `kvprobe gates` again with the same inputs")
-    from kvprobe.rerun import rerun
+    from kvprobe.run.rerun import rerun
 
     return rerun(bundle, opts, reporter)

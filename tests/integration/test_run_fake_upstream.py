@@ -239,7 +239,7 @@ does_not_show = ["x"]
 
 
 def test_a_bundle_that_fails_its_own_verification_is_not_published(cli, tmp_path, monkeypatch):
-    import kvprobe.runner as runner_mod
+    import kvprobe.run.runner as runner_mod
 
     real = runner_mod._receipt
 

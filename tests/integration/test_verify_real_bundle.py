@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from kvprobe.experiments import experiment
 from kvprobe.cli import main
-from kvprobe.runner import RunOptions, run_experiment
+from kvprobe.run.runner import RunOptions, run_experiment
 
 TOML = '''schema = "kvprobe.experiment/1"
 id = "verify-synth"

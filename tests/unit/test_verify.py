@@ -549,7 +549,7 @@ def test_archive_gzip_bomb_is_capped(env):
 # --- step 6: rerun (the runner replaced; no subprocess here) -----------------------------
 
 def _fake_run(receipt_change=None, error=None):
-    from kvprobe.runner import RunResult
+    from kvprobe.run.runner import RunResult
 
     def run_experiment(exp, opts, reporter=None):
         assert exp.id == forge.EXP_ID and opts.pin_set == forge.PIN_SET
@@ -569,7 +569,7 @@ BUNDLE_UNDER_TEST: list[Path] = []
 
 def test_rerun_that_reproduces(env, monkeypatch):
     BUNDLE_UNDER_TEST[:] = [env["bundle"]]
-    monkeypatch.setattr("kvprobe.runner.run_experiment", _fake_run())
+    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run())
     doc = verify(env, env["bundle"], "--rerun", code=0)
     assert step_status(doc)[6] == "pass"
 
@@ -581,7 +581,7 @@ def test_rerun_that_differs_reports_each_difference(env, monkeypatch):
         receipt["verdict"] = "not-reproduced"
 
     BUNDLE_UNDER_TEST[:] = [env["bundle"]]
-    monkeypatch.setattr("kvprobe.runner.run_experiment", _fake_run(change))
+    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(change))
     doc = verify(env, env["bundle"], "--rerun", code=1)
     defect = assert_defect(doc, "rerun-differs", "raw/head/probes/doors.json", step=6)
     assert "enqueued" in defect["detail"] and "published bool:False, rerun bool:True" in defect["detail"]
@@ -595,7 +595,7 @@ def test_rerun_names_the_probe_that_could_not_run(env, monkeypatch):
         receipt["verdict"] = "error"
 
     BUNDLE_UNDER_TEST[:] = [env["bundle"]]
-    monkeypatch.setattr("kvprobe.runner.run_experiment", _fake_run(change))
+    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(change))
     doc = verify(env, env["bundle"], "--rerun", code=1)
     defect = assert_defect(doc, "rerun-differs", "raw/head/probes/doors.json", step=6)
     assert "could not run it" in defect["detail"] and "No module named 'helper'" in defect["detail"]
@@ -605,13 +605,13 @@ def test_rerun_that_cannot_observe_exits_3(env, monkeypatch):
     from kvprobe.errors import FetchError
 
     BUNDLE_UNDER_TEST[:] = [env["bundle"]]
-    monkeypatch.setattr("kvprobe.runner.run_experiment", _fake_run(error=FetchError("network unreachable")))
+    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(error=FetchError("network unreachable")))
     doc = verify(env, env["bundle"], "--rerun", code=3)
     assert doc["outcome"] == "could-not-rerun" and step_status(doc)[6] == "could-not-run"
 
 
 def test_rerun_is_skipped_for_a_bundle_that_does_not_verify(env, monkeypatch):
-    monkeypatch.setattr("kvprobe.runner.run_experiment", _fake_run(error=AssertionError("must not run")))
+    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(error=AssertionError("must not run")))
     (env["bundle"] / "README.md").write_bytes(b"x")
     doc = verify(env, env["bundle"], "--rerun", code=1)
     assert step_status(doc)[6] == "skipped"

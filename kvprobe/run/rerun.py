@@ -60,7 +60,7 @@ def _bundled_experiment(bundle: "Bundle", work: Path):
 
 
 def _run(exp, pin_set: str, opts: "RerunOptions", work: Path, reporter: Reporter | None) -> dict[str, Any]:
-    from kvprobe.runner import RunOptions, run_experiment
+    from kvprobe.run.runner import RunOptions, run_experiment
 
     run_opts = RunOptions(pin_set=pin_set, out=work / "bundle", repo=opts.repo, torch_index=opts.torch_index,
                           timeout_s=opts.timeout_s)
