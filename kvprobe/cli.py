@@ -181,7 +181,7 @@ def run_summary(result) -> dict[str, Any]:
 @guarded
 def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
     """Render a bundle's receipt for a security review (exit 2: not a bundle or malformed)."""
-    from kvprobe import report
+    from kvprobe.exports import report
 
     text = report.render(report.load(bundle), fmt, author=author)
     if output is None:

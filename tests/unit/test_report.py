@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 from jsonschema import Draft202012Validator, FormatChecker
 
-from kvprobe import report, schema
+from kvprobe import schema
+from kvprobe.exports import report
 from kvprobe.evidence import compare
 from kvprobe.evidence import manifest
 from kvprobe.cli import main

@@ -1,0 +1,1 @@
+"""Renderings of a bundle for review: Markdown, OpenVEX, in-toto."""
