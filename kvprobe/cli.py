@@ -208,7 +208,7 @@ def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
 def gates_cmd(logs, sglang, server_args, out, torch_index, as_json) -> int:
     """Check a deployment against the four acceptance gates (exit 0 all pass, 1 a gate failed, 3 undecided)."""
     from kvprobe.console import RichReporter, print_gates, stderr_console
-    from kvprobe.gates import GateOptions, run_gates
+    from kvprobe.gates.gates import GateOptions, run_gates
 
     console = stderr_console()
     opts = GateOptions(logs=list(logs), server_args=list(server_args), sglang=sglang, out=out,

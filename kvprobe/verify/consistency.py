@@ -419,7 +419,7 @@ def gates_citations(node: Any, where: str = "") -> list[tuple[str, dict[str, str
 
 def step_gates_consistency(bundle: "Bundle") -> "StepResult":
     """Cited files are the manifest's; each gate and the overall result follow from the checks."""
-    from kvprobe.gates import EXIT_FOR, Status, combine
+    from kvprobe.gates.gates import EXIT_FOR, Status, combine
     from kvprobe.verify.steps import _result
 
     receipt = bundle.receipt

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprobe import gates, serverlog
+from kvprobe.gates import gates
+from kvprobe.gates import serverlog
 from kvprobe.cli import main
-from kvprobe.fixmarkers import MARKERS, Presence, Tree, code_settings, find, find_all
-from kvprobe.gates import Status
+from kvprobe.gates.fixmarkers import MARKERS, Presence, Tree, code_settings, find, find_all
+from kvprobe.gates.gates import Status
 
 GLM_CONTEXT = 1_048_576
 INCIDENT_POOL = 681_280

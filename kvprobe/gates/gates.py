@@ -29,12 +29,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable
 
-from kvprobe import __version__, serverlog
+from kvprobe import __version__
+from kvprobe.gates import serverlog
 from kvprobe.run import runner
 from kvprobe.evidence import compare
 from kvprobe.evidence import manifest
 from kvprobe.errors import BundleExistsError, UsageError
-from kvprobe.fixmarkers import CodeSettings, Presence, Tree, code_settings, find_all
+from kvprobe.gates.fixmarkers import CodeSettings, Presence, Tree, code_settings, find_all
 from kvprobe.progress import Reporter
 
 RECEIPT_VERSION = "kvprobe.gates-receipt/1"
@@ -430,7 +431,7 @@ def collect_sources(logs: list[serverlog.WorkerLog],
 
 
 def marker_checks(tree: Tree | None, gate: int, findings_out: list) -> list[Check]:
-    from kvprobe.fixmarkers import MARKERS
+    from kvprobe.gates.fixmarkers import MARKERS
 
     if tree is None:
         return [Check(f"#{m.pr} in code", Status.UNKNOWN, f"{m.title}: no code to read (pass --sglang)")

@@ -1,0 +1,1 @@
+"""`kvprobe gates`: a deployment's logs, arguments and code against the four acceptance gates."""
