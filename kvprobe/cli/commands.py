@@ -73,7 +73,7 @@ def list_cmd(as_json: bool) -> int:
         emit_json([{"id": e.id, "title": e.title, "layer": e.layer.value, "prs": list(e.fix.prs),
                     "pin_sets": list(e.pin_sets), "default_pins": e.default_pin_set} for e in exps])
     else:
-        from kvprobe.console import Console, experiments_table
+        from kvprobe.cli.console import Console, experiments_table
 
         Console(highlight=False).print(experiments_table(exps))
     return EXIT_OK
@@ -100,7 +100,7 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
             "scope": {"shows": exp.scope.shows, "does_not_show": list(exp.scope.does_not_show)},
         })
     else:
-        from kvprobe.console import Console, print_experiment
+        from kvprobe.cli.console import Console, print_experiment
 
         print_experiment(Console(highlight=False), exp)
     return EXIT_OK
@@ -134,7 +134,7 @@ def _run_options(pins, out, repo, torch_index, jobs, timeout):
 def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json, record=False, yes=False) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not)."""
     from kvprobe.experiments import experiment
-    from kvprobe.console import RichReporter, print_run_summary, stderr_console
+    from kvprobe.cli.console import RichReporter, print_run_summary, stderr_console
     from kvprobe.run.runner import run_experiment
 
     exp = experiment.load(experiment_id)
@@ -207,7 +207,7 @@ def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
 @guarded
 def gates_cmd(logs, sglang, server_args, out, torch_index, as_json) -> int:
     """Check a deployment against the four acceptance gates (exit 0 all pass, 1 a gate failed, 3 undecided)."""
-    from kvprobe.console import RichReporter, print_gates, stderr_console
+    from kvprobe.cli.console import RichReporter, print_gates, stderr_console
     from kvprobe.gates.gates import GateOptions, run_gates
 
     console = stderr_console()
@@ -267,7 +267,7 @@ def verify_cmd(bundle, expect_digest, rerun, repo, torch_index, timeout, max_fil
                max_bytes, as_json) -> int:
     """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
     2 not a bundle, 3 could not re-run)."""
-    from kvprobe.console import RichReporter, print_verify_report, stderr_console
+    from kvprobe.cli.console import RichReporter, print_verify_report, stderr_console
     from kvprobe.verify.steps import RerunOptions, VerifyOptions, parse_digest, verify
 
     opts = VerifyOptions(limits=_limits(max_files, max_file_bytes, max_bytes),
@@ -334,7 +334,7 @@ def cache_ls_cmd(as_json: bool) -> int:
         emit_json({"root": str(root), "total_size": cache.total_size(entries),
                    "entries": [e.to_json() for e in entries]})
     else:
-        from kvprobe.console import print_cache, stderr_console
+        from kvprobe.cli.console import print_cache, stderr_console
 
         print_cache(stderr_console(), str(root), entries, time.time())
     return EXIT_OK
@@ -362,7 +362,7 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
         emit_json({"dry_run": dry_run, "outcomes": [o.to_json() for o in outcomes],
                    "freed": sum(o.entry.size for o in outcomes if o.action == "deleted")})
     else:
-        from kvprobe.console import print_prune, stderr_console
+        from kvprobe.cli.console import print_prune, stderr_console
 
         print_prune(stderr_console(), outcomes, dry_run)
     return EXIT_OK
@@ -373,7 +373,7 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
 def _record_expectations(exp, receipt, console, yes: bool) -> int:
     """Show what the run observed, confirm, write it as the experiment's expectations."""
     from kvprobe.experiments import expectations
-    from kvprobe.console import print_recording
+    from kvprobe.cli.console import print_recording
 
     recording = expectations.plan(exp, receipt)
     print_recording(console, recording)
@@ -415,7 +415,7 @@ def new_cmd(experiment_id, base, head, pr, repo, tests, release_base, release_he
     are no upstream tests, since wheels carry none.
     """
     from kvprobe.experiments import scaffold
-    from kvprobe.console import RichReporter, stderr_console
+    from kvprobe.cli.console import RichReporter, stderr_console
     from kvprobe.run.runner import default_cache_root
 
     spec = scaffold.NewSpec(experiment_id, base, head, pr=pr, repo=repo, tests=tuple(tests),
