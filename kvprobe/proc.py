@@ -46,10 +46,10 @@ class CommandResult:
         return self.returncode == 0 and not self.timed_out
 
     def stdout(self, limit: int = _CAPTURE_LIMIT) -> str:
-        return _read_tail(self.stdout_path, limit)
+        return read_tail(self.stdout_path, limit)
 
     def stderr(self, limit: int = _CAPTURE_LIMIT) -> str:
-        return _read_tail(self.stderr_path, limit)
+        return read_tail(self.stderr_path, limit)
 
     def summary(self, limit: int = 400) -> str:
         """One line for an error message: the last meaningful stderr line."""
@@ -60,7 +60,8 @@ class CommandResult:
         return tail[:limit]
 
 
-def _read_tail(path: Path, limit: int) -> str:
+def read_tail(path: Path, limit: int) -> str:
+    """The last ``limit`` bytes of a log as text: enough to say why a process failed."""
     with open(path, "rb") as handle:
         handle.seek(0, os.SEEK_END)
         size = handle.tell()

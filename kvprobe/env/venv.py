@@ -237,7 +237,7 @@ def _python_identity(python: str) -> str:
 
 def _last_pip_action(path: Path) -> str:
     try:
-        lines = [ln for ln in proc._read_tail(path, 4096).splitlines() if ln.strip()]
+        lines = [ln for ln in proc.read_tail(path, 4096).splitlines() if ln.strip()]
     except OSError:
         return "starting pip"
     return lines[-1][:100] if lines else "starting pip"

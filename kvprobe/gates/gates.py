@@ -290,7 +290,7 @@ def _target_from_dir(spec: str, path: Path, work: Path) -> Target:
 
 def _target_from_wheel(spec: str, path: Path, work: Path) -> Target:
     from kvprobe.model.records import WheelPin
-    from kvprobe.sources.wheel import _check_record, _safe_unzip
+    from kvprobe.sources.wheel import check_record, safe_unzip
 
     parts = path.name[:-4].split("-")
     digest = manifest.sha256_file(path)
@@ -300,8 +300,8 @@ def _target_from_wheel(spec: str, path: Path, work: Path) -> Target:
         raise UsageError(f"--sglang {spec}: {exc}") from exc
     tree = work / "target" / "tree"
     tree.mkdir(parents=True)
-    _safe_unzip(path, tree)
-    _check_record(tree, pin)
+    safe_unzip(path, tree)
+    check_record(tree, pin)
     if not (tree / "sglang" / "srt").is_dir():
         raise UsageError(f"--sglang {spec}: the wheel holds no sglang/srt package")
     return Target(spec, "wheel", tree, tree, {**pin.identity(), "fetched_via": "local file"})

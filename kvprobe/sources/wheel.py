@@ -104,8 +104,8 @@ class WheelSource:
             wheel, fetched_via = self.fetch(pin)
             tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
             try:
-                _safe_unzip(wheel, tmp)
-                _check_record(tmp, pin)
+                safe_unzip(wheel, tmp)
+                check_record(tmp, pin)
                 os.replace(tmp, dest)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -113,7 +113,7 @@ class WheelSource:
         return {**pin.identity(), "fetched_via": fetched_via}
 
 
-def _safe_unzip(wheel: Path, dest: Path) -> None:
+def safe_unzip(wheel: Path, dest: Path) -> None:
     """Extract regular members only; absolute paths and '..' are refused."""
     try:
         with zipfile.ZipFile(wheel) as archive:
@@ -128,7 +128,7 @@ def _safe_unzip(wheel: Path, dest: Path) -> None:
         raise CheckoutError(f"{wheel.name}: not a valid wheel: {exc}") from exc
 
 
-def _check_record(tree: Path, pin: WheelPin) -> None:
+def check_record(tree: Path, pin: WheelPin) -> None:
     """Every file the wheel's RECORD lists must match its recorded digest (tree == pin)."""
     import base64
     import csv
