@@ -15,6 +15,7 @@ from kvprobe.errors import KvprobeError
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNOBSERVED = 0, 1, 2, 3
 _VERDICT_EXIT = {"reproduced": EXIT_OK, "not-reproduced": EXIT_FAIL,
                  "no-expectations": EXIT_FAIL, "error": EXIT_UNOBSERVED}
+_GATES_EXIT = {"pass": EXIT_OK, "fail": EXIT_FAIL, "unknown": EXIT_UNOBSERVED}
 
 
 def _fail(exc: KvprobeError, debug: bool) -> None:
@@ -215,11 +216,12 @@ def gates_cmd(logs, sglang, server_args, out, torch_index, as_json) -> int:
                        torch_index=torch_index)
     result = run_gates(opts, RichReporter(console))
     print_gates(console, result.receipt, str(result.bundle), result.manifest_sha256)
+    code = _GATES_EXIT[result.overall.value]
     if as_json:
-        emit_json({"overall": result.overall, "exit_code": result.exit_code, "bundle": str(result.bundle),
+        emit_json({"overall": result.overall.value, "exit_code": code, "bundle": str(result.bundle),
                    "manifest_sha256": result.manifest_sha256, "gates": result.receipt["gates"],
                    "workers": result.receipt["workers"], "target": result.receipt["target"]})
-    return result.exit_code
+    return code
 
 
 # --- verify and bundle archives ----------------------------------------------------------
@@ -268,13 +270,14 @@ def verify_cmd(bundle, expect_digest, rerun, repo, torch_index, timeout, max_fil
     """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
     2 not a bundle, 3 could not re-run)."""
     from kvprobe.cli.console import RichReporter, print_verify_report, stderr_console
-    from kvprobe.verify.steps import RerunOptions, VerifyOptions, parse_digest, verify
+    from kvprobe.run.rerun import RerunOptions, rerun_step
+    from kvprobe.verify.steps import VerifyOptions, parse_digest, verify
 
-    opts = VerifyOptions(limits=_limits(max_files, max_file_bytes, max_bytes),
-                         expect_manifest_sha256=parse_digest(expect_digest),
-                         rerun=RerunOptions(repo, torch_index, float(timeout)) if rerun else None)
     console = stderr_console()
-    report = verify(Path(bundle), opts, RichReporter(console))
+    step6 = rerun_step(RerunOptions(repo, torch_index, float(timeout)), RichReporter(console)) if rerun else None
+    opts = VerifyOptions(limits=_limits(max_files, max_file_bytes, max_bytes),
+                         expect_manifest_sha256=parse_digest(expect_digest), rerun=step6)
+    report = verify(Path(bundle), opts)
     print_verify_report(console, report)
     if as_json:
         emit_json(report.to_json())

@@ -25,7 +25,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -35,20 +34,13 @@ from kvprobe.run import runner
 from kvprobe.evidence import compare
 from kvprobe.evidence import manifest
 from kvprobe.errors import BundleExistsError, UsageError
+from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates.fixmarkers import CodeSettings, Presence, Tree, code_settings, find_all
 from kvprobe.progress import Reporter
 
 RECEIPT_VERSION = "kvprobe.gates-receipt/1"
 GATE_EXPERIMENTS = ("experiment-a", "experiment-b")
 VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?$")
-EXIT_FOR = {"pass": 0, "fail": 1, "unknown": 3}
-
-
-class Status(str, Enum):
-    PASS = "pass"
-    FAIL = "fail"
-    UNKNOWN = "unknown"
-    INFO = "info"  # reported, does not decide the gate
 
 
 @dataclass(frozen=True)
@@ -79,16 +71,6 @@ class Gate:
                 "checks": [c.to_json() for c in self.checks]}
 
 
-def combine(statuses: Iterable[Status]) -> Status:
-    """Any fail fails; nothing decided or anything unknown is unknown; else pass."""
-    seen = set(statuses)
-    if Status.FAIL in seen:
-        return Status.FAIL
-    if not seen or Status.UNKNOWN in seen:
-        return Status.UNKNOWN
-    return Status.PASS
-
-
 @dataclass
 class GateOptions:
     logs: list[str] = field(default_factory=list)  # "FILE" or "prefill=FILE" / "decode=FILE"
@@ -108,12 +90,8 @@ class GatesResult:
     manifest_sha256: str
 
     @property
-    def overall(self) -> str:
-        return self.receipt["overall"]
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_FOR[self.overall]
+    def overall(self) -> Status:
+        return Status(self.receipt["overall"])
 
 
 # --- inputs --------------------------------------------------------------------------------
@@ -642,7 +620,7 @@ def build_receipt(started, gates, logs, files, target, findings, code, probe_ref
         "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "layer": "deployment",
         "overall": verdict.value,
-        "exit_code": EXIT_FOR[verdict.value],
+        "exit_code": RECORDED_EXIT_CODE[verdict],
         "gates": [g.to_json() for g in gates],
         "inputs": {"logs": [f.to_json(log.role) for f, log in logs],
                    "server_args": [f.to_json(role) for f, role, _a in files]},

@@ -8,24 +8,36 @@ bundle's probe code on this machine, as ``kvprobe run`` would.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from kvprobe.defects import RerunDiffers
 from kvprobe.errors import ExperimentError, ObserveError, UsageError
+from kvprobe.evidence.reader import Bundle
 from kvprobe.progress import Reporter
-
-if TYPE_CHECKING:
-    from kvprobe.verify.steps import Bundle, RerunOptions, StepResult
+from kvprobe.verify.result import StepResult, step_result
 
 SIDES = ("base", "head")
 
 
-def rerun(bundle: "Bundle", opts: "RerunOptions", reporter: Reporter | None = None) -> "StepResult":
-    from kvprobe.verify.steps import StepResult, _result
+@dataclass(frozen=True)
+class RerunOptions:
+    repo: str | None = None
+    torch_index: str | None = None
+    timeout_s: float = 1800.0
+    cache_root: Path | None = None
 
+
+def rerun_step(opts: RerunOptions, reporter: Reporter | None = None) -> Callable[[Bundle], StepResult]:
+    """Step 6 for :class:`kvprobe.verify.steps.VerifyOptions`: re-run with ``opts``."""
+    return functools.partial(rerun, opts=opts, reporter=reporter)
+
+
+def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) -> StepResult:
     work = Path(tempfile.mkdtemp(prefix="kvprobe-rerun-"))
     try:
         try:
@@ -41,11 +53,11 @@ def rerun(bundle: "Bundle", opts: "RerunOptions", reporter: Reporter | None = No
         shutil.rmtree(work, ignore_errors=True)
     defects = diff_runs(bundle.receipt, fresh)
     notes = env_notes(bundle.receipt, fresh)
-    return _result(6, defects, f"re-ran {exp.id} ({bundle.receipt['pin_set']['name']}): "
+    return step_result(6, defects, f"re-ran {exp.id} ({bundle.receipt['pin_set']['name']}): "
                                f"verdict {fresh['verdict']!r}", notes)
 
 
-def _bundled_experiment(bundle: "Bundle", work: Path):
+def _bundled_experiment(bundle: Bundle, work: Path):
     """Copy probes/<id>/ (manifest-listed, already verified) out, then load it."""
     from kvprobe.experiments.experiment import load_file
 
@@ -59,7 +71,7 @@ def _bundled_experiment(bundle: "Bundle", work: Path):
     return load_file(work / "probes" / exp_id / "experiment.toml")
 
 
-def _run(exp, pin_set: str, opts: "RerunOptions", work: Path, reporter: Reporter | None) -> dict[str, Any]:
+def _run(exp, pin_set: str, opts: RerunOptions, work: Path, reporter: Reporter | None) -> dict[str, Any]:
     from kvprobe.run.runner import RunOptions, run_experiment
 
     run_opts = RunOptions(pin_set=pin_set, out=work / "bundle", repo=opts.repo, torch_index=opts.torch_index,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvprobe.defects import (
     BadPin, BundleDefect, CitationDigestMismatch, CitationMisplaced, CitationNotInManifest,
@@ -18,19 +18,17 @@ from kvprobe.defects import (
     RawInvalid, RecomputeFailed, RecordMismatch, PinMismatch, RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
+from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
+from kvprobe.evidence.reader import Bundle, cited_raw
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
-
-if TYPE_CHECKING:
-    from kvprobe.verify.steps import Bundle, StepResult
+from kvprobe.verify.result import StepResult, step_result
 
 SIDES = ("base", "head")
 RECEIPT = "receipt.json"
 _MAX_DIFFS = 8
 
 
-def step_consistency(bundle: "Bundle") -> "StepResult":
-    from kvprobe.verify.steps import _result
-
+def step_consistency(bundle: Bundle) -> StepResult:
     receipt = bundle.receipt
     defects = citation_defects(citations(receipt), bundle.listed()) + placement_defects(receipt)
     defects += record_defects(bundle)
@@ -41,7 +39,7 @@ def step_consistency(bundle: "Bundle") -> "StepResult":
         defects += experiment_defects(bundle)
     else:
         notes.append("experiment checks not run: the bundled experiment.toml is unusable (step 2)")
-    return _result(4, defects, f"receipt {receipt['verdict']!r} recomputed from raw outputs", notes)
+    return step_result(4, defects, f"receipt {receipt['verdict']!r} recomputed from raw outputs", notes)
 
 
 # --- diffs -------------------------------------------------------------------------------
@@ -177,9 +175,7 @@ def _sides_share_probes(receipt: dict[str, Any]) -> list[BundleDefect]:
 
 # --- records vs raw outputs --------------------------------------------------------------
 
-def record_defects(bundle: "Bundle") -> list[BundleDefect]:
-    from kvprobe.verify.steps import cited_raw
-
+def record_defects(bundle: Bundle) -> list[BundleDefect]:
     found: list[BundleDefect] = []
     for side in SIDES:
         for i, probe in enumerate(bundle.receipt["sides"][side]["probes"]):
@@ -220,7 +216,7 @@ def _test_record(rel: str, doc: dict[str, Any], side: str, record: dict[str, Any
 
 # --- recompute ---------------------------------------------------------------------------
 
-def recompute_inputs(bundle: "Bundle") -> tuple[dict, dict, dict] | None:
+def recompute_inputs(bundle: Bundle) -> tuple[dict, dict, dict] | None:
     """compare() inputs from the raw outputs; None when one of them is unusable."""
     docs: dict[str, dict] = {s: {} for s in SIDES}
     problems: dict[str, dict] = {s: {} for s in SIDES}
@@ -241,7 +237,7 @@ def recompute_inputs(bundle: "Bundle") -> tuple[dict, dict, dict] | None:
     return docs, problems, runs
 
 
-def recompute_defects(bundle: "Bundle") -> list[BundleDefect]:
+def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
     from kvprobe.evidence import compare
 
     receipt = bundle.receipt
@@ -285,7 +281,7 @@ def _mocks_defects(receipt: dict[str, Any], docs: dict[str, dict]) -> list[Bundl
 
 # --- the bundled experiment ---------------------------------------------------------------
 
-def experiment_defects(bundle: "Bundle") -> list[BundleDefect]:
+def experiment_defects(bundle: Bundle) -> list[BundleDefect]:
     receipt, data = bundle.receipt, bundle.experiment
     rel = receipt["experiment"]["file"]
     found: list[BundleDefect] = []
@@ -417,11 +413,8 @@ def gates_citations(node: Any, where: str = "") -> list[tuple[str, dict[str, str
     return found
 
 
-def step_gates_consistency(bundle: "Bundle") -> "StepResult":
+def step_gates_consistency(bundle: Bundle) -> StepResult:
     """Cited files are the manifest's; each gate and the overall result follow from the checks."""
-    from kvprobe.gates.gates import EXIT_FOR, Status, combine
-    from kvprobe.verify.steps import _result
-
     receipt = bundle.receipt
     defects = citation_defects(gates_citations(receipt), bundle.listed())
     gates = []
@@ -432,7 +425,7 @@ def step_gates_consistency(bundle: "Bundle") -> "StepResult":
                                                          f"its deciding checks give {status.value!r}"))
         gates.append(status)
     overall = combine(gates)
-    if overall.value != receipt["overall"] or EXIT_FOR[overall.value] != receipt["exit_code"]:
+    if overall.value != receipt["overall"] or RECORDED_EXIT_CODE[overall] != receipt["exit_code"]:
         defects.append(ForgedVerdict("receipt.json", f"overall states {receipt['overall']!r} (exit "
                                                      f"{receipt['exit_code']}); the gates give {overall.value!r}"))
-    return _result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks")
+    return step_result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks")

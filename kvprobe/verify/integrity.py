@@ -4,7 +4,7 @@ manifest.json and SHA256SUMS are the writer's canonical renderings of the same l
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvprobe.evidence import manifest as manifest_mod
 from kvprobe.defects import (
@@ -12,17 +12,16 @@ from kvprobe.defects import (
     OversizedClaim, ReservedEntry, SizeMismatch, SumsBsdStyle, SumsCrlf, SumsMalformed, SumsMismatch,
     SumsNotCanonical, SumsUppercaseHex, UnlistedFile, UnsafePath,
 )
+from kvprobe.evidence.reader import Bundle, read_bytes
 from kvprobe.evidence.safetree import NotRegularFile, path_problem
 
-if TYPE_CHECKING:
-    from kvprobe.verify.steps import Bundle
 
 MANIFEST, SUMS = manifest_mod.MANIFEST, manifest_mod.SUMS
 _SUMS_LINE = re.compile(r"([0-9A-Fa-f]{64}) ([ *])(.*)")
 _BSD_LINE = re.compile(r"SHA256 ?\((.*)\) ?= ?([0-9A-Fa-f]{64})")
 
 
-def integrity_defects(bundle: "Bundle") -> list[BundleDefect]:
+def integrity_defects(bundle: Bundle) -> list[BundleDefect]:
     defects = manifest_form_defects(bundle)
     safe = _checked_entries(bundle, defects)
     for entry in safe:
@@ -32,7 +31,7 @@ def integrity_defects(bundle: "Bundle") -> list[BundleDefect]:
     return defects
 
 
-def manifest_form_defects(bundle: "Bundle") -> list[BundleDefect]:
+def manifest_form_defects(bundle: Bundle) -> list[BundleDefect]:
     found: list[BundleDefect] = []
     if manifest_mod.render_manifest(bundle.manifest) != bundle.manifest_bytes:
         found.append(ManifestNotCanonical(MANIFEST, "not byte-identical to the writer's rendering "
@@ -43,7 +42,7 @@ def manifest_form_defects(bundle: "Bundle") -> list[BundleDefect]:
     return found
 
 
-def _checked_entries(bundle: "Bundle", defects: list[BundleDefect]) -> list[dict[str, Any]]:
+def _checked_entries(bundle: Bundle, defects: list[BundleDefect]) -> list[dict[str, Any]]:
     """Entries safe to look at: canonical, unique, not reserved, within the size caps."""
     limits, seen, safe, claimed = bundle.limits, set(), [], 0
     for entry in bundle.manifest["files"]:
@@ -69,7 +68,7 @@ def _checked_entries(bundle: "Bundle", defects: list[BundleDefect]) -> list[dict
     return safe
 
 
-def file_defects(bundle: "Bundle", entry: dict[str, Any]) -> list[BundleDefect]:
+def file_defects(bundle: Bundle, entry: dict[str, Any]) -> list[BundleDefect]:
     """Exists, regular, listed size (checked before hashing), listed sha256 (streamed)."""
     rel, size = entry["path"], entry["size"]
     found = bundle.scan.entries.get(rel)
@@ -90,7 +89,7 @@ def file_defects(bundle: "Bundle", entry: dict[str, Any]) -> list[BundleDefect]:
     return []
 
 
-def unlisted_defects(bundle: "Bundle") -> list[BundleDefect]:
+def unlisted_defects(bundle: Bundle) -> list[BundleDefect]:
     listed = set(bundle.listed()) | {MANIFEST, SUMS}
     return [UnlistedFile(rel, f"regular file not listed in {MANIFEST}")
             for rel in sorted(bundle.scan.files()) if rel not in listed]
@@ -98,12 +97,10 @@ def unlisted_defects(bundle: "Bundle") -> list[BundleDefect]:
 
 # --- SHA256SUMS --------------------------------------------------------------------------
 
-def sums_defects(bundle: "Bundle") -> list[BundleDefect]:
+def sums_defects(bundle: Bundle) -> list[BundleDefect]:
     """Byte-identical to the canonical render; when not, say exactly how it differs."""
-    from kvprobe.verify.steps import _read
-
     defects: list[BundleDefect] = []
-    data = _read(bundle, SUMS, bundle.limits.max_json_bytes, defects)
+    data = read_bytes(bundle, SUMS, bundle.limits.max_json_bytes, defects)
     if data is None:
         return [SumsMalformed(SUMS, d.detail) for d in defects]
     canonical = manifest_mod.render_sums(bundle.manifest).encode("utf-8")

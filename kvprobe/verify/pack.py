@@ -1,37 +1,27 @@
-"""Bundle archives: a deterministic .tar.gz, and a safe scan-then-extract for verification.
+"""Bundle archives: a deterministic .tar.gz of a bundle that verifies.
 
-Pack: entries sorted by path under one top directory named after the run id; mtime 0,
-uid/gid 0, empty owner names, modes 0755/0644, PAX format; gzip header with mtime 0 and no
-file name. The same bundle gives the same bytes.
-
-Unpack: every member is scanned before anything is written (regular files and directories
-only; no links, devices, FIFOs; no absolute or '..' names; caps on count and sizes, and on
-the decompressed stream itself); only then is the archive extracted into a private temp dir.
+Entries sorted by path under one top directory named after the run id; mtime 0, uid/gid 0,
+empty owner names, modes 0755/0644, PAX format; gzip header with mtime 0 and no file name.
+The same bundle gives the same bytes. Reading an archive back is
+:mod:`kvprobe.evidence.archive`.
 """
 
 from __future__ import annotations
 
 import gzip
-import io
 import os
-import shutil
 import tarfile
 import tempfile
-import zlib
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
-from kvprobe.defects import (
-    ArchiveDuplicateMember, ArchiveLinkMember, ArchiveSpecialMember, ArchiveTraversal, BadName,
-    BundleDefect, BundleTooLarge, FileTooLarge, NameCollision, NotABundle, TooManyFiles,
-)
+from kvprobe.defects import NotABundle
 from kvprobe.errors import BundleExistsError, UsageError
-from kvprobe.evidence.safetree import Limits, Tree, display, find_collisions, path_problem
+from kvprobe.evidence.safetree import Limits, Tree, path_problem
+from kvprobe.verify.steps import VerifyOptions, verify_dir
 
 _DIR_MODE, _FILE_MODE = 0o755, 0o644
-_HEADER_ALLOWANCE = 64 << 10  # per member: tar and PAX headers in the decompressed stream
 
 
 @dataclass(frozen=True)
@@ -53,8 +43,6 @@ def pack(bundle: Path, out: Path | None = None, limits: Limits = Limits()) -> Pa
 
     Raises NotABundle, UsageError (the bundle does not verify), BundleExistsError.
     """
-    from kvprobe.verify.steps import VerifyOptions, verify_dir
-
     if not Path(bundle).is_dir():
         raise NotABundle(f"{bundle}: not a bundle directory")
     report = verify_dir(Path(bundle), VerifyOptions(limits=limits))
@@ -108,161 +96,3 @@ def _info(name: str, kind: bytes, size: int) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
-
-
-# --- scan and extract --------------------------------------------------------------------
-
-class _Overflow(Exception):
-    pass
-
-
-class _CappedReader(io.RawIOBase):
-    """A decompressed stream that stops at ``cap`` bytes: a gzip bomb fails fast."""
-
-    def __init__(self, inner: BinaryIO, cap: int) -> None:
-        self.inner, self.cap, self.count = inner, cap, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        data = self.inner.read(len(buffer))
-        self.count += len(data)
-        if self.count > self.cap:
-            raise _Overflow(self.count)
-        buffer[:len(data)] = data
-        return len(data)
-
-
-@dataclass(frozen=True)
-class Member:
-    name: str
-    kind: str  # file | dir
-    size: int
-
-
-@contextmanager
-def _members(archive: Path, limits: Limits) -> Iterator[Iterator[tuple[tarfile.TarInfo, tarfile.TarFile]]]:
-    cap = limits.max_total_bytes + (limits.max_files + 2) * _HEADER_ALLOWANCE
-    with open(archive, "rb") as handle, gzip.GzipFile(fileobj=handle, mode="rb") as gz:
-        reader = io.BufferedReader(_CappedReader(gz, cap), 1 << 16)
-        with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
-            yield ((member, tar) for member in tar)
-
-
-def scan_archive(archive: Path, limits: Limits) -> tuple[list[Member], list[BundleDefect]]:
-    """Every member checked before anything is written; raises NotABundle if unreadable."""
-    members: list[Member] = []
-    defects: list[BundleDefect] = []
-    total = 0
-    try:
-        with _members(archive, limits) as stream:
-            for info, _tar in stream:
-                if len(members) >= limits.max_files:
-                    defects.append(TooManyFiles(display(info.name), f"more than {limits.max_files} members "
-                                                                    "(raise with --max-files)"))
-                    break
-                member, found = check_member(info, limits, total)
-                defects += found
-                if member is not None:
-                    members.append(member)
-                    total += member.size
-    except _Overflow:
-        defects.append(BundleTooLarge(archive.name, "decompressed archive exceeds the size cap (raise with --max-bytes)"))
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
-        raise NotABundle(f"{archive}: not a readable .tar.gz ({exc})") from exc
-    return members, defects + structure_defects(members)
-
-
-def check_member(info: tarfile.TarInfo, limits: Limits, total: int) -> tuple[Member | None, list[BundleDefect]]:
-    name = display(info.name)
-    if info.issym() or info.islnk():
-        kind = "symbolic" if info.issym() else "hard"
-        return None, [ArchiveLinkMember(name, f"{kind} link member (to {display(info.linkname)!r}); "
-                                              "links are not allowed")]
-    if not (info.isreg() or info.isdir()) or info.issparse():
-        return None, [ArchiveSpecialMember(name, f"special member (tar type {info.type!r}); "
-                                                 "only regular files and directories are allowed")]
-    found: list[BundleDefect] = []
-    problem = path_problem(info.name, limits)
-    if info.name.startswith("/") or ".." in info.name.split("/"):
-        found.append(ArchiveTraversal(name, f"member escapes the extraction directory ({problem})"))
-    elif problem:
-        found.append(BadName(name, problem))
-    if info.isreg() and info.size > limits.max_file_bytes:
-        found.append(FileTooLarge(name, f"{info.size} bytes > cap {limits.max_file_bytes} (raise with --max-file-bytes)"))
-    elif info.isreg() and total <= limits.max_total_bytes < total + info.size:
-        found.append(BundleTooLarge(name, f"archive exceeds {limits.max_total_bytes} bytes (raise with --max-bytes)"))
-    member = Member(info.name, "file" if info.isreg() else "dir", info.size if info.isreg() else 0)
-    return (None if found else member), found
-
-
-def structure_defects(members: list[Member]) -> list[BundleDefect]:
-    """Duplicates, a file used as a directory, and case/normalisation collisions."""
-    found: list[BundleDefect] = []
-    kinds: dict[str, str] = {}
-    for m in members:
-        if m.name in kinds:
-            found.append(ArchiveDuplicateMember(display(m.name), "member appears more than once"))
-        kinds[m.name] = m.kind
-    for m in members:
-        parts = m.name.split("/")
-        for i in range(1, len(parts)):
-            if kinds.get("/".join(parts[:i])) == "file":
-                found.append(ArchiveDuplicateMember(display(m.name), "a parent of this member is a file member"))
-                break
-    found += find_collisions(sorted(kinds), NameCollision)
-    return found
-
-
-def bundle_root(members: list[Member]) -> str:
-    """The archive's single top directory when everything sits under one, else ''."""
-    tops = {m.name.split("/")[0] for m in members}
-    if len(tops) == 1:
-        top = next(iter(tops))
-        if all(m.name != top or m.kind == "dir" for m in members) and any("/" in m.name for m in members):
-            return top
-    return ""
-
-
-def extract(archive: Path, members: list[Member], dest: Path, limits: Limits) -> None:
-    """Write the scanned members into ``dest`` (private, empty); the stream must match the scan."""
-    expected = iter(members)
-    with _members(archive, limits) as stream:
-        for info, tar in stream:
-            member = next(expected, None)
-            kind = "file" if info.isreg() else "dir" if info.isdir() else "other"
-            if member is None or (member.name, member.kind, member.size) != (info.name, kind,
-                                                                             info.size if kind == "file" else 0):
-                raise NotABundle(f"{archive}: changed while being read")
-            target = dest.joinpath(*info.name.split("/"))
-            if kind == "dir":
-                target.mkdir(mode=0o700, parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            source = tar.extractfile(info)
-            with open(target, "xb") as handle:
-                shutil.copyfileobj(source, handle, 1 << 20)
-
-
-@contextmanager
-def extracted(archive: Path, limits: Limits) -> Iterator[tuple[Path | None, list[BundleDefect]]]:
-    """(bundle root in a private temp dir, []) or (None, defects) when a member is refused.
-
-    The temp dir is removed on exit whatever happens.
-    """
-    members, defects = scan_archive(archive, limits)
-    if defects:
-        yield None, defects
-        return
-    private = Path(tempfile.mkdtemp(prefix="kvprobe-verify-"))
-    try:
-        (private / "x").mkdir()
-        try:
-            extract(archive, members, private / "x", limits)
-        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, _Overflow) as exc:
-            raise NotABundle(f"{archive}: not a readable .tar.gz ({exc})") from exc
-        top = bundle_root(members)
-        yield (private / "x" / top if top else private / "x"), []
-    finally:
-        shutil.rmtree(private, ignore_errors=True)

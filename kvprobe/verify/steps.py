@@ -11,58 +11,40 @@ from __future__ import annotations
 
 import hashlib
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kvprobe.evidence import manifest as manifest_mod
 from kvprobe import schema
 from kvprobe.defects import (
     BundleDefect, ManifestDigestMismatch, MissingRequired, NotABundle, SchemaViolation, TomlMalformed,
-    UnknownSchemaVersion, Unreadable,
+    UnknownSchemaVersion,
 )
 from kvprobe.errors import SchemaError, UsageError
-from kvprobe.progress import Reporter
-from kvprobe.evidence.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
-from kvprobe.evidence.strict_json import loads as strict_loads
+from kvprobe.evidence.archive import extracted
+from kvprobe.evidence.reader import Bundle, cited_raw, parse_json, read_bytes, read_json
+from kvprobe.evidence.safetree import Limits, Tree
+from kvprobe.verify.consistency import step_consistency, step_gates_consistency
+from kvprobe.verify.integrity import integrity_defects
+from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
 
 RECEIPT, MANIFEST, SUMS = "receipt.json", manifest_mod.MANIFEST, manifest_mod.SUMS
 REQUIRED = (RECEIPT, MANIFEST, SUMS)
-STEP_NAMES = {1: "layout", 2: "documents", 3: "integrity", 4: "consistency", 5: "authenticity", 6: "rerun"}
 TEST_RUN_VERSION = "kvprobe.test-run/1"  # kvprobe.run.runner.TEST_RUN_VERSION (runner is heavy to import)
 _MAX_SCHEMA_ERRORS = 20
 
 
-@dataclass(frozen=True)
-class RerunOptions:
-    repo: str | None = None
-    torch_index: str | None = None
-    timeout_s: float = 1800.0
-    cache_root: Path | None = None
+# Step 6, handed in by the caller (kvprobe.run.rerun builds it): re-running needs the
+# pipeline, which itself verifies what it writes, so verify does not import it.
+RerunStep = Callable[[Bundle], StepResult]
 
 
 @dataclass(frozen=True)
 class VerifyOptions:
     limits: Limits = Limits()
     expect_manifest_sha256: str | None = None
-    rerun: RerunOptions | None = None
-
-
-@dataclass
-class StepResult:
-    number: int
-    status: str  # pass | fail | skipped | self-consistent | could-not-run
-    summary: str = ""
-    defects: list[BundleDefect] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return STEP_NAMES[self.number]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "name": self.name, "status": self.status, "summary": self.summary,
-                "defects": [d.to_json() for d in self.defects], "notes": list(self.notes)}
+    rerun: RerunStep | None = None
 
 
 @dataclass
@@ -97,25 +79,6 @@ class Report:
                 "defect_count": len(self.defects)}
 
 
-@dataclass
-class Bundle:
-    """What the steps learn about one bundle; later steps use what earlier ones could read."""
-
-    tree: Tree
-    limits: Limits
-    scan: Scan | None = None
-    receipt: dict[str, Any] | None = None
-    manifest: dict[str, Any] | None = None
-    manifest_bytes: bytes | None = None
-    experiment: dict[str, Any] | None = None
-    experiment_bytes: bytes | None = None
-    raw_docs: dict[str, Any] = field(default_factory=dict)
-    receipt_family: str = "kvprobe.receipt"
-
-    def listed(self) -> dict[str, dict[str, Any]]:
-        return {f["path"]: f for f in (self.manifest or {}).get("files", [])}
-
-
 # --- entry points ------------------------------------------------------------------------
 
 def parse_digest(text: str | None) -> str | None:
@@ -128,7 +91,7 @@ def parse_digest(text: str | None) -> str | None:
     return value
 
 
-def verify(path: Path, opts: VerifyOptions = VerifyOptions(), reporter: Reporter | None = None) -> Report:
+def verify(path: Path, opts: VerifyOptions = VerifyOptions()) -> Report:
     """Verify a bundle directory or a .tar.gz made by ``kvprobe bundle pack``.
 
     Raises NotABundle (exit 2) when ``path`` is neither; every other problem is a defect
@@ -136,36 +99,32 @@ def verify(path: Path, opts: VerifyOptions = VerifyOptions(), reporter: Reporter
     """
     path = Path(path)
     if path.is_dir():
-        return verify_dir(path, opts, reporter)
+        return verify_dir(path, opts)
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-        from kvprobe.verify.pack import extracted
-
         with extracted(path, opts.limits) as (root, defects):
             if root is None:
                 report = Report(str(path), [StepResult(1, "fail", "archive members rejected; nothing extracted",
                                                        defects)] + _skipped(range(2, 7), 1, opts))
             else:
-                report = verify_dir(root, opts, reporter)
+                report = verify_dir(root, opts)
             report.archive, report.bundle = str(path), str(path)
             return report
     raise NotABundle(f"{path}: not a bundle (expected a directory or a .tar.gz from `kvprobe bundle pack`)")
 
 
-def verify_dir(root: Path, opts: VerifyOptions, reporter: Reporter | None = None) -> Report:
+def verify_dir(root: Path, opts: VerifyOptions) -> Report:
     with Tree(root) as tree:
         bundle = Bundle(tree, opts.limits)
         steps = [step_layout(bundle)]
         steps.append(step_documents(bundle) if _usable(steps[0]) else _skip(2, 1))
         steps.append(step_integrity(bundle) if bundle.manifest is not None and bundle.scan.complete
                      else _skip(3, 2 if bundle.scan.complete else 1))
-        from kvprobe.verify.consistency import step_consistency, step_gates_consistency
-
         consistency = step_gates_consistency if bundle.receipt_family != "kvprobe.receipt" else step_consistency
         steps.append(consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None
                      else _skip(4, 2))
         steps.append(step_authenticity(bundle, opts.expect_manifest_sha256))
         if opts.rerun is not None:
-            steps.append(_rerun_step(bundle, steps, opts.rerun, reporter))
+            steps.append(_rerun_step(bundle, steps, opts.rerun))
         return Report(str(root), steps, manifest_sha256=_digest(bundle.manifest_bytes),
                       expected_manifest_sha256=opts.expect_manifest_sha256,
                       run_id=(bundle.receipt or {}).get("run_id") if isinstance(bundle.receipt, dict) else None)
@@ -181,10 +140,6 @@ def _skip(number: int, needs: int) -> StepResult:
 
 def _skipped(numbers, needs: int, opts: VerifyOptions) -> list[StepResult]:
     return [_skip(n, needs) for n in numbers if n != 6 or opts.rerun is not None]
-
-
-def _result(number: int, defects: list[BundleDefect], summary: str, notes: list[str] | None = None) -> StepResult:
-    return StepResult(number, "fail" if defects else "pass", summary, defects, notes or [])
 
 
 def _digest(data: bytes | None) -> str | None:
@@ -205,43 +160,10 @@ def step_layout(bundle: Bundle) -> StepResult:
             what = "missing" if name not in scan.entries else f"a {scan.entries[name].kind}, not a regular file"
             defects.append(MissingRequired(name, f"required file is {what}"))
     size = sum(e.size for e in files.values())
-    return _result(1, defects, f"{len(files)} files, {size} bytes")
+    return step_result(1, defects, f"{len(files)} files, {size} bytes")
 
 
 # --- step 2: documents -------------------------------------------------------------------
-
-def read_json(bundle: Bundle, rel: str, defects: list[BundleDefect]) -> Any:
-    """Strictly parsed document at ``rel``, or None with the defect appended."""
-    return parse_json(bundle, rel, _read(bundle, rel, bundle.limits.max_json_bytes, defects), defects)
-
-
-def parse_json(bundle: Bundle, rel: str, data: bytes | None, defects: list[BundleDefect]) -> Any:
-    if data is None:
-        return None
-    try:
-        return strict_loads(data, rel, max_bytes=bundle.limits.max_json_bytes, max_depth=bundle.limits.max_json_depth)
-    except BundleDefect as defect:
-        defects.append(defect)
-        return None
-
-
-def _read(bundle: Bundle, rel: str, cap: int, defects: list[BundleDefect]) -> bytes | None:
-    problem = path_problem(rel, bundle.limits)
-    if problem:
-        defects.append(Unreadable(str(rel), problem))
-        return None
-    try:
-        return bundle.tree.read_bytes(rel, cap)
-    except FileNotFoundError:
-        defects.append(Unreadable(rel, "missing"))
-    except NotRegularFile as exc:
-        defects.append(Unreadable(rel, str(exc)))
-    except ValueError as exc:
-        defects.append(Unreadable(rel, f"too large to read: {exc}"))
-    except OSError as exc:
-        defects.append(Unreadable(rel, f"cannot open without following links ({exc.strerror})"))
-    return None
-
 
 def schema_defects(doc: Any, rel: str, family: str) -> list[BundleDefect]:
     """The document names a version of ``family`` kvprobe knows, and passes that schema."""
@@ -258,7 +180,7 @@ def schema_defects(doc: Any, rel: str, family: str) -> list[BundleDefect]:
 def step_documents(bundle: Bundle) -> StepResult:
     defects: list[BundleDefect] = []
     receipt = read_json(bundle, RECEIPT, defects)
-    bundle.manifest_bytes = _read(bundle, MANIFEST, bundle.limits.max_json_bytes, defects)
+    bundle.manifest_bytes = read_bytes(bundle, MANIFEST, bundle.limits.max_json_bytes, defects)
     manifest = parse_json(bundle, MANIFEST, bundle.manifest_bytes, defects)
     bundle.receipt_family = _receipt_family(receipt)
     receipt_ok = receipt is not None and _append(defects, schema_defects(receipt, RECEIPT, bundle.receipt_family))
@@ -269,7 +191,7 @@ def step_documents(bundle: Bundle) -> StepResult:
     if bundle.receipt is not None and bundle.receipt_family == "kvprobe.receipt":
         count += _read_cited(bundle, defects)
         _read_experiment(bundle, defects)
-    return _result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
+    return step_result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
 
 
 def _receipt_family(receipt: Any) -> str:
@@ -282,16 +204,6 @@ def _receipt_family(receipt: Any) -> str:
 def _append(defects: list[BundleDefect], found: list[BundleDefect]) -> bool:
     defects.extend(found)
     return not found
-
-
-def cited_raw(receipt: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """(side, kind 'probe'|'test', raw path, record) for every raw JSON the receipt cites."""
-    found = []
-    for side in ("base", "head"):
-        block = receipt["sides"][side]
-        found += [(side, "probe", p["raw"]["path"], p) for p in block["probes"] if p["raw"]]
-        found += [(side, "test", t["raw"]["path"], t) for t in block["tests"]]
-    return found
 
 
 def _read_cited(bundle: Bundle, defects: list[BundleDefect]) -> int:
@@ -328,7 +240,7 @@ def test_run_defects(doc: Any, rel: str) -> list[BundleDefect]:
 
 def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
     rel = bundle.receipt["experiment"]["file"]
-    data = _read(bundle, rel, bundle.limits.max_json_bytes, defects)
+    data = read_bytes(bundle, rel, bundle.limits.max_json_bytes, defects)
     if data is None:
         return
     bundle.experiment_bytes = data
@@ -344,11 +256,9 @@ def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
 # --- step 3: integrity -------------------------------------------------------------------
 
 def step_integrity(bundle: Bundle) -> StepResult:
-    from kvprobe.verify.integrity import integrity_defects
-
     defects = integrity_defects(bundle)
     listed = bundle.listed()
-    return _result(3, defects, f"{len(listed)} listed files: size, sha256; SHA256SUMS == manifest.json")
+    return step_result(3, defects, f"{len(listed)} listed files: size, sha256; SHA256SUMS == manifest.json")
 
 
 # --- step 5: authenticity ----------------------------------------------------------------
@@ -370,13 +280,10 @@ def step_authenticity(bundle: Bundle, expected: str | None) -> StepResult:
 
 # --- step 6: rerun -----------------------------------------------------------------------
 
-def _rerun_step(bundle: Bundle, steps: list[StepResult], opts: RerunOptions,
-                reporter: Reporter | None) -> StepResult:
+def _rerun_step(bundle: Bundle, steps: list[StepResult], rerun: RerunStep) -> StepResult:
     if any(s.status != "pass" for s in steps[:4]):
         return StepResult(6, "skipped", "the bundle did not verify (steps 1-4); nothing to re-run")
     if bundle.receipt_family != "kvprobe.receipt":
         return StepResult(6, "could-not-run", "a gates bundle holds digests of the operator's logs, not "
                                               "the logs: run `kvprobe gates` again with the same inputs")
-    from kvprobe.run.rerun import rerun
-
-    return rerun(bundle, opts, reporter)
+    return rerun(bundle)

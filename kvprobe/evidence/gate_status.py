@@ -1,0 +1,32 @@
+"""A gate's status and how statuses combine: pure, shared by `kvprobe gates` and verify.
+
+Verification recomputes every gate and the overall result of a gates receipt from its
+checks with :func:`combine`, so it needs this rule and not the gates pipeline.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Iterable
+
+
+class Status(str, Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+    INFO = "info"  # reported, does not decide the gate
+
+
+# The ``exit_code`` a gates receipt records for its overall status: the CLI's exit codes
+# (0 holds, 1 does not, 3 could not observe), written down so a reader of the receipt sees them.
+RECORDED_EXIT_CODE = {Status.PASS: 0, Status.FAIL: 1, Status.UNKNOWN: 3}
+
+
+def combine(statuses: Iterable[Status]) -> Status:
+    """Any fail fails; nothing decided or anything unknown is unknown; else pass."""
+    seen = set(statuses)
+    if Status.FAIL in seen:
+        return Status.FAIL
+    if not seen or Status.UNKNOWN in seen:
+        return Status.UNKNOWN
+    return Status.PASS

@@ -1,0 +1,79 @@
+"""The one bundle reader: a bundle directory read as untrusted input, within limits.
+
+Files are opened through :class:`~kvprobe.evidence.safetree.Tree` (no symlink is followed,
+nothing outside the root is reached) and JSON is parsed strictly
+(:mod:`kvprobe.evidence.strict_json`). A read that fails is a defect appended to the
+caller's list, never an exception: verification reports every defect it finds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvprobe.defects import BundleDefect, Unreadable
+from kvprobe.evidence.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
+from kvprobe.evidence.strict_json import loads as strict_loads
+
+
+@dataclass
+class Bundle:
+    """What has been read of one bundle; later readers use what earlier ones could read."""
+
+    tree: Tree
+    limits: Limits
+    scan: Scan | None = None
+    receipt: dict[str, Any] | None = None
+    manifest: dict[str, Any] | None = None
+    manifest_bytes: bytes | None = None
+    experiment: dict[str, Any] | None = None
+    experiment_bytes: bytes | None = None
+    raw_docs: dict[str, Any] = field(default_factory=dict)
+    receipt_family: str = "kvprobe.receipt"
+
+    def listed(self) -> dict[str, dict[str, Any]]:
+        return {f["path"]: f for f in (self.manifest or {}).get("files", [])}
+
+
+def read_bytes(bundle: Bundle, rel: str, cap: int, defects: list[BundleDefect]) -> bytes | None:
+    """The bytes at ``rel`` (at most ``cap``), or None with an Unreadable defect appended."""
+    problem = path_problem(rel, bundle.limits)
+    if problem:
+        defects.append(Unreadable(str(rel), problem))
+        return None
+    try:
+        return bundle.tree.read_bytes(rel, cap)
+    except FileNotFoundError:
+        defects.append(Unreadable(rel, "missing"))
+    except NotRegularFile as exc:
+        defects.append(Unreadable(rel, str(exc)))
+    except ValueError as exc:
+        defects.append(Unreadable(rel, f"too large to read: {exc}"))
+    except OSError as exc:
+        defects.append(Unreadable(rel, f"cannot open without following links ({exc.strerror})"))
+    return None
+
+
+def read_json(bundle: Bundle, rel: str, defects: list[BundleDefect]) -> Any:
+    """Strictly parsed document at ``rel``, or None with the defect appended."""
+    return parse_json(bundle, rel, read_bytes(bundle, rel, bundle.limits.max_json_bytes, defects), defects)
+
+
+def parse_json(bundle: Bundle, rel: str, data: bytes | None, defects: list[BundleDefect]) -> Any:
+    if data is None:
+        return None
+    try:
+        return strict_loads(data, rel, max_bytes=bundle.limits.max_json_bytes, max_depth=bundle.limits.max_json_depth)
+    except BundleDefect as defect:
+        defects.append(defect)
+        return None
+
+
+def cited_raw(receipt: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(side, kind 'probe'|'test', raw path, record) for every raw JSON the receipt cites."""
+    found = []
+    for side in ("base", "head"):
+        block = receipt["sides"][side]
+        found += [(side, "probe", p["raw"]["path"], p) for p in block["probes"] if p["raw"]]
+        found += [(side, "test", t["raw"]["path"], t) for t in block["tests"]]
+    return found
