@@ -29,14 +29,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kvprobe import __version__
-from kvprobe.gates import serverlog
-from kvprobe.run import runner
-from kvprobe.evidence import compare
-from kvprobe.evidence import manifest
 from kvprobe.errors import BundleExistsError, UsageError
+from kvprobe.evidence import compare, manifest
+from kvprobe.evidence.bundle import file_ref, seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
+from kvprobe.gates import serverlog
 from kvprobe.gates.fixmarkers import CodeSettings, Presence, Tree, code_settings, find_all
 from kvprobe.progress import Reporter
+from kvprobe.run import runner
+from kvprobe.run.side import CheckContext, environment, run_probe
 
 RECEIPT_VERSION = "kvprobe.gates-receipt/1"
 GATE_EXPERIMENTS = ("experiment-a", "experiment-b")
@@ -345,7 +346,7 @@ def run_gate2(target: Target | None, opts: GateOptions, staging: Path, work: Pat
     for exp in (experiment.load(i) for i in GATE_EXPERIMENTS):
         # any non-synthetic pin set: it only selects the experiment's dependency profile
         pin_set = next(p for p in exp.pin_sets.values() if p.kind.value != "synthetic")
-        env, python, env_vars = runner._environment(exp, pin_set, run_opts, reporter, held)
+        env, python, env_vars = environment(exp, pin_set, run_opts, reporter, held)
         outcome = _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opts, reporter)
         checks += outcome.checks
         refs += outcome.refs
@@ -358,14 +359,14 @@ def _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opt
     probe_dir = staging / "probes" / exp.id
     probe_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
-    ctx = runner._Context(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
+    ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
     scratch = work / "home" / exp.id
     scratch.mkdir(parents=True, exist_ok=True)
     docs, problems, refs = {}, [], []
     for check in exp.probes:
         shutil.copy2(exp.directory / check.path, probe_dir / check.path)
         with reporter.step(f"gate 2: {exp.id} probe {check.name} against {target.spec}"):
-            ran = runner._run_probe(ctx, Side.HEAD, [target.import_root], check,
+            ran = run_probe(ctx, Side.HEAD, [target.import_root], check,
                                     staging / "raw" / "gate2" / exp.id, staging / "logs" / "gate2" / exp.id, scratch)
         run = ran["run"]
         if run.ok:
@@ -373,8 +374,8 @@ def _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opt
         else:
             problems.append(run.problem)
         refs.append({"experiment": exp.id, "name": check.name,
-                     "source": runner._raw_ref(probe_dir / check.path, staging),
-                     "raw": runner._raw_ref(ran["raw"], staging), "exit_code": run.exit_code,
+                     "source": file_ref(probe_dir / check.path, staging),
+                     "raw": file_ref(ran["raw"], staging), "exit_code": run.exit_code,
                      "problem": run.problem, "duration_s": round(run.duration_s, 3)})
     return _ProbeOutcome(gate2_checks(exp, docs, problems), refs)
 
@@ -590,7 +591,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         findings: list = []
         gates = (gate1(worker_logs), gate2, gate3(sources, tree, code, findings), gate4(sources, tree, code, findings))
         receipt = build_receipt(started, gates, logs, files, target, findings, code, probe_refs, env, timings)
-        digest = runner.seal_bundle(receipt, RECEIPT_VERSION, render_readme(receipt), staging, final)
+        digest = seal_bundle(receipt, RECEIPT_VERSION, render_readme(receipt), staging, final)
         return GatesResult(final, receipt, digest)
     finally:
         held.close()

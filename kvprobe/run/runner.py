@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -15,21 +13,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from kvprobe import __version__, schema
-from kvprobe.evidence import compare
-from kvprobe.evidence import manifest
-from kvprobe.checks import probes
-from kvprobe.checks import upstream
-from kvprobe.evidence.bundle_readme import render_readme
+from kvprobe import __version__
 from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
-from kvprobe.model.records import EnvInfo, Experiment, PinSet, Side, SourceKind, Verdict
+from kvprobe.evidence import compare
+from kvprobe.evidence.bundle import file_ref, seal_bundle
+from kvprobe.evidence.bundle_readme import render_readme
+from kvprobe.model.records import Experiment, PinSet, Side, SourceKind
 from kvprobe.progress import Reporter
+from kvprobe.run.side import CheckContext, environment, run_side
+from kvprobe.verify.steps import verify
 
-RECEIPT = "receipt.json"
 RECEIPT_VERSION = "kvprobe.receipt/1"
-TEST_RUN_VERSION = "kvprobe.test-run/1"
 
 
 @dataclass
@@ -49,10 +45,6 @@ class RunResult:
     bundle: Path
     receipt: dict[str, Any]
     manifest_sha256: str
-
-    @property
-    def verdict(self) -> Verdict:
-        return Verdict(self.receipt["verdict"])
 
 
 def default_cache_root() -> Path:
@@ -78,13 +70,13 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         sides = _materialize(exp, pin_set, opts, work, reporter)
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
-        env, python, env_vars = _environment(exp, pin_set, opts, reporter, held)
+        env, python, env_vars = environment(exp, pin_set, opts, reporter, held)
         timings["environment_s"] = time.monotonic() - clock
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)
-        ctx = _Context(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
+        ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
         with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
-            futures = {side: pool.submit(_run_side, ctx, side, sides[side], head_tests, reporter)
+            futures = {side: pool.submit(run_side, ctx, side, sides[side], head_tests, reporter)
                        for side in (Side.BASE, Side.HEAD)}
             checks = {side: f.result() for side, f in futures.items()}
         timings["checks_s"] = time.monotonic() - clock
@@ -195,41 +187,7 @@ def _describe_pin(pin_set: PinSet, side: Side) -> str:
     return ident.get("filename") or ident.get("commit", "")[:12] or "model switches"
 
 
-# --- environment -------------------------------------------------------------------------
-
-def _environment(exp, pin_set, opts, reporter, held=None) -> tuple[dict[str, Any], str, dict[str, str]]:
-    """The env both sides share (one lock), its python, and the variables pinned for checks."""
-    if pin_set.kind is SourceKind.SYNTHETIC:
-        import hypothesis
-
-        return ({"key": "kvprobe-interpreter", "python": platform.python_version(), "profile": exp.profile,
-                 "lock_name": None, "lock_sha256": None, "torch": None, "torch_index": None,
-                 "packages": {"hypothesis": hypothesis.__version__, "kvprobe": __version__},
-                 "shared_by_sides": True}, sys.executable, {})
-    from kvprobe.env.venv import EnvManager, load_profile
-
-    profile = load_profile(exp.profile)
-    info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(
-        profile, torch_index=opts.torch_index, hold=held)
-    env = {"key": info.key, "python": info.python, "profile": profile.name, "lock_name": info.lock_name,
-           "lock_sha256": info.lock_sha256, "packages": dict(sorted(info.packages.items())),
-           "torch": info.build.get("torch"), "torch_index": info.build.get("torch_index"),
-           "shared_by_sides": True}
-    return env, str(info.path / "bin" / "python"), dict(profile.env)
-
-
 # --- checks ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Context:
-    exp: Experiment
-    pin_set: PinSet
-    python: str
-    env_vars: dict[str, str]
-    staging: Path
-    work: Path
-    timeout_s: float
-
 
 def _head_test_files(exp, pin_set, sides) -> dict[str, bytes]:
     """Head's version of each listed test file; a path absent at head is bad input."""
@@ -244,81 +202,7 @@ def _head_test_files(exp, pin_set, sides) -> dict[str, bytes]:
     return found
 
 
-def _run_side(ctx: _Context, side: Side, materialized, head_tests, reporter) -> dict[str, Any]:
-    tree = materialized["tree"]
-    python_path = [tree / p for p in ctx.pin_set.python_path]
-    scratch = ctx.work / side.value / "home"
-    scratch.mkdir(parents=True, exist_ok=True)
-    raw, logs = ctx.staging / "raw" / side.value, ctx.staging / "logs" / side.value
-    tests, probe_runs = [], []
-    with reporter.step(f"{side.value}: running checks"):
-        for rel, data in head_tests.items():
-            reporter.update(f"{side.value}: pytest {rel}")
-            tests.append(_run_test(ctx, side, tree, python_path, rel, data, raw / "tests", logs / "tests", scratch))
-        for check in ctx.exp.probes:
-            reporter.update(f"{side.value}: probe {check.name}")
-            probe_runs.append(_run_probe(ctx, side, python_path, check, raw / "probes", logs / "probes", scratch))
-    return {"tests": tests, "probes": probe_runs}
-
-
-def _run_test(ctx, side, tree, python_path, rel, data, raw_dir, log_dir, scratch) -> dict[str, Any]:
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    run = upstream.run_test_file(
-        python=Path(ctx.python), tree=tree, rootdir_hint=None, test_rel=rel, head_test_bytes=data,
-        python_path=python_path, out_dir=raw_dir, log_dir=log_dir, timeout_s=ctx.timeout_s,
-        env_extra=ctx.env_vars,
-    )
-    report = None
-    if run.report_path and Path(run.report_path).is_file():
-        report = json.loads(Path(run.report_path).read_text(encoding="utf-8"))
-        Path(run.report_path).unlink()  # embedded below: one raw document per check per side
-    # timeouts and crashes are inside the report as per-test results; these two are not results
-    problem = None if report is not None else f"pytest left no report (exit {run.exit_code})"
-    if run.exit_code == 5:
-        problem = "pytest collected no tests (exit 5): nothing ran"
-    doc = {"schema": TEST_RUN_VERSION, "path": rel, "side": side.value, "exit_code": run.exit_code,
-           "timed_out": run.timed_out, "overlay": run.overlay, "problem": problem, "report": report}
-    raw_path = raw_dir / f"{_safe_name(rel)}.json"
-    _write_json(raw_path, doc)
-    junit = Path(run.junit_path) if run.junit_path else None
-    return {"path": rel, "doc": doc, "raw": raw_path, "junit": junit if junit and junit.is_file() else None,
-            "duration_s": run.duration_s}
-
-
-def _run_probe(ctx, side, python_path, check, raw_dir, log_dir, scratch) -> dict[str, Any]:
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    out = raw_dir / f"{check.name}.json"
-    side_config = {"side": side.value, **({"switches": dict(ctx.pin_set.pin(side).switches)}
-                                          if ctx.pin_set.kind is SourceKind.SYNTHETIC else {})}
-    run = probes.run_probe(
-        python=ctx.python, probe_file=ctx.exp.directory / check.path, python_path=python_path,
-        out_json=out, log_dir=log_dir, side_config=side_config, env_extra=ctx.env_vars,
-        scratch=scratch, timeout_s=ctx.timeout_s,
-    )
-    if not run.ok and out.exists():
-        out.rename(out.with_suffix(".invalid.json"))
-    return {"name": check.name, "path": check.path, "run": run, "raw": out if run.ok else None}
-
-
-def _safe_name(rel: str) -> str:
-    return rel.replace("/", "__")
-
-
-def _write_json(path: Path, doc: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
-
-
 # --- receipt and bundle ------------------------------------------------------------------
-
-def _rel(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix()
-
-
-def _raw_ref(path: Path | None, root: Path) -> dict[str, str] | None:
-    return None if path is None else {"path": _rel(path, root), "sha256": manifest.sha256_file(path)}
-
 
 def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, staging, timings) -> dict[str, Any]:
     probe_dir = staging / "probes" / exp.id
@@ -331,11 +215,11 @@ def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, stagin
         c = checks[side]
         side_blocks[side.value] = {
             "pin": sides[side]["pin"], "source": sides[side]["source"],
-            "tests": [{"path": t["path"], "raw": _raw_ref(t["raw"], staging), "junit": _raw_ref(t["junit"], staging),
+            "tests": [{"path": t["path"], "raw": file_ref(t["raw"], staging), "junit": file_ref(t["junit"], staging),
                        "exit_code": t["doc"]["exit_code"], "overlay": t["doc"]["overlay"],
                        "problem": t["doc"]["problem"]} for t in c["tests"]],
-            "probes": [{"name": p["name"], "source": _raw_ref(probe_dir / p["path"], staging),
-                        "raw": _raw_ref(p["raw"], staging), "exit_code": p["run"].exit_code,
+            "probes": [{"name": p["name"], "source": file_ref(probe_dir / p["path"], staging),
+                        "raw": file_ref(p["raw"], staging), "exit_code": p["run"].exit_code,
                         "problem": p["run"].problem} for p in c["probes"]],
         }
         probe_docs[side.value] = {p["name"]: p["run"].output for p in c["probes"] if p["run"].ok}
@@ -403,28 +287,7 @@ def _write_bundle(exp, receipt, staging: Path, final: Path) -> RunResult:
 
 def _verify_on_write(staging: Path) -> None:
     """The bundle must pass the same offline verification a reader will run on it."""
-    from kvprobe.verify.steps import verify
-
     report = verify(staging)
     if report.outcome != "verified":
         details = "; ".join(str(d) for d in report.defects[:3])
         raise CheckRunError(f"the new bundle failed its own verification: {details}")
-
-
-def seal_bundle(receipt: dict[str, Any], version: str, readme: str, staging: Path, final: Path,
-                check: Callable[[Path], None] | None = None) -> str:
-    """Validate, write, hash, check, then rename into place (nothing half-written).
-
-    Returns manifest.json's sha256; shared by `run` and `gates` bundles. ``check`` runs on
-    the finished staging directory and raises to keep it from being published.
-    """
-    schema.validate(receipt, version, source="receipt")
-    _write_json(staging / RECEIPT, receipt)
-    (staging / "README.md").write_text(readme, encoding="utf-8")
-    digest = manifest.write(staging)
-    if check is not None:
-        check(staging)
-    if final.exists():
-        final.rmdir()  # empty, checked before the run
-    os.replace(staging, final)
-    return digest

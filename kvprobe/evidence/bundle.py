@@ -1,0 +1,41 @@
+"""Writing a bundle: file references for the receipt, and sealing a staged directory.
+
+Shared by `kvprobe run` and `kvprobe gates` bundles.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from kvprobe import schema
+from kvprobe.evidence import manifest
+from kvprobe.files import sha256_file, write_atomic, write_json
+
+RECEIPT = "receipt.json"
+README = "README.md"
+
+
+def file_ref(path: Path | None, root: Path) -> dict[str, str] | None:
+    """``{"path", "sha256"}`` of a file in the bundle being written, as a receipt cites it."""
+    return None if path is None else {"path": path.relative_to(root).as_posix(), "sha256": sha256_file(path)}
+
+
+def seal_bundle(receipt: dict[str, Any], version: str, readme: str, staging: Path, final: Path,
+                check: Callable[[Path], None] | None = None) -> str:
+    """Validate, write, hash, check, then rename into place (nothing half-written).
+
+    Returns manifest.json's sha256. ``check`` runs on the finished staging directory and
+    raises to keep it from being published.
+    """
+    schema.validate(receipt, version, source="receipt")
+    write_json(staging / RECEIPT, receipt)
+    write_atomic(staging / README, readme.encode("utf-8"))
+    digest = manifest.write(staging)
+    if check is not None:
+        check(staging)
+    if final.exists():
+        final.rmdir()  # empty, checked before the run
+    os.replace(staging, final)
+    return digest

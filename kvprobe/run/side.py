@@ -1,0 +1,118 @@
+"""One side's checks, and the environment they run in: shared by `kvprobe run` and gate 2.
+
+A side is one materialized tree (base or head); its checks are the upstream test files
+(head's version on both sides) and the experiment's probes. Raw outputs go to
+``raw/<side>/...`` and logs to ``logs/<side>/...`` of the bundle being staged.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvprobe import __version__
+from kvprobe.checks import probes, upstream
+from kvprobe.files import write_json
+from kvprobe.model.records import EnvInfo, Experiment, PinSet, Side, SourceKind
+from kvprobe.progress import Reporter
+
+TEST_RUN_VERSION = "kvprobe.test-run/1"
+
+
+def environment(exp, pin_set, opts, reporter: Reporter, held=None) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """The env both sides share (one lock), its python, and the variables pinned for checks."""
+    if pin_set.kind is SourceKind.SYNTHETIC:
+        import hypothesis
+
+        return ({"key": "kvprobe-interpreter", "python": platform.python_version(), "profile": exp.profile,
+                 "lock_name": None, "lock_sha256": None, "torch": None, "torch_index": None,
+                 "packages": {"hypothesis": hypothesis.__version__, "kvprobe": __version__},
+                 "shared_by_sides": True}, sys.executable, {})
+    from kvprobe.env.venv import EnvManager, load_profile
+
+    profile = load_profile(exp.profile)
+    info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(
+        profile, torch_index=opts.torch_index, hold=held)
+    env = {"key": info.key, "python": info.python, "profile": profile.name, "lock_name": info.lock_name,
+           "lock_sha256": info.lock_sha256, "packages": dict(sorted(info.packages.items())),
+           "torch": info.build.get("torch"), "torch_index": info.build.get("torch_index"),
+           "shared_by_sides": True}
+    return env, str(info.path / "bin" / "python"), dict(profile.env)
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What every check of one run needs: the experiment, its env, where outputs go."""
+
+    exp: Experiment
+    pin_set: PinSet
+    python: str
+    env_vars: dict[str, str]
+    staging: Path
+    work: Path
+    timeout_s: float
+
+
+def run_side(ctx: CheckContext, side: Side, materialized, head_tests, reporter) -> dict[str, Any]:
+    tree = materialized["tree"]
+    python_path = [tree / p for p in ctx.pin_set.python_path]
+    scratch = ctx.work / side.value / "home"
+    scratch.mkdir(parents=True, exist_ok=True)
+    raw, logs = ctx.staging / "raw" / side.value, ctx.staging / "logs" / side.value
+    tests, probe_runs = [], []
+    with reporter.step(f"{side.value}: running checks"):
+        for rel, data in head_tests.items():
+            reporter.update(f"{side.value}: pytest {rel}")
+            tests.append(run_test(ctx, side, tree, python_path, rel, data, raw / "tests", logs / "tests", scratch))
+        for check in ctx.exp.probes:
+            reporter.update(f"{side.value}: probe {check.name}")
+            probe_runs.append(run_probe(ctx, side, python_path, check, raw / "probes", logs / "probes", scratch))
+    return {"tests": tests, "probes": probe_runs}
+
+
+def run_test(ctx, side, tree, python_path, rel, data, raw_dir, log_dir, scratch) -> dict[str, Any]:
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    run = upstream.run_test_file(
+        python=Path(ctx.python), tree=tree, rootdir_hint=None, test_rel=rel, head_test_bytes=data,
+        python_path=python_path, out_dir=raw_dir, log_dir=log_dir, timeout_s=ctx.timeout_s,
+        env_extra=ctx.env_vars,
+    )
+    report = None
+    if run.report_path and Path(run.report_path).is_file():
+        report = json.loads(Path(run.report_path).read_text(encoding="utf-8"))
+        Path(run.report_path).unlink()  # embedded below: one raw document per check per side
+    # timeouts and crashes are inside the report as per-test results; these two are not results
+    problem = None if report is not None else f"pytest left no report (exit {run.exit_code})"
+    if run.exit_code == 5:
+        problem = "pytest collected no tests (exit 5): nothing ran"
+    doc = {"schema": TEST_RUN_VERSION, "path": rel, "side": side.value, "exit_code": run.exit_code,
+           "timed_out": run.timed_out, "overlay": run.overlay, "problem": problem, "report": report}
+    raw_path = raw_dir / f"{_safe_name(rel)}.json"
+    write_json(raw_path, doc)
+    junit = Path(run.junit_path) if run.junit_path else None
+    return {"path": rel, "doc": doc, "raw": raw_path, "junit": junit if junit and junit.is_file() else None,
+            "duration_s": run.duration_s}
+
+
+def run_probe(ctx, side, python_path, check, raw_dir, log_dir, scratch) -> dict[str, Any]:
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = raw_dir / f"{check.name}.json"
+    side_config = {"side": side.value, **({"switches": dict(ctx.pin_set.pin(side).switches)}
+                                          if ctx.pin_set.kind is SourceKind.SYNTHETIC else {})}
+    run = probes.run_probe(
+        python=ctx.python, probe_file=ctx.exp.directory / check.path, python_path=python_path,
+        out_json=out, log_dir=log_dir, side_config=side_config, env_extra=ctx.env_vars,
+        scratch=scratch, timeout_s=ctx.timeout_s,
+    )
+    if not run.ok and out.exists():
+        out.rename(out.with_suffix(".invalid.json"))
+    return {"name": check.name, "path": check.path, "run": run, "raw": out if run.ok else None}
+
+
+def _safe_name(rel: str) -> str:
+    return rel.replace("/", "__")
