@@ -16,7 +16,7 @@ Sections (each figure: min / median / max over repetitions, and the ratio to its
            history and large files that left it; a second env ensure() and wheel fetch are
            cache hits (and both experiments share one env).
   startup  `kvprobe --help` and `kvprobe list` vs `python -c pass`. Target < 150 ms.
-  verify   sha256 throughput of kvprobe.evidence.manifest.sha256_file on a 1 GiB file vs `sha256sum`
+  verify   sha256 throughput of kvprobe.files.sha256_file on a 1 GiB file vs `sha256sum`
            (target within 1.2x); `kvprobe verify` of a normal bundle (target < 0.3 s) and of
            that bundle with the 1 GiB file added.
   memory   peak RSS of a child hashing, and of `kvprobe verify`, as the file grows (flat).
@@ -179,12 +179,12 @@ def make_file(path: Path, size: int) -> Path:
 
 def _hash_child(path: Path) -> list[str]:
     return [sys.executable, "-c",
-            "import sys; from kvprobe.evidence.manifest import sha256_file; print(sha256_file(sys.argv[1]))",
+            "import sys; from kvprobe.files import sha256_file; print(sha256_file(sys.argv[1]))",
             str(path)]
 
 
 def bench_hashing(figs: Figures, work: Path, reps: int) -> Path:
-    from kvprobe.evidence.manifest import sha256_file
+    from kvprobe.files import sha256_file
 
     big = make_file(work / "big.bin", GiB)
     subprocess.run(["sha256sum", str(big)], stdout=subprocess.DEVNULL, check=True)  # warm page cache

@@ -7,11 +7,15 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
-    """Temp file in ``path``'s directory, flushed to disk, then ``os.replace``: all or nothing."""
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None,
+                 check: Callable[[Path], None] | None = None) -> None:
+    """Temp file in ``path``'s directory, flushed to disk, then ``os.replace``: all or nothing.
+
+    ``check`` sees the finished temp file and raises to keep it from replacing ``path``.
+    """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -20,6 +24,8 @@ def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
             os.fsync(handle.fileno())
         if mode is not None:
             os.chmod(tmp, mode)
+        if check is not None:
+            check(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -24,7 +24,9 @@ from typing import Any, Iterable, Mapping
 from kvprobe import proc
 from kvprobe.errors import CheckRunError, SchemaError, UsageError
 from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition
+from kvprobe.files import write_atomic
 from kvprobe.resources import probe_api_dir
+from kvprobe.strict_json import load_document
 
 REPORT_SCHEMA = "kvprobe.pytest-report/1"
 REPORT_ENV = "KVPROBE_PYTEST_REPORT"
@@ -152,7 +154,7 @@ def overlay_test_file(tree: Path, test_rel: str, content: bytes) -> tuple[Path, 
     before = target.read_bytes() if target.is_file() else None
     if before == content and not target.is_symlink():
         return target, Overlay.IDENTICAL
-    _write_atomic(target, content)
+    write_atomic(target, content)
     if before is None:
         return target, Overlay.ADDED
     return target, Overlay.IDENTICAL if before == content else Overlay.REPLACED
@@ -165,17 +167,6 @@ def _ensure_inside(tree: Path, directory: Path) -> None:
         existing = existing.parent
     if not existing.resolve().is_relative_to(tree.resolve()):
         raise CheckRunError(f"{directory} leaves the source tree {tree} (symlink?)")
-
-
-def _write_atomic(target: Path, content: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def pytest_rootdir(tree: Path, target: Path, hint: str | None = None) -> tuple[Path, Path | None]:
@@ -276,14 +267,14 @@ def finalize_report(report_path: Path, result: proc.CommandResult, *, file_nodei
         "timeout_s": timeout_s, "duration_s": round(result.duration_s, 3),
         "report_source": source, "file_nodeid": file_nodeid,
     }
-    _write_atomic(report_path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    write_atomic(report_path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     journal.unlink(missing_ok=True)
     return doc
 
 
 def load_report(path: Path) -> dict[str, Any]:
     """Read a report JSON; raises SchemaError on duplicate keys or an unknown schema."""
-    doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicates)
+    doc = load_document(path.read_bytes(), str(path))
     _check_schema(doc)
     return doc
 
@@ -294,14 +285,6 @@ def _load_complete(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError, SchemaError):
         return None
     return doc if doc.get("complete") is True else None
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    duplicates = sorted({k for k in keys if keys.count(k) > 1})
-    if duplicates:
-        raise SchemaError(f"duplicate keys in report: {duplicates}")
-    return dict(pairs)
 
 
 def _check_schema(doc: Any) -> None:

@@ -1,4 +1,4 @@
-"""Streaming sha256, manifest.json and SHA256SUMS for a bundle directory."""
+"""manifest.json and SHA256SUMS for a bundle directory."""
 
 from __future__ import annotations
 
@@ -7,21 +7,11 @@ import json
 import os
 from pathlib import Path
 
+from kvprobe.files import sha256_file
+
 MANIFEST = "manifest.json"
 SUMS = "SHA256SUMS"
 VERSION = "kvprobe.manifest/1"
-_CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    """Hash in fixed-size chunks so memory stays flat whatever the file size."""
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
-        buffer = bytearray(_CHUNK)
-        view = memoryview(buffer)
-        while n := handle.readinto(buffer):
-            digest.update(view[:n])
-    return digest.hexdigest()
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -2,7 +2,7 @@
 
 Files are opened through :class:`~kvprobe.evidence.safetree.Tree` (no symlink is followed,
 nothing outside the root is reached) and JSON is parsed strictly
-(:mod:`kvprobe.evidence.strict_json`). A read that fails is a defect appended to the
+(:mod:`kvprobe.strict_json`). A read that fails is a defect appended to the
 caller's list, never an exception: verification reports every defect it finds.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from kvprobe.defects import BundleDefect, Unreadable
 from kvprobe.evidence.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
-from kvprobe.evidence.strict_json import loads as strict_loads
+from kvprobe.strict_json import loads as strict_loads
 
 
 @dataclass

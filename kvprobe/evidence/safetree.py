@@ -15,6 +15,7 @@ import stat
 import unicodedata
 from dataclasses import dataclass, field
 
+from kvprobe import strict_json
 from kvprobe.defects import (
     BadName, BundleDefect, BundleTooLarge, FileTooLarge, NameCollision, NotABundle, SpecialFile,
     SymlinkEntry, TooManyFiles, UnreadableEntry,
@@ -33,8 +34,8 @@ class Limits:
     max_files: int = 10_000
     max_file_bytes: int = 512 << 20
     max_total_bytes: int = 2 << 30
-    max_json_bytes: int = 64 << 20
-    max_json_depth: int = 64
+    max_json_bytes: int = strict_json.MAX_BYTES
+    max_json_depth: int = strict_json.MAX_DEPTH
     max_path_chars: int = 1024
     max_path_depth: int = 32
     max_name_chars: int = 255

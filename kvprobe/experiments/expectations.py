@@ -10,15 +10,14 @@ the recorded values, and load as an experiment. Then temp file + ``os.replace``.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from kvprobe.experiments import tomltext
+from kvprobe.files import write_atomic
 from kvprobe.errors import CheckRunError, ExperimentError, UsageError
 from kvprobe.experiments.experiment import load_file
 from kvprobe.model.records import Experiment
@@ -202,22 +201,16 @@ def _check_rewrite(rec: Recording, old_text: str, new_text: str) -> None:
 
 def _replace_file(path: Path, data: bytes) -> None:
     """Temp file beside ``path``, loaded as an experiment, then renamed over it."""
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
+    write_atomic(path, data, mode=path.stat().st_mode & 0o7777,
+                 check=lambda tmp: _loads_as_experiment(tmp, path))
+
+
+def _loads_as_experiment(tmp: Path, path: Path) -> None:
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-        try:
-            load_file(tmp)
-        except ExperimentError as exc:
-            raise UsageError(f"{path}: the recorded expectations do not load: {exc.message}; "
-                             "nothing written") from exc
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        load_file(tmp)
+    except ExperimentError as exc:
+        raise UsageError(f"{path}: the recorded expectations do not load: {exc.message}; "
+                         "nothing written") from exc
 
 
 def _same(a: Any, b: Any) -> bool:

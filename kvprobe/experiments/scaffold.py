@@ -254,7 +254,7 @@ def _profile_python(profile: str) -> str | None:
 def lookup_wheel(package: str, version: str, python: str | None = None) -> WheelPin:
     """Download ``package==version``'s wheel for this platform (and ``python``) with pip into a
     temp dir; return its exact file name and sha256. FetchError if pip cannot get one wheel."""
-    from kvprobe.sources.wheel import sha256_file
+    from kvprobe.files import sha256_file
 
     with tempfile.TemporaryDirectory(prefix="kvprobe-new-wheel-") as scratch:
         out = Path(scratch, "out")

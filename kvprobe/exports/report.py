@@ -11,17 +11,16 @@ formats against their vendored schemas (through :mod:`kvprobe.schema`) before re
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 from urllib.parse import quote, urlsplit
 
-from kvprobe import __version__
+from kvprobe import __version__, files
 from kvprobe.evidence import manifest as manifest_mod
 from kvprobe.errors import SchemaError, UsageError, VerificationFailed
+from kvprobe.strict_json import load_document
 
 FORMATS = ("markdown", "openvex", "intoto")
 RECEIPT = "receipt.json"
@@ -59,28 +58,6 @@ class BundleView:
 
 # --- reading a bundle ----------------------------------------------------------------------
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"duplicate key {key!r}")
-        seen[key] = value
-    return seen
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
-def loads_strict(data: bytes, *, source: str) -> Any:
-    """Parse UTF-8 JSON, refusing duplicate keys and NaN/Infinity; raises SchemaError."""
-    try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates,
-                          parse_constant=_no_constants)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SchemaError(f"{source}: not strict JSON: {exc}") from None
-
-
 def load(bundle: Path) -> BundleView:
     """Read ``bundle``'s receipt.json and manifest.json, both schema-checked, and check that the
     files on disk are exactly the ones the manifest lists, byte for byte.
@@ -98,10 +75,10 @@ def load(bundle: Path) -> BundleView:
     if missing:
         raise UsageError(f"{bundle}: not a kvprobe bundle: no {' and no '.join(missing)}")
     manifest_bytes = (root / manifest_mod.MANIFEST).read_bytes()
-    manifest = loads_strict(manifest_bytes, source=f"{bundle}/{manifest_mod.MANIFEST}")
+    manifest = load_document(manifest_bytes, f"{bundle}/{manifest_mod.MANIFEST}")
     _check_version(manifest, manifest_mod.VERSION, f"{bundle}/{manifest_mod.MANIFEST}")
     schema.validate(manifest, manifest_mod.VERSION, source=f"{bundle}/{manifest_mod.MANIFEST}")
-    receipt = loads_strict((root / RECEIPT).read_bytes(), source=f"{bundle}/{RECEIPT}")
+    receipt = load_document((root / RECEIPT).read_bytes(), f"{bundle}/{RECEIPT}")
     _check_version(receipt, RECEIPT_VERSION, f"{bundle}/{RECEIPT}")
     schema.validate(receipt, RECEIPT_VERSION, source=f"{bundle}/{RECEIPT}")
     problems = _differences(manifest, manifest_mod.build(root))
@@ -577,18 +554,9 @@ def render(view: BundleView, fmt: str, *, author: str = "kvprobe") -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same directory and os.replace."""
+    """Write ``text`` to ``path`` atomically; UsageError when its directory does not exist."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise UsageError(f"{path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode("utf-8"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    files.write_atomic(path, text.encode("utf-8"))

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from kvprobe import __version__
+from kvprobe import __version__, files
 from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.evidence import compare, manifest
 from kvprobe.evidence.bundle import file_ref, seal_bundle
@@ -122,7 +122,7 @@ class InputFile:
 
 
 def _input(role: str | None, path: Path) -> InputFile:
-    return InputFile(path, role, manifest.sha256_file(path), path.stat().st_size)
+    return InputFile(path, role, files.sha256_file(path), path.stat().st_size)
 
 
 def read_logs(specs: list[str]) -> list[tuple[InputFile, serverlog.WorkerLog]]:
@@ -272,7 +272,7 @@ def _target_from_wheel(spec: str, path: Path, work: Path) -> Target:
     from kvprobe.sources.wheel import check_record, safe_unzip
 
     parts = path.name[:-4].split("-")
-    digest = manifest.sha256_file(path)
+    digest = files.sha256_file(path)
     try:
         pin = WheelPin(parts[0], parts[1] if len(parts) > 1 else "", path.name, digest)
     except ValueError as exc:
@@ -296,7 +296,7 @@ def _dist_version(root: Path) -> str | None:
 
 def _tree_digest(package: Path) -> str:
     """sha256 over (relative path, sha256) of every .py file: names the code that ran."""
-    lines = [f"{manifest.sha256_file(p)}  {p.relative_to(package).as_posix()}\n"
+    lines = [f"{files.sha256_file(p)}  {p.relative_to(package).as_posix()}\n"
              for p in sorted(package.rglob("*.py")) if p.is_file()]
     return manifest.sha256_bytes("".join(lines).encode())
 

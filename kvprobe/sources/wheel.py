@@ -12,20 +12,10 @@ from pathlib import Path, PurePosixPath
 from filelock import FileLock
 
 from kvprobe import proc
+from kvprobe.files import sha256_file
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError
 from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
-
-_CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def platform_args(filename: str) -> list[str]:
     """pip download flags that select exactly the wheel a pin names, on any host."""

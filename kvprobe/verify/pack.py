@@ -70,7 +70,7 @@ def _write_atomic(bundle: Path, out: Path, top: str, limits: Limits) -> str:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    from kvprobe.evidence.manifest import sha256_file
+    from kvprobe.files import sha256_file
 
     return sha256_file(out)
 

@@ -25,6 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "kvprobe"
 LAYERS: list[set[str]] = [
     {"kvprobe", "names", "errors", "resources", "progress", "probe_api", "files"},
     {"defects", "proc", "schema", "model"},
+    {"strict_json"},
     {"env", "checks"},
     {"sources"},
     {"experiments", "evidence"},
@@ -266,7 +267,7 @@ def test_scan_sees_function_level_cycles_private_names_and_upward_imports(tmp_pa
     assert cycles(graph(found)) == [["kvprobe.run.runner", "kvprobe.verify.steps"]]
     assert private_imports(found) == ["kvprobe.run.runner:2 imports _result from kvprobe.verify.steps"]
     assert attrs == ["kvprobe.verify.steps:2 uses kvprobe.run.runner._secret"]
-    assert layer_violations(found) == ["kvprobe.verify.steps:1 imports kvprobe.run.runner (layer 5 -> 6)"]
+    assert layer_violations(found) == ["kvprobe.verify.steps:1 imports kvprobe.run.runner (layer 6 -> 7)"]
 
 
 def test_relative_imports_resolve(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from kvprobe import files
 from kvprobe.evidence import manifest
 
 
@@ -26,4 +27,4 @@ def test_manifest_and_sums_cover_every_other_file(tmp_path):
 def test_streaming_hash_matches_hashlib(tmp_path):
     blob = bytes(range(256)) * 10000
     (tmp_path / "f").write_bytes(blob)
-    assert manifest.sha256_file(tmp_path / "f") == hashlib.sha256(blob).hexdigest()
+    assert files.sha256_file(tmp_path / "f") == hashlib.sha256(blob).hexdigest()

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from jsonschema import Draft202012Validator, FormatChecker
 
-from kvprobe import schema
+from kvprobe import files, schema
 from kvprobe.exports import report
 from kvprobe.evidence import compare
 from kvprobe.evidence import manifest
@@ -405,7 +405,7 @@ def test_load_reads_a_bundle(tmp_path):
     view = report.load(tmp_path / "b")
     assert view.manifest_sha256 == digest
     assert view.receipt == receipt
-    assert view.receipt_sha256 == manifest.sha256_file(tmp_path / "b" / "receipt.json")
+    assert view.receipt_sha256 == files.sha256_file(tmp_path / "b" / "receipt.json")
     assert view.name == "b"
 
 

@@ -1,6 +1,7 @@
 """Strict JSON for untrusted documents: UTF-8 only, no duplicate keys, no NaN/Infinity, caps.
 
-``loads`` raises a JSON defect (kvprobe.defects) naming the document's path.
+``loads`` raises a JSON defect (kvprobe.defects) naming the document's path; ``load_document``
+is the same parse for documents read outside verification, raising SchemaError (exit 2).
 """
 
 from __future__ import annotations
@@ -8,9 +9,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvprobe.errors import SchemaError
 from kvprobe.defects import (
     BundleDefect, JsonDuplicateKey, JsonMalformed, JsonNonFinite, JsonNotUtf8, JsonTooDeep, JsonTooLarge,
 )
+
+
+# The caps a bundle reader starts from (kvprobe.evidence.safetree.Limits can raise them).
+MAX_BYTES = 64 << 20
+MAX_DEPTH = 64
 
 
 class _Duplicate(ValueError):
@@ -47,7 +54,7 @@ def _depth(doc: Any) -> int:
     return deepest
 
 
-def loads(data: bytes, path: str, *, max_bytes: int, max_depth: int) -> Any:
+def loads(data: bytes, path: str, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
     """Parse ``data`` strictly; raises a BundleDefect subclass naming ``path``."""
     if len(data) > max_bytes:
         raise JsonTooLarge(path, f"{len(data)} bytes > cap {max_bytes}")
@@ -72,9 +79,9 @@ def loads(data: bytes, path: str, *, max_bytes: int, max_depth: int) -> Any:
     return doc
 
 
-def load_defect(data: bytes, path: str, *, max_bytes: int, max_depth: int) -> tuple[Any, BundleDefect | None]:
-    """``loads`` as (document, None) or (None, defect)."""
+def load_document(data: bytes, source: str) -> Any:
+    """``loads`` with the default caps; raises SchemaError naming ``source`` instead of a defect."""
     try:
-        return loads(data, path, max_bytes=max_bytes, max_depth=max_depth), None
+        return loads(data, source)
     except BundleDefect as defect:
-        return None, defect
+        raise SchemaError(f"{source}: not strict JSON: {defect.detail}") from None
