@@ -8,14 +8,15 @@ from typing import Any
 
 from kvprobe.errors import SchemaError
 from kvprobe.resources import schemas_dir
+from kvprobe.names import EXPERIMENT_SCHEMA, GATES_RECEIPT_SCHEMA, MANIFEST_SCHEMA, PROBE_OUTPUT_SCHEMA, RECEIPT_SCHEMA
 
 # Schema documents kvprobe knows, by the version string documents carry.
 KNOWN = {
-    "kvprobe.experiment/1": "experiment.schema.json",
-    "kvprobe.receipt/1": "receipt.schema.json",
-    "kvprobe.manifest/1": "manifest.schema.json",
-    "kvprobe.probe-output/1": "probe-output.schema.json",
-    "kvprobe.gates-receipt/1": "gates-receipt.schema.json",
+    EXPERIMENT_SCHEMA: "experiment.schema.json",
+    RECEIPT_SCHEMA: "receipt.schema.json",
+    MANIFEST_SCHEMA: "manifest.schema.json",
+    PROBE_OUTPUT_SCHEMA: "probe-output.schema.json",
+    GATES_RECEIPT_SCHEMA: "gates-receipt.schema.json",
     # Third-party formats `kvprobe report` writes (schemas/vendor/README.md says where from).
     "openvex/0.2.0": "vendor/openvex-0.2.0.schema.json",
     "in-toto/statement-v1": "vendor/in-toto-statement-v1.schema.json",

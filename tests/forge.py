@@ -21,6 +21,7 @@ from typing import Any, Callable
 from kvprobe import schema
 from kvprobe.evidence import compare
 from kvprobe.evidence import manifest
+from kvprobe.names import MANIFEST, SUMS
 
 EXP_ID = "forge-exp"
 PIN_SET = "commits"
@@ -167,8 +168,8 @@ def load(root: Path, rel: str) -> Any:
 
 def rehash(root: Path) -> None:
     """Re-write manifest.json and SHA256SUMS so step 3 passes: a tamper with 'consistent hashes'."""
-    (root / manifest.MANIFEST).unlink()
-    (root / manifest.SUMS).unlink()
+    (root / MANIFEST).unlink()
+    (root / SUMS).unlink()
     manifest.write(root)
 
 
@@ -197,8 +198,8 @@ def recite(root: Path, rel: str) -> None:
 
 
 def write_manifest_doc(root: Path, doc: dict) -> None:
-    (root / manifest.MANIFEST).write_bytes(manifest.render_manifest(doc))
-    (root / manifest.SUMS).write_text(manifest.render_sums(doc), encoding="utf-8")
+    (root / MANIFEST).write_bytes(manifest.render_manifest(doc))
+    (root / SUMS).write_text(manifest.render_sums(doc), encoding="utf-8")
 
 
 # --- archives ----------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from typing import Any
 from kvprobe import proc, schema
 from kvprobe.errors import SchemaError
 from kvprobe.resources import probe_api_dir
+from kvprobe.names import PROBE_OUTPUT_SCHEMA
 
-OUTPUT_VERSION = "kvprobe.probe-output/1"
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def _read_output(path: Path, name: str, result: proc.CommandResult) -> tuple[dic
 
 def check_output(document: Any, name: str) -> None:
     """Schema-valid and about the probe that was asked for (file stem == probe name)."""
-    schema.validate(document, OUTPUT_VERSION, source=f"probe {name} output")
+    schema.validate(document, PROBE_OUTPUT_SCHEMA, source=f"probe {name} output")
     if document["probe"] != name:
         raise SchemaError(f"probe output names {document['probe']!r}, expected {name!r}")
     names = [c["name"] for c in document["cases"]]

@@ -27,8 +27,8 @@ from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition
 from kvprobe.files import write_atomic
 from kvprobe.resources import probe_api_dir
 from kvprobe.strict_json import load_document
+from kvprobe.names import PYTEST_REPORT_SCHEMA
 
-REPORT_SCHEMA = "kvprobe.pytest-report/1"
 REPORT_ENV = "KVPROBE_PYTEST_REPORT"
 PLUGIN_MODULE = "kvprobe_pytest_report"
 # Deterministic SGLang test behaviour: no retries (CustomTestCase), not "in CI".
@@ -288,14 +288,14 @@ def _load_complete(path: Path) -> dict[str, Any] | None:
 
 
 def _check_schema(doc: Any) -> None:
-    if not isinstance(doc, dict) or doc.get("schema") != REPORT_SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") != PYTEST_REPORT_SCHEMA:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise SchemaError(f"not a {REPORT_SCHEMA} document (schema: {found!r})")
+        raise SchemaError(f"not a {PYTEST_REPORT_SCHEMA} document (schema: {found!r})")
 
 
 def _from_journal(journal: Path) -> dict[str, Any]:
     """A partial report from the plugin's event journal; a torn last line is ignored."""
-    doc: dict[str, Any] = {"schema": REPORT_SCHEMA, "complete": False, "exitstatus": None,
+    doc: dict[str, Any] = {"schema": PYTEST_REPORT_SCHEMA, "complete": False, "exitstatus": None,
                            "collected": None, "collection_errors": [], "tests": [],
                            "running": None}
     lines = journal.read_text(encoding="utf-8", errors="replace").splitlines() \

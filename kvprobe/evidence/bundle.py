@@ -12,9 +12,8 @@ from typing import Any, Callable
 from kvprobe import schema
 from kvprobe.evidence import manifest
 from kvprobe.files import sha256_file, write_atomic, write_json
+from kvprobe.names import README, RECEIPT
 
-RECEIPT = "receipt.json"
-README = "README.md"
 
 
 def file_ref(path: Path | None, root: Path) -> dict[str, str] | None:

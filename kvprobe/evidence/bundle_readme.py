@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvprobe.names import SIDES
+
 
 def _pins(receipt: dict[str, Any]) -> list[str]:
     lines = []
-    for side in ("base", "head"):
+    for side in SIDES:
         pin = receipt["sides"][side]["pin"]
         if pin["kind"] == "git":
             lines.append(f"- {side}: commit `{pin['commit']}`")

@@ -10,8 +10,8 @@ from collections import Counter
 from typing import Any, Mapping
 
 from kvprobe.model.records import FailureKind, Outcome, Transition, Verdict
+from kvprobe.names import SIDES
 
-SIDES = ("base", "head")
 # Names what compare() computes; change it whenever its output for the same inputs changes,
 # so a verifier can tell a bundle made by another comparison from a forged one.
 ALGORITHM = "kvprobe.compare/1"

@@ -8,10 +8,8 @@ import os
 from pathlib import Path
 
 from kvprobe.files import sha256_file
+from kvprobe.names import MANIFEST, MANIFEST_SCHEMA, SUMS
 
-MANIFEST = "manifest.json"
-SUMS = "SHA256SUMS"
-VERSION = "kvprobe.manifest/1"
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -36,7 +34,7 @@ def build(root: Path) -> dict:
     for rel in bundle_files(root):
         path = root / rel
         files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
-    return {"schema": VERSION, "files": files}
+    return {"schema": MANIFEST_SCHEMA, "files": files}
 
 
 def render_sums(manifest: dict) -> str:
@@ -53,7 +51,7 @@ def write(root: Path) -> str:
     from kvprobe import schema
 
     manifest = build(root)
-    schema.validate(manifest, VERSION, source=str(root / MANIFEST))
+    schema.validate(manifest, MANIFEST_SCHEMA, source=str(root / MANIFEST))
     data = render_manifest(manifest)
     (root / MANIFEST).write_bytes(data)
     (root / SUMS).write_text(render_sums(manifest), encoding="utf-8")

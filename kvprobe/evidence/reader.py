@@ -14,6 +14,7 @@ from typing import Any
 from kvprobe.defects import BundleDefect, Unreadable
 from kvprobe.evidence.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
 from kvprobe.strict_json import loads as strict_loads
+from kvprobe.names import SIDES
 
 
 @dataclass
@@ -72,7 +73,7 @@ def parse_json(bundle: Bundle, rel: str, data: bytes | None, defects: list[Bundl
 def cited_raw(receipt: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(side, kind 'probe'|'test', raw path, record) for every raw JSON the receipt cites."""
     found = []
-    for side in ("base", "head"):
+    for side in SIDES:
         block = receipt["sides"][side]
         found += [(side, "probe", p["raw"]["path"], p) for p in block["probes"] if p["raw"]]
         found += [(side, "test", t["raw"]["path"], t) for t in block["tests"]]

@@ -21,8 +21,8 @@ from kvprobe.files import write_atomic
 from kvprobe.errors import CheckRunError, ExperimentError, UsageError
 from kvprobe.experiments.experiment import load_file
 from kvprobe.model.records import Experiment
+from kvprobe.names import SIDES
 
-SIDES = ("base", "head")
 _CASE_KEY_RE = re.compile(r"[a-z][a-z0-9_]*/[a-z0-9_.]+")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.]+")
 _HEADER_RE = re.compile(

@@ -14,9 +14,9 @@ from kvprobe.model.records import (
     SourceKind, TestCheck, WheelPin,
 )
 from kvprobe.resources import experiment_dirs
+from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
 
 FILENAME = "experiment.toml"
-SCHEMA_VERSION = "kvprobe.experiment/1"
 
 
 def find(experiment_id: str) -> Path:
@@ -75,7 +75,7 @@ def load_file(path: Path, *, validate: bool = True) -> Experiment:
 
 def _validate(data: dict[str, Any], path: Path) -> None:
     try:
-        schema.validate(data, SCHEMA_VERSION, source=str(path))
+        schema.validate(data, EXPERIMENT_SCHEMA, source=str(path))
     except SchemaError as exc:
         raise ExperimentError(exc.message, hints=exc.hints) from exc
 
@@ -121,7 +121,7 @@ def _build(data: dict[str, Any], path: Path, digest: str) -> Experiment:
 def _pin_set(name: str, spec: dict[str, Any], path: Path) -> PinSet:
     kind = SourceKind(spec["kind"])
     sides = {}
-    for side in ("base", "head"):
+    for side in SIDES:
         pin = spec[side]
         try:
             if kind is SourceKind.GIT:

@@ -36,6 +36,7 @@ from kvprobe.experiments.experiment import FILENAME, load_file
 from kvprobe.model.records import ID_RE, GitPin, WheelPin
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
+from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
 
 DEFAULT_UPSTREAM = "https://github.com/sgl-project/sglang"
 GIT_PINS, RELEASE_PINS = "commits", "release"
@@ -313,7 +314,7 @@ def render_experiment(checked: _Checked) -> str:
     lines = [
         f"# Scaffolded by `kvprobe new`. The pins below were checked {checked_what};"
         " replace every TODO before committing.",
-        'schema = "kvprobe.experiment/1"',
+        f'schema = "{EXPERIMENT_SCHEMA}"',
         f"id = {s(spec.experiment_id)}",
         f"title = {s(title)}",
         'layer = "diff-probe"',
@@ -369,7 +370,7 @@ def _wheel_pin_lines(checked: _Checked) -> list[str]:
     spec, s = checked.spec, tomltext.string
     lines = [f"[pins.{RELEASE_PINS}]", 'kind = "wheel"',
              f"description = {s(f'{spec.package} release wheels: {spec.release_base} -> {spec.release_head}')}"]
-    for side, pin in zip(("base", "head"), checked.wheels):
+    for side, pin in zip(SIDES, checked.wheels):
         lines += [f"[pins.{RELEASE_PINS}.{side}]", f"package = {s(pin.package)}", f"version = {s(pin.version)}",
                   f"file = {s(pin.filename)}", f'sha256 = "{pin.sha256}"']
     return lines + [""]

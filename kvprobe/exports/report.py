@@ -21,16 +21,14 @@ from kvprobe import __version__, files
 from kvprobe.evidence import manifest as manifest_mod
 from kvprobe.errors import SchemaError, UsageError, VerificationFailed
 from kvprobe.strict_json import load_document
+from kvprobe.names import MANIFEST, MANIFEST_SCHEMA, RECEIPT, RECEIPT_SCHEMA, SIDES
 
 FORMATS = ("markdown", "openvex", "intoto")
-RECEIPT = "receipt.json"
-RECEIPT_VERSION = "kvprobe.receipt/1"
 OPENVEX_CONTEXT = "https://openvex.dev/ns/v0.2.0"
 OPENVEX_SCHEMA = "openvex/0.2.0"            # keys of kvprobe.schema.KNOWN
 INTOTO_SCHEMA = "in-toto/statement-v1"
 INTOTO_STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kvprobe.dev/attestation/receipt/v1"
-SIDES = ("base", "head")
 _MAX_VALUE = 160  # characters of one observed value shown in a Markdown cell
 _GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
 
@@ -71,16 +69,16 @@ def load(bundle: Path) -> BundleView:
     if not root.is_dir():
         raise UsageError(f"{bundle}: not a bundle directory",
                          hints=["pass the directory `kvprobe run` wrote (it holds receipt.json and manifest.json)"])
-    missing = [n for n in (RECEIPT, manifest_mod.MANIFEST) if not (root / n).is_file()]
+    missing = [n for n in (RECEIPT, MANIFEST) if not (root / n).is_file()]
     if missing:
         raise UsageError(f"{bundle}: not a kvprobe bundle: no {' and no '.join(missing)}")
-    manifest_bytes = (root / manifest_mod.MANIFEST).read_bytes()
-    manifest = load_document(manifest_bytes, f"{bundle}/{manifest_mod.MANIFEST}")
-    _check_version(manifest, manifest_mod.VERSION, f"{bundle}/{manifest_mod.MANIFEST}")
-    schema.validate(manifest, manifest_mod.VERSION, source=f"{bundle}/{manifest_mod.MANIFEST}")
+    manifest_bytes = (root / MANIFEST).read_bytes()
+    manifest = load_document(manifest_bytes, f"{bundle}/{MANIFEST}")
+    _check_version(manifest, MANIFEST_SCHEMA, f"{bundle}/{MANIFEST}")
+    schema.validate(manifest, MANIFEST_SCHEMA, source=f"{bundle}/{MANIFEST}")
     receipt = load_document((root / RECEIPT).read_bytes(), f"{bundle}/{RECEIPT}")
-    _check_version(receipt, RECEIPT_VERSION, f"{bundle}/{RECEIPT}")
-    schema.validate(receipt, RECEIPT_VERSION, source=f"{bundle}/{RECEIPT}")
+    _check_version(receipt, RECEIPT_SCHEMA, f"{bundle}/{RECEIPT}")
+    schema.validate(receipt, RECEIPT_SCHEMA, source=f"{bundle}/{RECEIPT}")
     problems = _differences(manifest, manifest_mod.build(root))
     if problems:
         raise VerificationFailed(
@@ -517,7 +515,7 @@ def intoto(view: BundleView) -> dict[str, Any]:
     pinned commits by gitCommit or wheels by sha256, the receipt as predicate."""
     r = view.receipt
     subjects = [{"name": f["path"], "digest": {"sha256": f["sha256"]}} for f in view.manifest["files"]]
-    subjects.append({"name": manifest_mod.MANIFEST, "digest": {"sha256": view.manifest_sha256}})
+    subjects.append({"name": MANIFEST, "digest": {"sha256": view.manifest_sha256}})
     upstream = (r["experiment"].get("upstream") or "").rstrip("/")
     for side in SIDES:
         pin = r["sides"][side]["pin"]

@@ -38,8 +38,8 @@ from kvprobe.gates.fixmarkers import CodeSettings, Presence, Tree, code_settings
 from kvprobe.progress import Reporter
 from kvprobe.run import runner
 from kvprobe.run.side import CheckContext, environment, run_probe
+from kvprobe.names import GATES_RECEIPT_SCHEMA, LOGS_DIR, PROBES_DIR, RAW_DIR
 
-RECEIPT_VERSION = "kvprobe.gates-receipt/1"
 GATE_EXPERIMENTS = ("experiment-a", "experiment-b")
 VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?$")
 
@@ -356,7 +356,7 @@ def run_gate2(target: Target | None, opts: GateOptions, staging: Path, work: Pat
 def _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opts, reporter) -> _ProbeOutcome:
     from kvprobe.model.records import Side
 
-    probe_dir = staging / "probes" / exp.id
+    probe_dir = staging / PROBES_DIR / exp.id
     probe_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
     ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
@@ -367,7 +367,7 @@ def _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opt
         shutil.copy2(exp.directory / check.path, probe_dir / check.path)
         with reporter.step(f"gate 2: {exp.id} probe {check.name} against {target.spec}"):
             ran = run_probe(ctx, Side.HEAD, [target.import_root], check,
-                                    staging / "raw" / "gate2" / exp.id, staging / "logs" / "gate2" / exp.id, scratch)
+                                    staging / RAW_DIR / "gate2" / exp.id, staging / LOGS_DIR / "gate2" / exp.id, scratch)
         run = ran["run"]
         if run.ok:
             docs[check.name] = run.output
@@ -591,7 +591,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         findings: list = []
         gates = (gate1(worker_logs), gate2, gate3(sources, tree, code, findings), gate4(sources, tree, code, findings))
         receipt = build_receipt(started, gates, logs, files, target, findings, code, probe_refs, env, timings)
-        digest = seal_bundle(receipt, RECEIPT_VERSION, render_readme(receipt), staging, final)
+        digest = seal_bundle(receipt, GATES_RECEIPT_SCHEMA, render_readme(receipt), staging, final)
         return GatesResult(final, receipt, digest)
     finally:
         held.close()
@@ -615,7 +615,7 @@ def overall(gates: Iterable[Gate]) -> Status:
 def build_receipt(started, gates, logs, files, target, findings, code, probe_refs, env, timings) -> dict[str, Any]:
     verdict = overall(gates)
     return {
-        "schema": RECEIPT_VERSION,
+        "schema": GATES_RECEIPT_SCHEMA,
         "tool": {"name": "kvprobe", "version": __version__},
         "run_id": f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}",
         "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -20,8 +20,8 @@ from kvprobe.errors import ExperimentError, ObserveError, UsageError
 from kvprobe.evidence.reader import Bundle
 from kvprobe.progress import Reporter
 from kvprobe.verify.result import StepResult, step_result
+from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 
-SIDES = ("base", "head")
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,13 @@ def _bundled_experiment(bundle: Bundle, work: Path):
     from kvprobe.experiments.experiment import load_file
 
     exp_id = bundle.receipt["experiment"]["id"]
-    prefix = f"probes/{exp_id}/"
+    prefix = f"{PROBES_DIR}/{exp_id}/"
     for rel in bundle.listed():
         if rel.startswith(prefix):
-            target = work / "probes" / rel[len("probes/"):]
+            target = work / PROBES_DIR / rel[len(PROBES_DIR) + 1:]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(bundle.tree.read_bytes(rel, bundle.limits.max_file_bytes))
-    return load_file(work / "probes" / exp_id / "experiment.toml")
+    return load_file(work / PROBES_DIR / exp_id / "experiment.toml")
 
 
 def _run(exp, pin_set: str, opts: RerunOptions, work: Path, reporter: Reporter | None) -> dict[str, Any]:
@@ -88,7 +88,7 @@ def diff_runs(published: dict[str, Any], fresh: dict[str, Any]) -> list[RerunDif
     found += _observation_diffs(published, fresh, raw) + _case_diffs(published, fresh, raw)
     found += _test_diffs(published, fresh, raw)
     if published["verdict"] != fresh["verdict"]:
-        found.append(RerunDiffers("receipt.json", f"verdict: published {published['verdict']!r}, "
+        found.append(RerunDiffers(RECEIPT, f"verdict: published {published['verdict']!r}, "
                                                   f"rerun {fresh['verdict']!r}"))
     return found
 
@@ -113,14 +113,14 @@ def _raw_paths(receipt: dict[str, Any]) -> dict[tuple[str, str], str]:
     paths = {}
     for side in SIDES:
         for p in receipt["sides"][side]["probes"]:
-            paths[(side, p["name"])] = p["raw"]["path"] if p["raw"] else "receipt.json"
+            paths[(side, p["name"])] = p["raw"]["path"] if p["raw"] else RECEIPT
         for t in receipt["sides"][side]["tests"]:
             paths[(side, t["path"])] = t["raw"]["path"]
     return paths
 
 
 def _where(raw: dict, side: str, key: str) -> str:
-    return raw.get((side, key), "receipt.json")
+    return raw.get((side, key), RECEIPT)
 
 
 def _observation_diffs(published, fresh, raw) -> list[RerunDiffers]:
@@ -137,7 +137,7 @@ def _observation_diffs(published, fresh, raw) -> list[RerunDiffers]:
                 found.append(RerunDiffers(_where(raw, side, row["case"].split("/")[0]),
                                           f"{side} {row['case']} {row['observation']}: published {was}, rerun {now}"))
     for key in sorted(set(index) - seen):
-        found.append(RerunDiffers("receipt.json", f"{key[0]} {key[1]}: only in the rerun"))
+        found.append(RerunDiffers(RECEIPT, f"{key[0]} {key[1]}: only in the rerun"))
     return found
 
 
@@ -174,7 +174,7 @@ def _test_diffs(published, fresh, raw) -> list[RerunDiffers]:
                                           f"({row[f'{side}_exc_type']}), rerun {other.get(side)} "
                                           f"({other.get(f'{side}_exc_type')})"))
     for key in sorted(set(index) - seen):
-        found.append(RerunDiffers("receipt.json", f"test {key[1]} in {key[0]}: only in the rerun"))
+        found.append(RerunDiffers(RECEIPT, f"test {key[1]} in {key[0]}: only in the rerun"))
     return found
 
 

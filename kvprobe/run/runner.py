@@ -24,8 +24,8 @@ from kvprobe.model.records import Experiment, PinSet, Side, SourceKind
 from kvprobe.progress import Reporter
 from kvprobe.run.side import CheckContext, environment, run_side
 from kvprobe.verify.steps import verify
+from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 
-RECEIPT_VERSION = "kvprobe.receipt/1"
 
 
 @dataclass
@@ -205,7 +205,7 @@ def _head_test_files(exp, pin_set, sides) -> dict[str, bytes]:
 # --- receipt and bundle ------------------------------------------------------------------
 
 def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, staging, timings) -> dict[str, Any]:
-    probe_dir = staging / "probes" / exp.id
+    probe_dir = staging / PROBES_DIR / exp.id
     probe_dir.mkdir(parents=True)
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
     for source in _experiment_sources(exp):
@@ -231,16 +231,16 @@ def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, stagin
                 mocks.setdefault(p["name"], p["run"].output["mocks"])
         timings[f"{side.value}_checks_s"] = sum(t["duration_s"] for t in c["tests"]) + sum(
             p["run"].duration_s for p in c["probes"])
-    expectations = {s: exp.expectations.get(s, {}) for s in ("base", "head")}
+    expectations = {s: exp.expectations.get(s, {}) for s in SIDES}
     comparison = compare.compare(expect=expectations, probe_docs=probe_docs, probe_problems=problems,
                                  test_runs=test_runs)
     receipt = {
-        "schema": RECEIPT_VERSION,
+        "schema": RECEIPT_SCHEMA,
         "tool": {"name": "kvprobe", "version": __version__},
         "run_id": run_id,
         "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "experiment": {"id": exp.id, "title": exp.title, "layer": exp.layer.value,
-                       "file": f"probes/{exp.id}/experiment.toml", "sha256": exp.file_sha256,
+                       "file": f"{PROBES_DIR}/{exp.id}/experiment.toml", "sha256": exp.file_sha256,
                        "upstream": exp.upstream, "profile": exp.profile,
                        "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary}},
         "pin_set": {"name": pin_set.name, "kind": pin_set.kind.value, "pr": pin_set.pr,
@@ -280,7 +280,7 @@ def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
 
 
 def _write_bundle(exp, receipt, staging: Path, final: Path) -> RunResult:
-    digest = seal_bundle(receipt, RECEIPT_VERSION, render_readme(receipt), staging, final,
+    digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final,
                          check=_verify_on_write)
     return RunResult(final, receipt, digest)
 

@@ -19,8 +19,8 @@ from kvprobe.checks import probes, upstream
 from kvprobe.files import write_json
 from kvprobe.model.records import EnvInfo, Experiment, PinSet, Side, SourceKind
 from kvprobe.progress import Reporter
+from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
 
-TEST_RUN_VERSION = "kvprobe.test-run/1"
 
 
 def environment(exp, pin_set, opts, reporter: Reporter, held=None) -> tuple[dict[str, Any], str, dict[str, str]]:
@@ -62,7 +62,7 @@ def run_side(ctx: CheckContext, side: Side, materialized, head_tests, reporter) 
     python_path = [tree / p for p in ctx.pin_set.python_path]
     scratch = ctx.work / side.value / "home"
     scratch.mkdir(parents=True, exist_ok=True)
-    raw, logs = ctx.staging / "raw" / side.value, ctx.staging / "logs" / side.value
+    raw, logs = ctx.staging / RAW_DIR / side.value, ctx.staging / LOGS_DIR / side.value
     tests, probe_runs = [], []
     with reporter.step(f"{side.value}: running checks"):
         for rel, data in head_tests.items():
@@ -89,7 +89,7 @@ def run_test(ctx, side, tree, python_path, rel, data, raw_dir, log_dir, scratch)
     problem = None if report is not None else f"pytest left no report (exit {run.exit_code})"
     if run.exit_code == 5:
         problem = "pytest collected no tests (exit 5): nothing ran"
-    doc = {"schema": TEST_RUN_VERSION, "path": rel, "side": side.value, "exit_code": run.exit_code,
+    doc = {"schema": TEST_RUN_SCHEMA, "path": rel, "side": side.value, "exit_code": run.exit_code,
            "timed_out": run.timed_out, "overlay": run.overlay, "problem": problem, "report": report}
     raw_path = raw_dir / f"{_safe_name(rel)}.json"
     write_json(raw_path, doc)

@@ -22,9 +22,8 @@ from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.verify.result import StepResult, step_result
+from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 
-SIDES = ("base", "head")
-RECEIPT = "receipt.json"
 _MAX_DIFFS = 8
 
 
@@ -123,7 +122,7 @@ def placement_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
     """Raw outputs sit under raw/<their side>/, probe sources under probes/<experiment id>/."""
     exp_id = receipt["experiment"]["id"]
     found: list[BundleDefect] = []
-    if receipt["experiment"]["file"] != f"probes/{exp_id}/experiment.toml":
+    if receipt["experiment"]["file"] != f"{PROBES_DIR}/{exp_id}/experiment.toml":
         found.append(CitationMisplaced(receipt["experiment"]["file"], f"expected probes/{exp_id}/experiment.toml"))
     for side in SIDES:
         block = receipt["sides"][side]
@@ -149,7 +148,7 @@ def _probe_placement(side: str, exp_id: str, probe: dict[str, Any]) -> list[Bund
     if probe["raw"] and probe["raw"]["path"] != want:
         found.append(CitationMisplaced(probe["raw"]["path"], f"{side} probe {name!r}: expected {want}"))
     path = PurePosixPath(source)
-    if not source.startswith(f"probes/{exp_id}/") or path.stem != name or path.suffix != ".py":
+    if not source.startswith(f"{PROBES_DIR}/{exp_id}/") or path.stem != name or path.suffix != ".py":
         found.append(CitationMisplaced(source, f"{side} probe {name!r}: expected probes/{exp_id}/.../{name}.py"))
     return found
 
@@ -312,12 +311,12 @@ def _receipt_view(receipt: dict[str, Any]) -> dict[str, Any]:
 def _experiment_view(data: dict[str, Any], pin_set: str) -> dict[str, Any]:
     exp_id = data["id"]
     fix = data["fix"]
-    probes = [[PurePosixPath(p["path"]).stem, f"probes/{exp_id}/{p['path']}"] for p in data["checks"].get("probes", [])]
+    probes = [[PurePosixPath(p["path"]).stem, f"{PROBES_DIR}/{exp_id}/{p['path']}"] for p in data["checks"].get("probes", [])]
     spec = data["pins"].get(pin_set, {})
     tests = [t["path"] for t in data["checks"].get("tests", [])
              if spec.get("kind") == "git" and ("pins" not in t or pin_set in t["pins"])]
     return {"experiment": {"id": exp_id, "title": data["title"], "layer": data["layer"],
-                           "file": f"probes/{exp_id}/experiment.toml", "upstream": data.get("upstream"),
+                           "file": f"{PROBES_DIR}/{exp_id}/experiment.toml", "upstream": data.get("upstream"),
                            "profile": data["profile"],
                            "fix": {"prs": list(fix.get("prs", [])), "release": fix.get("release"),
                                    "summary": fix["summary"]}},
@@ -421,11 +420,11 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
     for gate in receipt["gates"]:
         status = combine(Status(c["status"]) for c in gate["checks"] if c["decides"])
         if status.value != gate["status"]:
-            defects.append(ForgedVerdict("receipt.json", f"gate {gate['number']} states {gate['status']!r}; "
+            defects.append(ForgedVerdict(RECEIPT, f"gate {gate['number']} states {gate['status']!r}; "
                                                          f"its deciding checks give {status.value!r}"))
         gates.append(status)
     overall = combine(gates)
     if overall.value != receipt["overall"] or RECORDED_EXIT_CODE[overall] != receipt["exit_code"]:
-        defects.append(ForgedVerdict("receipt.json", f"overall states {receipt['overall']!r} (exit "
+        defects.append(ForgedVerdict(RECEIPT, f"overall states {receipt['overall']!r} (exit "
                                                      f"{receipt['exit_code']}); the gates give {overall.value!r}"))
     return step_result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks")

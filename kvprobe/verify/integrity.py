@@ -14,9 +14,9 @@ from kvprobe.defects import (
 )
 from kvprobe.evidence.reader import Bundle, read_bytes
 from kvprobe.evidence.safetree import NotRegularFile, path_problem
+from kvprobe.names import MANIFEST, SUMS
 
 
-MANIFEST, SUMS = manifest_mod.MANIFEST, manifest_mod.SUMS
 _SUMS_LINE = re.compile(r"([0-9A-Fa-f]{64}) ([ *])(.*)")
 _BSD_LINE = re.compile(r"SHA256 ?\((.*)\) ?= ?([0-9A-Fa-f]{64})")
 

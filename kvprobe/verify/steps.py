@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kvprobe.evidence import manifest as manifest_mod
 from kvprobe import schema
 from kvprobe.defects import (
     BundleDefect, ManifestDigestMismatch, MissingRequired, NotABundle, SchemaViolation, TomlMalformed,
@@ -28,10 +27,9 @@ from kvprobe.evidence.safetree import Limits, Tree
 from kvprobe.verify.consistency import step_consistency, step_gates_consistency
 from kvprobe.verify.integrity import integrity_defects
 from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
+from kvprobe.names import MANIFEST, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 
-RECEIPT, MANIFEST, SUMS = "receipt.json", manifest_mod.MANIFEST, manifest_mod.SUMS
 REQUIRED = (RECEIPT, MANIFEST, SUMS)
-TEST_RUN_VERSION = "kvprobe.test-run/1"  # kvprobe.run.runner.TEST_RUN_VERSION (runner is heavy to import)
 _MAX_SCHEMA_ERRORS = 20
 
 
@@ -227,13 +225,13 @@ def test_run_defects(doc: Any, rel: str) -> list[BundleDefect]:
     version = doc.get("schema") if isinstance(doc, dict) else None
     if not isinstance(version, str) or not version.startswith("kvprobe.test-run/"):
         return [SchemaViolation(rel, f"schema: expected a kvprobe.test-run/N document, found {version!r}")]
-    if version != TEST_RUN_VERSION:
+    if version != TEST_RUN_SCHEMA:
         return [UnknownSchemaVersion(rel, f"unknown schema version {version!r}: this kvprobe knows "
-                                          f"{TEST_RUN_VERSION}; upgrade kvprobe")]
+                                          f"{TEST_RUN_SCHEMA}; upgrade kvprobe")]
     if set(doc) != _TEST_RUN_KEYS:
         return [SchemaViolation(rel, f"keys {sorted(doc)} != {sorted(_TEST_RUN_KEYS)}")]
     report = doc["report"]
-    if report is not None and (not isinstance(report, dict) or report.get("schema") != "kvprobe.pytest-report/1"):
+    if report is not None and (not isinstance(report, dict) or report.get("schema") != PYTEST_REPORT_SCHEMA):
         return [SchemaViolation(rel, "report: not a kvprobe.pytest-report/1 document")]
     return []
 

@@ -19,7 +19,7 @@ from kvprobe.evidence import manifest
 from kvprobe.cli import main
 from kvprobe.errors import SchemaError, UsageError, VerificationFailed
 from kvprobe.resources import schemas_dir
-from kvprobe.checks.upstream import REPORT_SCHEMA
+from kvprobe.names import PYTEST_REPORT_SCHEMA
 
 TEST_FILE = "test/unit/test_door.py"
 HOSTILE = "a|b\nc\\|d `tick` <b>x</b> | end"
@@ -70,7 +70,7 @@ def _entry(name, when="call", outcome="passed", exception=None):
 
 
 def _report_doc(tests, exitstatus):
-    return {"schema": REPORT_SCHEMA, "complete": True, "exitstatus": exitstatus, "pytest_version": "9.2.0",
+    return {"schema": PYTEST_REPORT_SCHEMA, "complete": True, "exitstatus": exitstatus, "pytest_version": "9.2.0",
             "collected": 7, "tests": tests, "collection_errors": [], "running": None,
             "runner": {"file_nodeid": TEST_FILE, "returncode": exitstatus, "timed_out": False, "timeout_s": 60}}
 

@@ -13,7 +13,6 @@ from kvprobe.model import records as models
 from kvprobe.model.records import FailureKind, Outcome, Transition
 from kvprobe.proc import CommandResult
 from kvprobe.checks.upstream import (
-    REPORT_SCHEMA,
     count_results,
     failure_kinds,
     finalize_report,
@@ -22,6 +21,7 @@ from kvprobe.checks.upstream import (
     subtest_label,
     transitions,
 )
+from kvprobe.names import PYTEST_REPORT_SCHEMA
 
 FILE = "unit/test_x.py"
 
@@ -50,7 +50,7 @@ def failing(name: str, exception, when: str = "call"):
 
 
 def doc(tests=(), *, exitstatus=0, collection_errors=(), complete=True, runner=None, running=None):
-    return {"schema": REPORT_SCHEMA, "complete": complete, "exitstatus": exitstatus,
+    return {"schema": PYTEST_REPORT_SCHEMA, "complete": complete, "exitstatus": exitstatus,
             "pytest_version": "9.2.0", "collected": 1, "tests": list(tests),
             "collection_errors": list(collection_errors), "running": running,
             "runner": runner if runner is not None else {"file_nodeid": FILE, "returncode": exitstatus,
@@ -240,7 +240,7 @@ def test_finalize_rebuilds_a_killed_run_from_the_journal(tmp_path: Path):
 
 def test_load_report_refuses_duplicate_keys(tmp_path: Path):
     path = tmp_path / "r.json"
-    path.write_text('{"schema": "%s", "schema": "%s"}' % (REPORT_SCHEMA, REPORT_SCHEMA))
+    path.write_text('{"schema": "%s", "schema": "%s"}' % (PYTEST_REPORT_SCHEMA, PYTEST_REPORT_SCHEMA))
     with pytest.raises(SchemaError, match="duplicate"):
         load_report(path)
 

@@ -1,0 +1,22 @@
+"""Names written once: bundle file and directory names, the two sides, document schema ids."""
+
+from __future__ import annotations
+
+# A bundle's files (DESIGN.md, "A bundle is a directory").
+RECEIPT = "receipt.json"
+MANIFEST = "manifest.json"
+SUMS = "SHA256SUMS"
+README = "README.md"
+RAW_DIR, LOGS_DIR, PROBES_DIR = "raw", "logs", "probes"
+
+# A two-sided experiment: the pin before the fix and the pin with it.
+SIDES = ("base", "head")
+
+# Schema ids every kvprobe JSON document names (kvprobe.schema maps them to schemas/).
+EXPERIMENT_SCHEMA = "kvprobe.experiment/1"
+RECEIPT_SCHEMA = "kvprobe.receipt/1"
+GATES_RECEIPT_SCHEMA = "kvprobe.gates-receipt/1"
+MANIFEST_SCHEMA = "kvprobe.manifest/1"
+PROBE_OUTPUT_SCHEMA = "kvprobe.probe-output/1"
+TEST_RUN_SCHEMA = "kvprobe.test-run/1"
+PYTEST_REPORT_SCHEMA = "kvprobe.pytest-report/1"
