@@ -9,12 +9,19 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping
 
-from kvprobe.model.records import FailureKind, Outcome, Transition, Verdict
+from kvprobe.checks.results import failure_kinds, results_from_report, transitions
+from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition, Verdict
 from kvprobe.names import SIDES
 
 # Names what compare() computes; change it whenever its output for the same inputs changes,
 # so a verifier can tell a bundle made by another comparison from a forged one.
-ALGORITHM = "kvprobe.compare/1"
+ALGORITHM = "kvprobe.compare/2"
+# Earlier comparisons and how their output differs from this one's for the same inputs. A
+# bundle made by one verifies when this comparison, recomputed, gives the same block.
+PREDECESSORS = {
+    "kvprobe.compare/1": "counted a test that failed only through its subtests as one more "
+                         "'infrastructure' failure kind",
+}
 RAISED = "raised"  # reserved observation: the exception type a case raised, or False
 
 
@@ -70,11 +77,9 @@ def _same(a: Any, b: Any) -> bool:
 
 def test_rows(test_runs: Mapping[str, Mapping[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
     """Per-test transitions and per-file summaries from the two sides' test-run records."""
-    from kvprobe.checks.upstream import results_from_report, transitions
-
     rows, summary = [], {}
     for path, sides in sorted(test_runs.items()):
-        results = {side: _results(sides.get(side), results_from_report) for side in SIDES}
+        results = {side: _results(sides.get(side)) for side in SIDES}
         moves = transitions(results["base"], results["head"])
         by_key = {side: {r.key: r for r in results[side]} for side in SIDES}
         for key in sorted(moves):
@@ -92,36 +97,22 @@ def test_rows(test_runs: Mapping[str, Mapping[str, Any]]) -> tuple[list[dict], d
     return rows, summary
 
 
-def _results(run: Mapping[str, Any] | None, parse) -> list:
+def _results(run: Mapping[str, Any] | None) -> list[TestResult]:
     if not run or run.get("report") is None:
         return []
-    return parse(run["report"])
+    return results_from_report(run["report"])
 
 
-def _side_summary(run: Mapping[str, Any] | None, results: list) -> dict[str, Any]:
+def _side_summary(run: Mapping[str, Any] | None, results: list[TestResult]) -> dict[str, Any]:
     tests = [r for r in results if not r.subtest]
     subtests = [r for r in results if r.subtest]
-    failed = [r for r in results if r.outcome in (Outcome.FAILED, Outcome.ERROR)]
     return {
         "problem": (run or {}).get("problem") or ("no test run" if not run else None),
         "exit_code": (run or {}).get("exit_code"),
         "tests": dict(Counter(r.outcome.value for r in tests)),
         "subtests": dict(Counter(r.outcome.value for r in subtests)),
-        "failure_kinds": failure_kinds(failed),
+        "failure_kinds": failure_kinds(results),
     }
-
-
-def failure_kinds(failed: list) -> dict[str, int]:
-    """"6 AttributeError + 1 ValueError, 0 assertion failures" as data."""
-    kinds: Counter[str] = Counter({"assertion": 0})
-    for r in failed:
-        if r.kind is FailureKind.ASSERTION:
-            kinds["assertion"] += 1
-        elif r.kind is FailureKind.EXCEPTION:
-            kinds[r.exc_type or "Exception"] += 1
-        else:
-            kinds[(r.kind or FailureKind.INFRASTRUCTURE).value] += 1
-    return dict(sorted(kinds.items()))
 
 
 def compare(

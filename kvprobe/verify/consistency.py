@@ -18,6 +18,7 @@ from kvprobe.defects import (
     RawInvalid, RecomputeFailed, RecordMismatch, PinMismatch, RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
+from kvprobe.evidence import compare
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
@@ -237,11 +238,9 @@ def recompute_inputs(bundle: Bundle) -> tuple[dict, dict, dict] | None:
 
 
 def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
-    from kvprobe.evidence import compare
-
     receipt = bundle.receipt
     made_by = receipt["comparison"].get("algorithm", "kvprobe.compare/1")
-    if made_by != compare.ALGORITHM:
+    if made_by != compare.ALGORITHM and made_by not in compare.PREDECESSORS:
         return [ComparisonAlgorithmUnknown(RECEIPT, f"the comparison was made by {made_by!r} "
                                                     f"(kvprobe {receipt['tool']['version']}); this kvprobe "
                                                     f"computes {compare.ALGORITHM!r}: verify with a kvprobe "
@@ -260,9 +259,14 @@ def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
         if stated != comp["verdict"]:
             found.append(ForgedVerdict(RECEIPT, f"{where} is {stated!r}, but the raw outputs and expectations "
                                                 f"give {comp['verdict']!r}"))
+    comp["algorithm"] = made_by  # a predecessor's bundle verifies where its output is the same
     diffs = json_diff({k: v for k, v in receipt["comparison"].items() if k != "verdict"},
                       {k: v for k, v in comp.items() if k != "verdict"}, "comparison")
-    if diffs:
+    if diffs and made_by != compare.ALGORITHM:
+        found.append(ComparisonAlgorithmUnknown(RECEIPT, f"the comparison was made by {made_by!r}, which "
+                                                         f"{compare.PREDECESSORS[made_by]}; recomputed with "
+                                                         f"{compare.ALGORITHM!r} it differs: {_summary(diffs)}"))
+    elif diffs:
         found.append(ComparisonMismatch(RECEIPT, f"{len(diffs)} differences from the comparison recomputed "
                                                  f"from the raw outputs: {_summary(diffs)}"))
     found += _mocks_defects(receipt, docs)

@@ -13,15 +13,8 @@ import pytest
 from kvprobe import proc
 from kvprobe.errors import CheckRunError, UsageError
 from kvprobe.model.records import FailureKind, Outcome, Transition
-from kvprobe.checks.upstream import (
-    Overlay,
-    TestFileRun,
-    load_report,
-    overlay_test_file,
-    results_from_report,
-    run_test_file,
-    transitions,
-)
+from kvprobe.checks.results import results_from_report, transitions
+from kvprobe.checks.upstream import Overlay, TestFileRun, load_report, overlay_test_file, run_test_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
@@ -194,7 +187,7 @@ def test_base_to_head_transitions(target_python, tmp_path):
     head_run = run(target_python, head, "tests/test_mixed.py", MIXED, tmp_path / "h")
     assert (base_run.overlay, head_run.overlay) == (Overlay.REPLACED, Overlay.IDENTICAL)
     assert head_run.exit_code == 0, head_run.stdout_path.read_text()
-    moved = {k.split("::", 1)[1]: v for k, v in transitions(base_run, head_run).items()}
+    moved = {k.split("::", 1)[1]: v for k, v in transitions(base_run.results, head_run.results).items()}
     assert moved["test_attribute"] is Transition.FAIL_TO_PASS
     assert moved["TestMixed::test_retry_attribute"] is Transition.FAIL_TO_PASS
     assert moved["test_setup_error"] is Transition.FAIL_TO_PASS
@@ -215,7 +208,7 @@ def test_a_base_that_cannot_import_is_a_collection_result(target_python, tmp_pat
     assert (error.nodeid, error.outcome, error.kind, error.exc_type) == \
         ("tests/test_new.py", Outcome.ERROR, FailureKind.COLLECTION, "ImportError")
     assert base_run.failure_kinds() == {"assertion": 0, "collection": 1}
-    assert transitions(base_run, head_run) == {
+    assert transitions(base_run.results, head_run.results) == {
         "tests/test_new.py": Transition.ERROR,
         "tests/test_new.py::test_helper": Transition.NOT_RUN,
     }
@@ -228,7 +221,7 @@ def test_no_tests_collected_is_an_error(target_python, tmp_path):
     assert result.exit_code == 5 and result.pytest_exit == 5
     assert (error.outcome, error.kind) == (Outcome.ERROR, FailureKind.COLLECTION)
     assert result.counts["tests_passed"] == 0
-    assert transitions(result, result) == {"tests/test_empty.py": Transition.ERROR}
+    assert transitions(result.results, result.results) == {"tests/test_empty.py": Transition.ERROR}
 
 
 def test_timeout_kills_the_run_and_keeps_finished_tests(target_python, tmp_path):

@@ -69,3 +69,32 @@ def test_no_expectations_is_never_reproduced():
     result = run({}, doc("p", {"c": {"x": 1}}), doc("p", {"c": {"x": 2}}))
     assert result["verdict"] == "no-expectations"
     assert "no expectations declared" in result["reasons"][0]
+
+
+def _subtest_rollup_run(side: str) -> dict:
+    """A test-run record whose one test failed only through one of its two subtests."""
+    node = "t/test_x.py::T::test_s"
+
+    def entry(when="call", outcome="passed", exception=None, subtest=None):
+        return {"nodeid": node, "when": when, "outcome": outcome, "duration": 0.01, "exception": exception,
+                "subtest": subtest, "xfail": None, "wasxfail": None, "longrepr": ""}
+
+    error = {"top_type": "AttributeError", "root_type": "AttributeError", "root_module": "builtins",
+             "root_message": "no scrub", "chain": ["AttributeError"], "assertion": False}
+    tests = [entry("setup"), entry(subtest={"msg": None, "kwargs": {"i": "0"}}),
+             entry("call", "failed", error, {"msg": None, "kwargs": {"i": "1"}}),
+             entry("call", "failed"), entry("teardown")]
+    report = {"schema": "kvprobe.pytest-report/1", "complete": True, "exitstatus": 1, "pytest_version": "9.2.0",
+              "collected": 1, "tests": tests, "collection_errors": [], "running": None,
+              "runner": {"file_nodeid": "t/test_x.py", "returncode": 1, "timed_out": False, "timeout_s": 60}}
+    return {"schema": "kvprobe.test-run/1", "path": "t/test_x.py", "side": side, "exit_code": 1,
+            "timed_out": False, "overlay": "identical", "problem": None, "report": report}
+
+
+def test_failure_kinds_of_a_subtest_rollup_are_its_subtests_root_causes():
+    # The parent failed only through its subtests: it is no failure kind of its own (the old
+    # comparison counted it as one more "infrastructure" failure, unlike the upstream runner).
+    runs = {"t/test_x.py": {"base": _subtest_rollup_run("base"), "head": _subtest_rollup_run("head")}}
+    summary = compare(expect={}, probe_docs={}, probe_problems={}, test_runs=runs)["test_summary"]["t/test_x.py"]
+    assert summary["base"]["failure_kinds"] == {"assertion": 0, "AttributeError": 1}
+    assert summary["base"]["tests"] == {"failed": 1} and summary["base"]["subtests"] == {"passed": 1, "failed": 1}

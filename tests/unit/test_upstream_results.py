@@ -12,15 +12,8 @@ from kvprobe.errors import SchemaError
 from kvprobe.model import records as models
 from kvprobe.model.records import FailureKind, Outcome, Transition
 from kvprobe.proc import CommandResult
-from kvprobe.checks.upstream import (
-    count_results,
-    failure_kinds,
-    finalize_report,
-    load_report,
-    results_from_report,
-    subtest_label,
-    transitions,
-)
+from kvprobe.checks.results import count_results, failure_kinds, results_from_report, subtest_label, transitions
+from kvprobe.checks.upstream import finalize_report, load_report
 from kvprobe.names import PYTEST_REPORT_SCHEMA
 
 FILE = "unit/test_x.py"

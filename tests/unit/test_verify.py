@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprobe.evidence import manifest
+from kvprobe.evidence import compare, manifest
 from kvprobe.cli import main
 from tests import forge
 
@@ -646,5 +646,25 @@ def test_bundle_from_another_comparison_algorithm_is_named_not_called_forged(env
     manifest.write(bundle)
     doc = verify(env, bundle, code=1)
     defect = assert_defect(doc, "comparison-algorithm-unknown", "receipt.json", step=4)
-    assert "kvprobe.compare/99" in defect["detail"] and "kvprobe.compare/1" in defect["detail"]
+    assert "kvprobe.compare/99" in defect["detail"] and compare.ALGORITHM in defect["detail"]
+    assert not any(d["code"] in ("forged-verdict", "comparison-mismatch") for d in defects(doc))
+
+
+def test_bundle_from_a_predecessor_comparison_verifies_where_its_output_is_the_same(env, tmp_path):
+    bundle = forge.copy(env["bundle"], tmp_path / "compare-1")
+    forge.edit_receipt(bundle, lambda r: r["comparison"].update(algorithm="kvprobe.compare/1"))
+    verify(env, bundle, code=0)
+
+
+def test_bundle_from_a_predecessor_comparison_that_differs_is_named_not_called_forged(env, tmp_path):
+    bundle = forge.copy(env["bundle"], tmp_path / "compare-1-differs")
+
+    def older(receipt):
+        receipt["comparison"]["algorithm"] = "kvprobe.compare/1"
+        receipt["comparison"]["test_summary"][forge.TEST_PATH]["base"]["failure_kinds"]["infrastructure"] = 1
+
+    forge.edit_receipt(bundle, older)
+    doc = verify(env, bundle, code=1)
+    defect = assert_defect(doc, "comparison-algorithm-unknown", "receipt.json", step=4)
+    assert "subtests" in defect["detail"] and "failure_kinds" in defect["detail"]
     assert not any(d["code"] in ("forged-verdict", "comparison-mismatch") for d in defects(doc))
