@@ -12,7 +12,7 @@ import click
 from kvprobe import __version__
 from kvprobe.errors import KvprobeError
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNOBSERVED = 0, 1, 2, 3
+EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
 _VERDICT_EXIT = {"reproduced": EXIT_OK, "not-reproduced": EXIT_FAIL,
                  "no-expectations": EXIT_FAIL, "error": EXIT_UNOBSERVED}
 _GATES_EXIT = {"pass": EXIT_OK, "fail": EXIT_FAIL, "unknown": EXIT_UNOBSERVED}

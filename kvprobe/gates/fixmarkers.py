@@ -109,9 +109,6 @@ class Tree:
         return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*.py")
                       if self.has(p.relative_to(self.root).as_posix(), needle))
 
-    def is_sglang(self) -> bool:
-        return (self.root / "sglang" / "srt").is_dir()
-
 
 def _squash(text: str) -> str:
     """One space for any whitespace run, none inside brackets' edges, no trailing commas (black)."""

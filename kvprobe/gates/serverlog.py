@@ -116,7 +116,6 @@ class WorkerLog:
     path: str
     role_flag: str | None = None
     role_from_log: str | None = None
-    role_evidence: Evidence | None = None
     pools: list[PoolLine] = field(default_factory=list)
     kv_lines: list[KvLine] = field(default_factory=list)
     canary: Evidence | None = None
@@ -156,22 +155,22 @@ def _scan_line(log: WorkerLog, line: str, number: int, path: str) -> None:
         log.kv_lines.append(KvLine(None, "post-capture", int(match["tokens"]), Evidence(path, number, _clip(body))))
     if match := CANARY_RE.search(body):
         log.canary = Evidence(path, number, _clip(body))
-        _set_role(log, match["mode"], Evidence(path, number, f"install_canary: disaggregation_mode={match['mode']}"))
+        _set_role(log, match["mode"])
     if ARGS_MARK in body:
         args = parse_args_text(body[body.index(ARGS_MARK) + len(ARGS_MARK):], path, number)
         if args is not None:
             log.args = args
             if args.role:
-                _set_role(log, args.role, Evidence(path, number, f"server_args: disaggregation_mode={args.role!r}"))
+                _set_role(log, args.role)
 
 
-def _set_role(log: WorkerLog, role: str, evidence: Evidence) -> None:
+def _set_role(log: WorkerLog, role: str) -> None:
     if role not in ROLES:
         return
     if log.role_from_log and log.role_from_log != role:
         log.problems.append(f"the log names two roles: {log.role_from_log} and {role}")
         return
-    log.role_from_log, log.role_evidence = role, evidence
+    log.role_from_log = role
 
 
 def _clip(text: str, limit: int = 240) -> str:

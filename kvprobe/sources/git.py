@@ -179,8 +179,6 @@ class GitSource:
     (guarded by a file lock next to it).
     """
 
-    kind = "git"
-
     def __init__(self, url: str, cache_root: Path, *, timeout_s: float = 600.0) -> None:
         self.url = validate_url(url)
         self.key = store_key(self.url)
