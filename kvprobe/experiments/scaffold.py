@@ -29,7 +29,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvprobe import proc
 from kvprobe.experiments import tomltext
 from kvprobe.errors import FetchError, PinError, UsageError
 from kvprobe.experiments.experiment import FILENAME, load_file
@@ -256,22 +255,16 @@ def lookup_wheel(package: str, version: str, python: str | None = None) -> Wheel
     """Download ``package==version``'s wheel for this platform (and ``python``) with pip into a
     temp dir; return its exact file name and sha256. FetchError if pip cannot get one wheel."""
     from kvprobe.files import sha256_file
+    from kvprobe.sources.wheel import pip_download
 
     with tempfile.TemporaryDirectory(prefix="kvprobe-new-wheel-") as scratch:
-        out = Path(scratch, "out")
-        argv = [proc.python_executable(), "-m", "pip", "download", "--no-deps", "--no-cache-dir",
-                "--disable-pip-version-check", "--progress-bar", "off", "--only-binary=:all:",
-                *(["--python-version", python] if python else []),
-                "--dest", str(out), f"{package}=={version}"]
-        result = proc.run(argv, timeout_s=_PIP_TIMEOUT_S, stdout_path=Path(scratch, "pip.out"),
-                          stderr_path=Path(scratch, "pip.err"),
-                          env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)))
-        if not result.ok:
-            raise FetchError(f"could not look up the {package} {version} wheel: {result.summary()}")
-        wheels = sorted(out.glob("*.whl")) if out.is_dir() else []
+        flags = ["--only-binary=:all:", *(["--python-version", python] if python else [])]
+        got = pip_download(f"{package}=={version}", Path(scratch), flags, timeout_s=_PIP_TIMEOUT_S,
+                           failure=f"could not look up the {package} {version} wheel")
+        wheels = [p for p in got if p.name.endswith(".whl")]
         if len(wheels) != 1:
-            got = ", ".join(p.name for p in out.iterdir()) if out.is_dir() else "nothing"
-            raise FetchError(f"pip download of {package}=={version} gave {got}, not one wheel")
+            raise FetchError(f"pip download of {package}=={version} gave "
+                             f"{', '.join(p.name for p in got) or 'nothing'}, not one wheel")
         return WheelPin(package, version, wheels[0].name, sha256_file(wheels[0]))
 
 

@@ -17,6 +17,19 @@ from kvprobe.errors import CheckoutError, DigestMismatch, FetchError
 from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
 
+def pip_download(requirement: str, scratch: Path, flags: list[str], *, timeout_s: float, failure: str) -> list[Path]:
+    """``pip download --no-deps`` of one requirement into ``scratch/out`` (pip's logs beside it);
+    returns the files pip wrote. FetchError starting with ``failure`` when pip fails."""
+    out = scratch / "out"
+    argv = [proc.python_executable(), "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+            "--disable-pip-version-check", "--progress-bar", "off", *flags, "--dest", str(out), requirement]
+    result = proc.run(argv, timeout_s=timeout_s, stdout_path=scratch / "pip.out", stderr_path=scratch / "pip.err",
+                      env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)))
+    if not result.ok:
+        raise FetchError(f"{failure}: {result.summary()}")
+    return sorted(out.iterdir()) if out.is_dir() else []
+
+
 def platform_args(filename: str) -> list[str]:
     """pip download flags that select exactly the wheel a pin names, on any host."""
     parts = filename[:-4].split("-")
@@ -68,22 +81,13 @@ class WheelSource:
         return cached, "download"
 
     def _download(self, pin: WheelPin, tmp: Path) -> Path:
-        argv = [
-            proc.python_executable(), "-m", "pip", "download", "--no-deps", "--no-cache-dir",
-            "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(tmp / "out"),
-            *platform_args(pin.filename), *self.pip_args, f"{pin.package}=={pin.version}",
-        ]
         self.reporter.update(f"downloading {pin.filename}")
-        result = proc.run(
-            argv, timeout_s=self.timeout_s, stdout_path=tmp / "pip.out", stderr_path=tmp / "pip.err",
-            env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
-        )
-        if not result.ok:
-            raise FetchError(f"could not download {pin.filename}: {result.summary()}")
+        got = pip_download(f"{pin.package}=={pin.version}", tmp, [*platform_args(pin.filename), *self.pip_args],
+                           timeout_s=self.timeout_s, failure=f"could not download {pin.filename}")
         path = tmp / "out" / pin.filename
-        if not path.is_file():
-            got = ", ".join(sorted(p.name for p in (tmp / "out").glob("*"))) or "nothing"
-            raise FetchError(f"pip download of {pin.package}=={pin.version} gave {got}, not {pin.filename}")
+        if path not in got:
+            names = ", ".join(sorted(p.name for p in got)) or "nothing"
+            raise FetchError(f"pip download of {pin.package}=={pin.version} gave {names}, not {pin.filename}")
         return path
 
     def materialize(self, pin: WheelPin, dest: Path) -> dict[str, str]:
