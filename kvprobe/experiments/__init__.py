@@ -1,1 +1,1 @@
-"""experiment.toml and profiles: load, validate, scaffold (`kvprobe new`), record expectations."""
+"""experiment.toml: load and validate, scaffold (`kvprobe new`), record expectations."""

@@ -1,1 +1,1 @@
-"""Verification of an untrusted bundle as numbered steps, and bundle archives (pack/extract)."""
+"""Verification of an untrusted bundle as numbered steps, and packing a verified bundle."""
