@@ -182,13 +182,14 @@ def run_summary(result) -> dict[str, Any]:
 @guarded
 def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
     """Render a bundle's receipt for a security review (exit 2: not a bundle or malformed)."""
-    from kvprobe.exports import report
+    from kvprobe.exports.bundle_view import load
+    from kvprobe.exports.render import render, write_atomic
 
-    text = report.render(report.load(bundle), fmt, author=author)
+    text = render(load(bundle), fmt, author=author)
     if output is None:
         click.echo(text, nl=False)
     else:
-        report.write_atomic(output, text)
+        write_atomic(output, text)
         click.echo(f"wrote {output} ({fmt})", err=True)
     return EXIT_OK
 

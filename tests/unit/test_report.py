@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from jsonschema import Draft202012Validator, FormatChecker
 
 from kvprobe import files, schema
-from kvprobe.exports import report
+from kvprobe.exports import bundle_view, intoto, markdown, openvex, render
 from kvprobe.evidence import compare
 from kvprobe.evidence import manifest
 from kvprobe.cli import main
@@ -137,7 +137,7 @@ def make_bundle(root: Path, receipt: dict) -> str:
 def view_of(receipt, digest="5" * 64, name="exp-x-bundle"):
     files = [{"path": "receipt.json", "size": 1, "sha256": "6" * 64},
              {"path": "raw/base/door.json", "size": 1, "sha256": "7" * 64}]
-    return report.BundleView(receipt, {"schema": "kvprobe.manifest/1", "files": files}, digest, name)
+    return bundle_view.BundleView(receipt, {"schema": "kvprobe.manifest/1", "files": files}, digest, name)
 
 
 def validator(name):
@@ -202,7 +202,7 @@ def table_with(md, first_header, second_header=None):
 
 def test_markdown_has_verdict_pins_digest_verify_command_and_scope():
     receipt = make_receipt()
-    md = report.markdown(view_of(receipt))
+    md = markdown.markdown(view_of(receipt))
     lines = md.split("\n")
     assert "- **Verdict:** **reproduced**: 4/4 expected observations matched" in md
     assert "- **Evidence layer:** `diff-probe`" in lines
@@ -221,7 +221,7 @@ def test_markdown_has_verdict_pins_digest_verify_command_and_scope():
 
 
 def test_markdown_cases_show_raised_vs_behaviour_and_expected_values():
-    md = report.markdown(view_of(make_receipt()))
+    md = markdown.markdown(view_of(make_receipt()))
     [summary] = table_with(md, "case")
     by_case = {row[0]: row for row in summary["rows"]}
     assert by_case["`door/door.crash`"][1:3] == ["raised `AttributeError`", "behaviour"]
@@ -235,7 +235,7 @@ def test_markdown_cases_show_raised_vs_behaviour_and_expected_values():
 
 
 def test_markdown_mismatch_is_marked():
-    md = report.markdown(view_of(make_receipt(reproduce=False)))
+    md = markdown.markdown(view_of(make_receipt(reproduce=False)))
     assert "- **Verdict:** **not-reproduced**" in md
     assert "### Why the verdict is not-reproduced" in md
     rows = {row[0]: row for t in table_with(md, "observation") for row in t["rows"]}
@@ -243,7 +243,7 @@ def test_markdown_mismatch_is_marked():
 
 
 def test_markdown_failure_kinds_and_test_transitions():
-    md = report.markdown(view_of(make_receipt()))
+    md = markdown.markdown(view_of(make_receipt()))
     [files] = table_with(md, "file")
     [row] = files["rows"]
     assert unescape(row[0]) == f"`{TEST_FILE}`"
@@ -257,7 +257,7 @@ def test_markdown_failure_kinds_and_test_transitions():
 
 
 def test_markdown_pipes_newlines_and_html_in_values_do_not_break_tables():
-    md = report.markdown(view_of(make_receipt()))
+    md = markdown.markdown(view_of(make_receipt()))
     rows = {row[0]: row for t in table_with(md, "observation") for row in t["rows"]}
     note = rows["`note`"]
     assert unescape(note[1]) == json.dumps(HOSTILE)
@@ -280,17 +280,17 @@ def test_markdown_pipes_newlines_and_html_in_values_do_not_break_tables():
     ({"assertion": 0, "collection": 2, "timeout": 1}, "2 collection errors + 1 timeout, 0 assertion failures"),
 ])
 def test_failure_kinds_text(kinds, text):
-    assert report.failure_kinds_text(kinds) == text
+    assert bundle_view.failure_kinds_text(kinds) == text
 
 
 @pytest.mark.parametrize("text", ["a|b", "a\\|b", "a\\\\|b", "x\ny|z", "|", "\\", "`|`"])
 def test_cell_escaping_round_trips_for_any_text(text):
-    for rendered in (report.cell(text), report.code_cell(text)):
+    for rendered in (markdown.cell(text), markdown.code_cell(text)):
         line = f"| {rendered} | next |"
         cells = split_row(line)
         assert len(cells) == 2 and cells[1] == "next"
         shown = unescape(cells[0])
-        if rendered != report.cell(text):  # a code span: drop its backticks
+        if rendered != markdown.cell(text):  # a code span: drop its backticks
             shown = shown[1:-1]
         assert shown == text
 
@@ -300,7 +300,7 @@ def test_cell_escaping_round_trips_for_any_text(text):
 def test_openvex_reproduced_wheels():
     receipt = make_receipt()
     view = view_of(receipt)
-    doc = report.openvex(view)
+    doc = openvex.openvex(view)
     assert_valid(doc, "openvex-0.2.0.schema.json")
     assert doc["@context"] == "https://openvex.dev/ns/v0.2.0"
     assert doc["timestamp"] == receipt["created_utc"] and doc["version"] == 1
@@ -322,7 +322,7 @@ def test_openvex_reproduced_wheels():
 
 
 def test_openvex_not_reproduced_claims_neither_affected_nor_fixed():
-    doc = report.openvex(view_of(make_receipt(reproduce=False)))
+    doc = openvex.openvex(view_of(make_receipt(reproduce=False)))
     assert_valid(doc, "openvex-0.2.0.schema.json")
     assert [s["status"] for s in doc["statements"]] == ["under_investigation", "under_investigation"]
     assert not any(s["status"] in ("fixed", "affected") for s in doc["statements"])
@@ -331,7 +331,7 @@ def test_openvex_not_reproduced_claims_neither_affected_nor_fixed():
 
 
 def test_openvex_git_pins_are_github_purls():
-    doc = report.openvex(view_of(make_receipt(COMMITS)))
+    doc = openvex.openvex(view_of(make_receipt(COMMITS)))
     assert_valid(doc, "openvex-0.2.0.schema.json")
     base, head = doc["statements"]
     assert base["products"] == [{"@id": f"pkg:github/sgl-project/sglang@{'a' * 40}",
@@ -342,11 +342,11 @@ def test_openvex_git_pins_are_github_purls():
 
 def test_openvex_refuses_a_synthetic_model_receipt():
     with pytest.raises(UsageError, match="synthetic model"):
-        report.openvex(view_of(make_receipt(MODEL, tests=False)))
+        openvex.openvex(view_of(make_receipt(MODEL, tests=False)))
 
 
 def test_render_validates_and_serializes():
-    text = report.render(view_of(make_receipt()), "openvex", author="Security Team")
+    text = render.render(view_of(make_receipt()), "openvex", author="Security Team")
     doc = json.loads(text)
     assert doc["author"] == "Security Team"
     assert text.endswith("\n")
@@ -357,7 +357,7 @@ def test_render_validates_and_serializes():
 def test_intoto_wheels_subjects_and_predicate():
     receipt = make_receipt()
     view = view_of(receipt)
-    doc = report.intoto(view)
+    doc = intoto.intoto(view)
     assert_valid(doc, "in-toto-statement-v1.schema.json")
     assert doc["_type"] == "https://in-toto.io/Statement/v1"
     assert doc["predicateType"] == "https://kvprobe.dev/attestation/receipt/v1"
@@ -372,7 +372,7 @@ def test_intoto_wheels_subjects_and_predicate():
 
 
 def test_intoto_git_pins_are_gitcommit_subjects():
-    doc = report.intoto(view_of(make_receipt(COMMITS)))
+    doc = intoto.intoto(view_of(make_receipt(COMMITS)))
     assert_valid(doc, "in-toto-statement-v1.schema.json")
     commits = [s for s in doc["subject"] if "gitCommit" in s["digest"]]
     assert [s["digest"]["gitCommit"] for s in commits] == ["a" * 40, "b" * 40]
@@ -381,7 +381,7 @@ def test_intoto_git_pins_are_gitcommit_subjects():
 
 
 def test_intoto_schema_rejects_what_the_spec_forbids():
-    doc = report.intoto(view_of(make_receipt()))
+    doc = intoto.intoto(view_of(make_receipt()))
     check = validator("in-toto-statement-v1.schema.json")
     assert not check.is_valid({**doc, "subject": []})
     assert not check.is_valid({**doc, "_type": "https://in-toto.io/Statement/v0.1"})
@@ -391,8 +391,8 @@ def test_intoto_schema_rejects_what_the_spec_forbids():
 
 def test_synthetic_receipt_still_renders_markdown_and_intoto():
     view = view_of(make_receipt(MODEL, tests=False))
-    assert "model switches" in report.markdown(view)
-    doc = report.intoto(view)
+    assert "model switches" in markdown.markdown(view)
+    doc = intoto.intoto(view)
     assert_valid(doc, "in-toto-statement-v1.schema.json")
     assert len(doc["subject"]) == len(view.manifest["files"]) + 1
 
@@ -402,7 +402,7 @@ def test_synthetic_receipt_still_renders_markdown_and_intoto():
 def test_load_reads_a_bundle(tmp_path):
     receipt = make_receipt()
     digest = make_bundle(tmp_path / "b", receipt)
-    view = report.load(tmp_path / "b")
+    view = bundle_view.load(tmp_path / "b")
     assert view.manifest_sha256 == digest
     assert view.receipt == receipt
     assert view.receipt_sha256 == files.sha256_file(tmp_path / "b" / "receipt.json")
@@ -416,11 +416,11 @@ def test_load_refuses_duplicate_keys_and_tampering(tmp_path):
     path.write_text(path.read_text(encoding="utf-8").replace('{\n  "comparison"', '{\n  "verdict": "x",\n  "comparison"', 1),
                     encoding="utf-8")
     with pytest.raises(SchemaError, match="duplicate key"):
-        report.load(tmp_path / "dup")
+        bundle_view.load(tmp_path / "dup")
     make_bundle(tmp_path / "tampered", receipt)
     (tmp_path / "tampered" / "README.md").write_text("# edited\n", encoding="utf-8")
     with pytest.raises(VerificationFailed, match="differ from manifest.json"):
-        report.load(tmp_path / "tampered")
+        bundle_view.load(tmp_path / "tampered")
 
 
 @pytest.mark.parametrize("fmt", ["markdown", "openvex", "intoto"])
@@ -485,10 +485,10 @@ def test_cli_synthetic_openvex_exits_2(tmp_path):
 def test_git_pins_outside_github_are_generic_purls_with_vcs_url():
     receipt = make_receipt(COMMITS)
     receipt["experiment"]["upstream"] = "https://git.example.org/mirror/sglang.git"
-    doc = report.openvex(view_of(receipt))
+    doc = openvex.openvex(view_of(receipt))
     assert_valid(doc, "openvex-0.2.0.schema.json")
     assert doc["statements"][0]["products"][0]["@id"] == (
         f"pkg:generic/sglang@{'a' * 40}?vcs_url=git%2Bhttps%3A%2F%2Fgit.example.org%2Fmirror%2Fsglang.git%40{'a' * 40}")
     receipt["experiment"]["upstream"] = None
     with pytest.raises(UsageError, match="names no upstream"):
-        report.openvex(view_of(receipt))
+        openvex.openvex(view_of(receipt))

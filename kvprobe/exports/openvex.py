@@ -1,0 +1,102 @@
+"""An OpenVEX v0.2.0 document from a bundle: ``affected``/``fixed`` only for a reproduced verdict.
+
+Every statement cites the receipt's and the bundle's digests, the evidence layer and its limits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from kvprobe import __version__
+from kvprobe.exports.bundle_view import BundleView, counts_text, oneline, pin_text, prs_text, purl, vulnerability_name
+from kvprobe.names import SIDES
+
+OPENVEX_CONTEXT = "https://openvex.dev/ns/v0.2.0"
+OPENVEX_SCHEMA = "openvex/0.2.0"  # a key of kvprobe.schema.KNOWN
+
+
+def _product(r: Mapping[str, Any], side: str) -> dict[str, Any]:
+    pin = r["sides"][side]["pin"]
+    ident = purl(r, side)
+    product: dict[str, Any] = {"@id": ident, "identifiers": {"purl": ident}}
+    if pin["kind"] == "wheel":
+        product["hashes"] = {"sha-256": pin["sha256"]}
+    # A git pin's identity is the commit in its purl: OpenVEX's hash names are for artifact
+    # bytes and its identifier keys are closed (purl, cpe22, cpe23), so no "gitCommit" field.
+    return product
+
+
+def _evidence_note(view: BundleView, side: str) -> str:
+    r = view.receipt
+    ev = r["evidence"]
+    parts = [
+        f"Determined by kvprobe from receipt sha256 {view.receipt_sha256} (receipt.json of the bundle "
+        f"whose manifest.json sha256 is {view.manifest_sha256}; check it with `kvprobe verify BUNDLE "
+        f"--expect-manifest-sha256 {view.manifest_sha256}`), experiment {r['experiment']['id']}, "
+        f"run {r['run_id']}.",
+        f"Verdict {r['verdict']}: {counts_text(r)}.",
+        f"Tested {side}: {pin_text(r, side)}.",
+        f"Evidence layer {ev['layer']}: {oneline(ev['shows'])}",
+        "It does not show: " + "; ".join(oneline(x) for x in ev["does_not_show"]) + ".",
+    ]
+    if ev.get("limits"):
+        parts.append("Limits: " + "; ".join(oneline(x) for x in ev["limits"]) + ".")
+    return " ".join(parts)
+
+
+def _action(r: Mapping[str, Any]) -> str:
+    fix = r["experiment"]["fix"]
+    head = r["sides"]["head"]["pin"]
+    prs = prs_text(r, links=False)
+    if head["kind"] == "wheel":
+        tested = "the release kvprobe tested as fixed"
+        if fix.get("release") and fix["release"] != head["version"]:
+            tested += f"; {fix['release']} is the first release with the fix"
+        return f"Upgrade {head['package']} to {head['version']} or later ({tested}), or backport {prs}."
+    release = f" (first released in {fix['release']})" if fix.get("release") else ""
+    return (f"Backport {prs} or move to a version that contains it{release}; kvprobe tested "
+            f"commit {head['commit']} as fixed.")
+
+
+def openvex(view: BundleView, *, author: str = "kvprobe") -> dict[str, Any]:
+    """An OpenVEX v0.2.0 document. ``affected`` (base) and ``fixed`` (head) only when the
+    receipt's verdict is ``reproduced``; otherwise both sides are ``under_investigation``.
+    Raises UsageError for a synthetic-model receipt (it names no product)."""
+    r = view.receipt
+    exp = r["experiment"]
+    prs = prs_text(r, links=False)
+    release = f", first released in {exp['fix']['release']}" if exp["fix"].get("release") else ""
+    vulnerability = {
+        "name": vulnerability_name(r),
+        "description": (f"{oneline(exp['title'])}. The receipt names no CVE; this name stands for the defect "
+                        f"fixed upstream by {prs}{release}. {oneline(exp['fix']['summary'])}"),
+    }
+    products = {side: _product(r, side) for side in SIDES}
+    stamp = r["created_utc"]
+    if r["verdict"] == "reproduced":
+        statements = [
+            {"vulnerability": vulnerability, "products": [products["base"]], "status": "affected",
+             "action_statement": _action(r), "timestamp": stamp,
+             "status_notes": _evidence_note(view, "base")},
+            {"vulnerability": vulnerability, "products": [products["head"]], "status": "fixed",
+             "timestamp": stamp, "status_notes": _evidence_note(view, "head")},
+        ]
+    else:
+        reasons = r["comparison"]["reasons"]
+        why = (f"The receipt's verdict is {r['verdict']!r}, not 'reproduced', so kvprobe claims neither "
+               f"affected nor fixed for this product.")
+        if reasons:
+            why += f" Reasons ({len(reasons)}): " + "; ".join(oneline(x) for x in reasons[:5])
+            why += "; ..." if len(reasons) > 5 else "."
+        statements = [{"vulnerability": vulnerability, "products": [products[side]],
+                       "status": "under_investigation", "timestamp": stamp,
+                       "status_notes": f"{why} {_evidence_note(view, side)}"} for side in SIDES]
+    return {
+        "@context": OPENVEX_CONTEXT,
+        "@id": f"urn:kvprobe:openvex:{exp['id']}:{view.manifest_sha256}",
+        "author": author,
+        "timestamp": stamp,
+        "version": 1,
+        "tooling": f"kvprobe {__version__} (report --format openvex) from a kvprobe {r['tool']['version']} receipt",
+        "statements": statements,
+    }
