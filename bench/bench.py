@@ -371,7 +371,7 @@ def _recorder():
 def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
     from kvprobe.experiments import experiment
     from kvprobe.errors import KvprobeError
-    from kvprobe.run.runner import default_cache_root
+    from kvprobe.env.cache import default_cache_root
     from kvprobe.env.venv import EnvManager, find_python, load_profile
     from kvprobe.sources.wheel import WheelSource
 
@@ -417,7 +417,7 @@ def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
 def prepare_trees(exp, pin_set, work: Path) -> dict[str, Path]:
     """Each side's tree, materialized once through kvprobe's own sources (cache hits)."""
     from kvprobe.model.records import SourceKind
-    from kvprobe.run.runner import default_cache_root
+    from kvprobe.env.cache import default_cache_root
 
     trees = {}
     for side in ("base", "head"):
@@ -488,7 +488,7 @@ def kvprobe_run(work: Path, jobs: int, keep: list[Path]) -> float:
 
 def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
     from kvprobe.experiments import experiment
-    from kvprobe.run.runner import default_cache_root
+    from kvprobe.env.cache import default_cache_root
     from kvprobe.env.venv import EnvManager, load_profile
 
     exp = experiment.load(EXPERIMENT)

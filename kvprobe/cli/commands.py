@@ -210,7 +210,8 @@ def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
 def gates_cmd(logs, sglang, server_args, out, torch_index, as_json) -> int:
     """Check a deployment against the four acceptance gates (exit 0 all pass, 1 a gate failed, 3 undecided)."""
     from kvprobe.cli.console import RichReporter, print_gates, stderr_console
-    from kvprobe.gates.gates import GateOptions, run_gates
+    from kvprobe.gates.gate import GateOptions
+    from kvprobe.gates.pipeline import run_gates
 
     console = stderr_console()
     opts = GateOptions(logs=list(logs), server_args=list(server_args), sglang=sglang, out=out,
@@ -313,7 +314,7 @@ def bundle_pack_cmd(bundle_dir, output, max_files, max_file_bytes, max_bytes, as
 # --- cache -------------------------------------------------------------------------------
 
 def _cache_root() -> Path:
-    from kvprobe.run.runner import default_cache_root
+    from kvprobe.env.cache import default_cache_root
 
     return default_cache_root()
 
@@ -420,7 +421,7 @@ def new_cmd(experiment_id, base, head, pr, repo, tests, release_base, release_he
     """
     from kvprobe.experiments import scaffold
     from kvprobe.cli.console import RichReporter, stderr_console
-    from kvprobe.run.runner import default_cache_root
+    from kvprobe.env.cache import default_cache_root
 
     spec = scaffold.NewSpec(experiment_id, base, head, pr=pr, repo=repo, tests=tuple(tests),
                             release_base=release_base, release_head=release_head, package=package,

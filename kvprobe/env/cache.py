@@ -41,6 +41,13 @@ PARTIAL_GRACE_S = 6 * 3600.0
 DAY_S = 86400.0
 
 
+def default_cache_root() -> Path:
+    """$KVPROBE_CACHE_DIR, else the platform's user cache directory for kvprobe."""
+    from platformdirs import user_cache_dir
+
+    return Path(os.environ.get("KVPROBE_CACHE_DIR") or user_cache_dir("kvprobe"))
+
+
 @dataclass(frozen=True)
 class Entry:
     """One removable thing in the cache."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe import __version__
+from kvprobe.env.cache import default_cache_root
 from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
 from kvprobe.evidence import compare
 from kvprobe.evidence.bundle import file_ref, seal_bundle
@@ -45,12 +46,6 @@ class RunResult:
     bundle: Path
     receipt: dict[str, Any]
     manifest_sha256: str
-
-
-def default_cache_root() -> Path:
-    from platformdirs import user_cache_dir
-
-    return Path(os.environ.get("KVPROBE_CACHE_DIR") or user_cache_dir("kvprobe"))
 
 
 def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None = None) -> RunResult:

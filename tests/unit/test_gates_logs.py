@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprobe.gates import gates
+from kvprobe.gates import pool, settings
 from kvprobe.gates import serverlog
 from kvprobe.cli import main
 from kvprobe.gates.fixmarkers import MARKERS, Presence, Tree, code_settings, find, find_all
-from kvprobe.gates.gates import Status
+from kvprobe.evidence.gate_status import Status
 
 GLM_CONTEXT = 1_048_576
 INCIDENT_POOL = 681_280
@@ -111,7 +111,7 @@ def test_each_release_and_role_is_read_from_the_log(version, mode):
     assert [(k.label, k.kind, k.tokens) for k in log.kv_lines] == [(None, "allocated", RAISED_POOL)]
     assert log.args.values["disaggregation_mode"] == mode
     assert ("disaggregation_enable_kv_checksum" in log.args.values) == (version >= "0.5.21")
-    check = gates.pool_check(log)
+    check = pool.pool_check(log)
     assert check.status is Status.PASS
     assert "pool 2,040,000 tokens, context 1,048,576 tokens" in check.detail
     assert check.evidence.startswith("worker.log:")
@@ -120,13 +120,13 @@ def test_each_release_and_role_is_read_from_the_log(version, mode):
 @pytest.mark.parametrize("kv", ["kv", "kv_split", "swa", "post_capture"])
 def test_every_kv_allocation_format_is_recognised(kv):
     log = parse(startup_log("0.5.22", "decode", RAISED_POOL, GLM_CONTEXT, kv=kv, ms=True))
-    assert gates._main_kv(log).tokens == RAISED_POOL  # SWA window and VA upper bound are not the pool
-    assert gates.pool_check(log).status is Status.PASS
+    assert pool.main_kv(log).tokens == RAISED_POOL  # SWA window and VA upper bound are not the pool
+    assert pool.pool_check(log).status is Status.PASS
 
 
 def test_the_incident_pool_fails_gate_1_with_both_numbers():
     log = parse(startup_log("0.5.20", "prefill", INCIDENT_POOL, GLM_CONTEXT))
-    check = gates.pool_check(log)
+    check = pool.pool_check(log)
     assert check.status is Status.FAIL
     assert "pool 681,280 tokens, context 1,048,576 tokens" in check.detail
     assert "367,296 tokens short" in check.detail
@@ -136,7 +136,7 @@ def test_the_incident_pool_fails_gate_1_with_both_numbers():
 def test_a_kv_allocation_smaller_than_the_scheduler_number_decides():
     text = startup_log("0.5.21", "decode", RAISED_POOL, GLM_CONTEXT).replace(
         f"#tokens: {RAISED_POOL}", f"#tokens: {INCIDENT_POOL}")
-    check = gates.pool_check(parse(text))
+    check = pool.pool_check(parse(text))
     assert check.status is Status.FAIL and "KV Cache is allocated" in check.evidence
 
 
@@ -145,13 +145,13 @@ def test_one_short_dp_group_fails_the_worker():
     text = text.replace(f"max_total_num_tokens={RAISED_POOL}", f"max_total_num_tokens={INCIDENT_POOL}", 1)
     log = parse(text)
     assert [p.ranks for p in log.pools] == ["DP0 TP0", "DP1 TP0"]
-    assert gates.pool_check(log).status is Status.FAIL
+    assert pool.pool_check(log).status is Status.FAIL
 
 
 @pytest.mark.parametrize("stop_after", ["args", "weights", "kv", "pool_end"])
 def test_a_truncated_log_is_unknown_never_pass(stop_after):
     log = parse(startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT, stop_after=stop_after))
-    check = gates.pool_check(log)
+    check = pool.pool_check(log)
     assert check.status is Status.UNKNOWN
     assert "partial log" in check.detail
 
@@ -161,15 +161,15 @@ def test_a_scheduler_line_cut_mid_way_is_unknown():
     cut = text[: text.index("context_len=")]
     log = parse(cut)
     assert not log.pools and any("truncated" in p for p in log.problems)
-    assert gates.pool_check(log).status is Status.UNKNOWN
+    assert pool.pool_check(log).status is Status.UNKNOWN
 
 
 def test_a_non_pd_server_is_reported_not_counted():
     log = parse(startup_log("0.5.22", "null", INCIDENT_POOL, GLM_CONTEXT, tp=1))
-    check = gates.pool_check(log)
+    check = pool.pool_check(log)
     assert check.status is Status.INFO and not check.decides
     assert "not a PD worker" in check.detail
-    gate = gates.gate1([log])
+    gate = pool.gate1([log])
     assert gate.status is Status.UNKNOWN  # no prefill or decode log: nothing decided
     assert {c.name for c in gate.checks if c.status is Status.UNKNOWN} == {"prefill: (no log)", "decode: (no log)"}
 
@@ -178,25 +178,25 @@ def test_role_flag_fills_in_and_a_conflict_is_unknown():
     text = startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT)
     no_args = "\n".join(ln for ln in text.splitlines() if "server_args=" not in ln)
     unnamed = parse(no_args)
-    assert unnamed.role is None and gates.pool_check(unnamed).status is Status.UNKNOWN
-    assert gates.pool_check(parse(no_args, "prefill")).status is Status.PASS
+    assert unnamed.role is None and pool.pool_check(unnamed).status is Status.UNKNOWN
+    assert pool.pool_check(parse(no_args, "prefill")).status is Status.PASS
     conflict = parse(text, "decode")
-    assert gates.pool_check(conflict).status is Status.UNKNOWN
-    assert "--log says decode" in gates.pool_check(conflict).detail
+    assert pool.pool_check(conflict).status is Status.UNKNOWN
+    assert "--log says decode" in pool.pool_check(conflict).detail
 
 
 def test_an_unrelated_file_is_unknown():
     log = parse("hello\nthis is not sglang\n")
-    assert gates.pool_check(log).status is Status.UNKNOWN
+    assert pool.pool_check(log).status is Status.UNKNOWN
 
 
 def test_gate_1_needs_both_sides_and_fails_on_the_mismatch():
     prefill = parse(startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
     decode = parse(startup_log("0.5.22", "decode", RAISED_POOL, GLM_CONTEXT))
-    assert gates.gate1([prefill, decode]).status is Status.FAIL
+    assert pool.gate1([prefill, decode]).status is Status.FAIL
     fixed = parse(startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT))
-    assert gates.gate1([fixed, decode]).status is Status.PASS
-    assert gates.gate1([fixed]).status is Status.UNKNOWN
+    assert pool.gate1([fixed, decode]).status is Status.PASS
+    assert pool.gate1([fixed]).status is Status.UNKNOWN
 
 
 # --- server arguments ---------------------------------------------------------------------------
@@ -314,26 +314,26 @@ def test_code_settings_read_from_the_tree(tmp_path):
 # --- gates 3 and 4 ------------------------------------------------------------------------------
 
 def sources_for(prefill_args: dict | None, decode_args: dict | None, *, canary=(False, False),
-                version="0.5.22") -> gates.Sources:
+                version="0.5.22") -> settings.Sources:
     logs = []
     for mode, args, can in (("prefill", prefill_args, canary[0]), ("decode", decode_args, canary[1])):
         if args is not None:
             logs.append(parse(startup_log(version, mode, RAISED_POOL, GLM_CONTEXT, args=args, canary=can)))
-    return gates.collect_sources(logs, [])
+    return settings.collect_sources(logs, [])
 
 
 def test_gate_3_checksum_on_both_sides_passes_on_fixed_code(tmp_path):
     tree = Tree(fake_tree(tmp_path / "t", fixed=True))
     on = {"disaggregation_enable_kv_checksum": True}
     src = sources_for(server_args_dict("0.5.22", "prefill", **on), server_args_dict("0.5.22", "decode", **on))
-    gate = gates.gate3(src, tree, code_settings(tree), [])
+    gate = settings.gate3(src, tree, code_settings(tree), [])
     assert gate.status is Status.PASS, [c for c in gate.checks]
 
 
 def test_gate_3_fails_when_no_defence_is_active(tmp_path):
     tree = Tree(fake_tree(tmp_path / "t", fixed=True))
     src = sources_for(server_args_dict("0.5.22", "prefill"), server_args_dict("0.5.22", "decode"))
-    gate = gates.gate3(src, tree, code_settings(tree), [])
+    gate = settings.gate3(src, tree, code_settings(tree), [])
     assert gate.status is Status.FAIL
     defence = next(c for c in gate.checks if c.name == "read-integrity defence")
     assert defence.status is Status.FAIL and "neither" in defence.detail
@@ -343,12 +343,12 @@ def test_gate_3_checksum_flag_missing_from_the_release_is_said_so(tmp_path):
     old = server_args_dict("0.5.20", "prefill")
     src = sources_for(old, server_args_dict("0.5.20", "decode"))
     tree = Tree(fake_tree(tmp_path / "t", fixed=False))
-    gate = gates.gate3(src, tree, code_settings(tree), [])
+    gate = settings.gate3(src, tree, code_settings(tree), [])
     checksum = next(c for c in gate.checks if c.name == "prefill: KV checksum")
     assert "not present in this release" in checksum.detail
     assert next(c for c in gate.checks if c.name == "#39500 in code").status is Status.FAIL
     # without the code, the resolved dump alone shows the field does not exist
-    gate = gates.gate3(src, None, None, [])
+    gate = settings.gate3(src, None, None, [])
     assert "not present in this release" in next(c for c in gate.checks if c.name == "prefill: KV checksum").detail
 
 
@@ -356,7 +356,7 @@ def test_gate_3_unsupported_device_does_not_count(tmp_path):
     tree = Tree(fake_tree(tmp_path / "t", fixed=True))
     on = {"disaggregation_enable_kv_checksum": True, "device": "npu"}
     src = sources_for(server_args_dict("0.5.22", "prefill", **on), server_args_dict("0.5.22", "decode", **on))
-    gate = gates.gate3(src, tree, code_settings(tree), [])
+    gate = settings.gate3(src, tree, code_settings(tree), [])
     row = next(c for c in gate.checks if c.name == "decode: KV checksum")
     assert row.status is Status.FAIL and "does not count" in row.detail
     assert gate.status is Status.FAIL
@@ -365,10 +365,10 @@ def test_gate_3_unsupported_device_does_not_count(tmp_path):
 def test_gate_3_canary_counts_only_when_the_log_shows_it(tmp_path):
     tree = Tree(fake_tree(tmp_path / "t", fixed=True))
     args = {m: server_args_dict("0.5.22", m, kv_canary="log") for m in ("prefill", "decode")}
-    shown = gates.gate3(sources_for(args["prefill"], args["decode"], canary=(True, True)), tree,
+    shown = settings.gate3(sources_for(args["prefill"], args["decode"], canary=(True, True)), tree,
                         code_settings(tree), [])
     assert shown.status is Status.PASS
-    not_shown = gates.gate3(sources_for(args["prefill"], args["decode"], canary=(True, False)), tree,
+    not_shown = settings.gate3(sources_for(args["prefill"], args["decode"], canary=(True, False)), tree,
                             code_settings(tree), [])
     row = next(c for c in not_shown.checks if c.name == "decode: KV canary")
     assert row.status is Status.FAIL and "configured (kv_canary=log)" in row.detail
@@ -378,7 +378,7 @@ def test_gate_4_deferred_release(tmp_path):
     tree = Tree(fake_tree(tmp_path / "t", fixed=True))
     code = code_settings(tree)
     src = sources_for(server_args_dict("0.5.22", "prefill"), server_args_dict("0.5.22", "decode"))
-    gate = gates.gate4(src, tree, code, [])
+    gate = settings.gate4(src, tree, code, [])
     assert gate.status is Status.UNKNOWN  # env not observed
     assert "release default: on" in next(c for c in gate.checks if c.name == "decode: deferred KV release").detail
 
@@ -389,21 +389,21 @@ def test_gate_4_deferred_release(tmp_path):
                 **server_args_dict("0.5.22", mode, disaggregation_transfer_backend=backend),
                 "env": {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": value}}))
             found[mode] = serverlog.read_args_file(path)
-        return gates.collect_sources([], [(None, found[m].role, found[m]) for m in found])
+        return settings.collect_sources([], [(None, found[m].role, found[m]) for m in found])
 
-    assert gates.gate4(with_env("1"), tree, code, []).status is Status.PASS
-    assert gates.gate4(with_env("0"), tree, code, []).status is Status.FAIL
-    unsupported = gates.gate4(with_env("1", backend="ascend"), tree, code, [])
+    assert settings.gate4(with_env("1"), tree, code, []).status is Status.PASS
+    assert settings.gate4(with_env("0"), tree, code, []).status is Status.FAIL
+    unsupported = settings.gate4(with_env("1", backend="ascend"), tree, code, [])
     assert unsupported.status is Status.FAIL
     assert "does not count" in next(c for c in unsupported.checks if c.name == "decode: deferred KV release").detail
     old = Tree(fake_tree(tmp_path / "old", fixed=False))
-    assert gates.gate4(with_env("1"), old, code_settings(old), []).status is Status.FAIL  # markers absent
+    assert settings.gate4(with_env("1"), old, code_settings(old), []).status is Status.FAIL  # markers absent
 
 
 def test_gates_3_and_4_without_code_are_unknown():
     src = sources_for(None, None)
-    assert gates.gate3(src, None, None, []).status is Status.UNKNOWN
-    gate4 = gates.gate4(src, None, None, [])
+    assert settings.gate3(src, None, None, []).status is Status.UNKNOWN
+    gate4 = settings.gate4(src, None, None, [])
     assert gate4.status is Status.UNKNOWN
     assert all("no code to read" in c.detail for c in gate4.checks if c.name.startswith("#"))
 

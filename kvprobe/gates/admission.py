@@ -1,0 +1,98 @@
+"""Gate 2, reject/admission: the experiment A and B probes, head side, run against the operator's SGLang."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvprobe.evidence import compare
+from kvprobe.evidence.bundle import file_ref
+from kvprobe.evidence.gate_status import Status
+from kvprobe.gates.gate import Check, Gate, GateOptions
+from kvprobe.gates.target import GATE_EXPERIMENTS, Target
+from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR
+from kvprobe.progress import Reporter
+from kvprobe.run import runner
+from kvprobe.run.side import CheckContext, environment, run_probe
+
+
+def gate2_checks(exp, docs: dict[str, Any], problems: list[str]) -> list[Check]:
+    """Head-side expectations of one experiment against the probe output from the target."""
+    head_expect = exp.expectations.get("head", {})
+    table = compare.case_table(docs)
+    rows = compare.observation_rows({"head": head_expect}, {"base": {}, "head": table})
+    label = f"{exp.id} (#{', #'.join(map(str, exp.fix.prs))})"
+    if problems:
+        return [Check(label, Status.UNKNOWN, "probe did not run to the end: " + "; ".join(problems))]
+    if not table:
+        return [Check(label, Status.UNKNOWN, "nothing ran: the probe reported no case")]
+    checks = []
+    for case in sorted(head_expect):
+        case_rows = [r for r in rows if r["case"] == case and r["expected_head_declared"]]
+        bad = [r for r in case_rows if not r["head_ok"]]
+        if not bad:
+            checks.append(Check(f"{exp.id}: {case}", Status.PASS,
+                                f"{len(case_rows)}/{len(case_rows)} observations as fixed"))
+            continue
+        got = [f"{r['observation']} expected {r['expected_head']!r}, got "
+               f"{r['head']!r}" if r["head_recorded"] else f"{r['observation']} not recorded" for r in bad]
+        checks.append(Check(f"{exp.id}: {case}", Status.FAIL,
+                            f"{len(case_rows) - len(bad)}/{len(case_rows)} as fixed; " + "; ".join(got[:4])))
+    return checks
+
+
+@dataclass
+class _ProbeOutcome:
+    checks: list[Check]
+    refs: list[dict[str, Any]]
+
+
+def run_gate2(target: Target | None, opts: GateOptions, staging: Path, work: Path, reporter: Reporter,
+              held: contextlib.ExitStack | None = None) -> tuple[Gate, list[dict[str, Any]], dict[str, Any] | None]:
+    """Gate 2, the probe references for the receipt and the env block (None when nothing ran)."""
+    title = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"
+    if target is None:
+        return Gate(2, title, (Check("probes", Status.UNKNOWN,
+                                     "no SGLang given: pass --sglang PATH|WHEEL|VERSION"),)), [], None
+    from kvprobe.experiments import experiment
+
+    run_opts = runner.RunOptions(cache_root=opts.cache_root, torch_index=opts.torch_index)
+    checks, refs, env = [], [], None
+    for exp in (experiment.load(i) for i in GATE_EXPERIMENTS):
+        # any non-synthetic pin set: it only selects the experiment's dependency profile
+        pin_set = next(p for p in exp.pin_sets.values() if p.kind.value != "synthetic")
+        env, python, env_vars = environment(exp, pin_set, run_opts, reporter, held)
+        outcome = _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opts, reporter)
+        checks += outcome.checks
+        refs += outcome.refs
+    return Gate(2, title, tuple(checks)), refs, env
+
+
+def _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opts, reporter) -> _ProbeOutcome:
+    from kvprobe.model.records import Side
+
+    probe_dir = staging / PROBES_DIR / exp.id
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
+    ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
+    scratch = work / "home" / exp.id
+    scratch.mkdir(parents=True, exist_ok=True)
+    docs, problems, refs = {}, [], []
+    for check in exp.probes:
+        shutil.copy2(exp.directory / check.path, probe_dir / check.path)
+        with reporter.step(f"gate 2: {exp.id} probe {check.name} against {target.spec}"):
+            ran = run_probe(ctx, Side.HEAD, [target.import_root], check,
+                                    staging / RAW_DIR / "gate2" / exp.id, staging / LOGS_DIR / "gate2" / exp.id, scratch)
+        run = ran["run"]
+        if run.ok:
+            docs[check.name] = run.output
+        else:
+            problems.append(run.problem)
+        refs.append({"experiment": exp.id, "name": check.name,
+                     "source": file_ref(probe_dir / check.path, staging),
+                     "raw": file_ref(ran["raw"], staging), "exit_code": run.exit_code,
+                     "problem": run.problem, "duration_s": round(run.duration_s, 3)})
+    return _ProbeOutcome(gate2_checks(exp, docs, problems), refs)

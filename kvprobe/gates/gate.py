@@ -1,0 +1,50 @@
+"""A gate and its checks: what each gate decided, from which file or line, as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvprobe.env.cache import default_cache_root
+from kvprobe.evidence.gate_status import Status, combine
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    evidence: str = "-"
+    decides: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status.value, "detail": self.detail,
+                "evidence": self.evidence, "decides": self.decides}
+
+
+@dataclass(frozen=True)
+class Gate:
+    number: int
+    title: str
+    checks: tuple[Check, ...]
+
+    @property
+    def status(self) -> Status:
+        return combine(c.status for c in self.checks if c.decides)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"number": self.number, "title": self.title, "status": self.status.value,
+                "checks": [c.to_json() for c in self.checks]}
+
+
+@dataclass
+class GateOptions:
+    logs: list[str] = field(default_factory=list)  # "FILE" or "prefill=FILE" / "decode=FILE"
+    server_args: list[str] = field(default_factory=list)
+    sglang: str | None = None
+    out: Path | None = None
+    cache_root: Path = field(default_factory=default_cache_root)
+    bundles_dir: Path = field(default_factory=lambda: Path("bundles"))
+    torch_index: str | None = None
+    timeout_s: float = 900.0

@@ -1,0 +1,188 @@
+"""`kvprobe gates`: check one SGLang PD deployment against the four acceptance gates.
+
+DOMAIN.md: "A version number is not an acceptance". Each gate is decided from what the
+deployment itself shows, and says which file or line decided it:
+
+1. pool/context      the startup log of each worker (scheduler + KV allocation lines)
+2. reject/admission  experiment A and B probes, head side, run against the operator's SGLang
+3. transfer/read     #39500 in the code; checksum / KV canary active on both sides
+4. lifetime          #40645 #41402 #41404 #41023 in the code; deferred release on and supported
+
+A gate is ``pass`` only when every deciding check passed; any ``fail`` fails it; anything
+not observed is ``unknown`` (never a pass). The bundle never copies the operator's logs or
+arguments (they can hold keys): it records their sha256 and the lines that decided.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from kvprobe import __version__
+from kvprobe.errors import BundleExistsError, UsageError
+from kvprobe.evidence.bundle import seal_bundle
+from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
+from kvprobe.gates import serverlog
+from kvprobe.gates.admission import run_gate2
+from kvprobe.gates.fixmarkers import Tree, code_settings
+from kvprobe.gates.gate import Gate, GateOptions
+from kvprobe.gates.inputs import read_logs, read_server_args
+from kvprobe.gates.pool import gate1, main_kv
+from kvprobe.gates.settings import collect_sources, gate3, gate4
+from kvprobe.gates.target import resolve_target
+from kvprobe.names import GATES_RECEIPT_SCHEMA
+from kvprobe.progress import Reporter
+
+
+@dataclass(frozen=True)
+class GatesResult:
+    bundle: Path
+    receipt: dict[str, Any]
+    manifest_sha256: str
+
+    @property
+    def overall(self) -> Status:
+        return Status(self.receipt["overall"])
+
+
+def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResult:
+    """Decide all four gates and write the bundle; raises only on bad input or a broken env."""
+    reporter = reporter or Reporter()
+    if not (opts.logs or opts.server_args or opts.sglang):
+        raise UsageError("nothing to check: give --log, --server-args and/or --sglang")
+    started = datetime.now(timezone.utc)
+    clock = time.monotonic()
+    logs = read_logs(opts.logs)
+    files = read_server_args(opts.server_args)
+    final = _final_path(opts, started)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    work = Path(tempfile.mkdtemp(prefix="kvprobe-gates-"))
+    timings: dict[str, float] = {"read_inputs_s": time.monotonic() - clock}
+    held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
+    try:
+        clock = time.monotonic()
+        target = resolve_target(opts.sglang, work, opts.cache_root, reporter) if opts.sglang else None
+        tree = Tree(target.code_root) if target else None
+        code = code_settings(tree) if tree else None
+        timings["materialize_s"] = time.monotonic() - clock
+        clock = time.monotonic()
+        gate2, probe_refs, env = run_gate2(target, opts, staging, work, reporter, held)
+        timings["gate2_s"] = time.monotonic() - clock
+        worker_logs = [log for _f, log in logs]
+        sources = collect_sources(worker_logs, files)
+        findings: list = []
+        gates = (gate1(worker_logs), gate2, gate3(sources, tree, code, findings), gate4(sources, tree, code, findings))
+        receipt = build_receipt(started, gates, logs, files, target, findings, code, probe_refs, env, timings)
+        digest = seal_bundle(receipt, GATES_RECEIPT_SCHEMA, render_readme(receipt), staging, final)
+        return GatesResult(final, receipt, digest)
+    finally:
+        held.close()
+        shutil.rmtree(work, ignore_errors=True)
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _final_path(opts: GateOptions, started: datetime) -> Path:
+    if opts.out is not None:
+        if opts.out.exists() and (not opts.out.is_dir() or any(opts.out.iterdir())):
+            raise BundleExistsError(f"--out {opts.out} exists and is not empty; refusing to overwrite")
+        return opts.out.resolve()
+    return (opts.bundles_dir / f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}").resolve()
+
+
+def overall(gates: Iterable[Gate]) -> Status:
+    return combine(g.status for g in gates)
+
+
+def build_receipt(started, gates, logs, files, target, findings, code, probe_refs, env, timings) -> dict[str, Any]:
+    verdict = overall(gates)
+    return {
+        "schema": GATES_RECEIPT_SCHEMA,
+        "tool": {"name": "kvprobe", "version": __version__},
+        "run_id": f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}",
+        "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "layer": "deployment",
+        "overall": verdict.value,
+        "exit_code": RECORDED_EXIT_CODE[verdict],
+        "gates": [g.to_json() for g in gates],
+        "inputs": {"logs": [f.to_json(log.role) for f, log in logs],
+                   "server_args": [f.to_json(role) for f, role, _a in files]},
+        "workers": [_worker_json(log) for _f, log in logs],
+        "target": None if target is None else {
+            "spec": target.spec, "kind": target.kind, "identity": target.identity,
+            "markers": [{"pr": f.marker.pr, "gate": f.marker.gate, "title": f.marker.title,
+                         "presence": f.presence.value, "evidence": f.evidence,
+                         "first_release": f.marker.first_release, "basis": f.marker.basis} for f in findings],
+            "settings": None if code is None else {
+                "checksum_flag": code.has_checksum_flag, "checksum_evidence": code.checksum_evidence,
+                "canary_flag": code.has_canary_flag, "deferred_default": code.deferred_default,
+                "deferred_evidence": code.deferred_evidence,
+                "deferred_backends": list(code.deferred_backends) if code.deferred_capability_flag else None},
+        },
+        "probes": probe_refs,
+        "env": env,
+        "host": {"system": platform.system(), "machine": platform.machine(), "release": platform.release(),
+                 "python": platform.python_version(), "cpus": os.cpu_count() or 0},
+        "evidence": {
+            "layer": "deployment",
+            "shows": ("What this deployment's own startup logs, server arguments and SGLang code say about the "
+                      "four acceptance gates, and how the experiment A/B probes behave on that code (CPU, mocked "
+                      "transport)."),
+            "does_not_show": [
+                "that no cross-request KV exposure happened or can happen: nothing here serves a request",
+                "GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler",
+                "settings the process really ran with beyond what its log and the given files show "
+                "(environment variables are seen only when given)",
+            ],
+            "limits": [f"host: {platform.system()} {platform.machine()}, CPU only",
+                       "fix markers are code patterns measured on 0.5.19..0.5.22; a refactor may read as unknown",
+                       "operator logs and argument files are not copied into the bundle: their sha256 and the "
+                       "deciding lines are"],
+        },
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+    }
+
+
+def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:
+    kv = main_kv(log)
+    return {
+        "log": log.path, "role": log.role, "role_flag": log.role_flag, "role_from_log": log.role_from_log,
+        "pools": [{"pool_tokens": p.pool_tokens, "context_len": p.context_len, "ranks": p.ranks,
+                   "evidence": p.evidence.cite()} for p in log.pools],
+        "kv_allocations": [{"label": k.label, "kind": k.kind, "tokens": k.tokens, "evidence": k.evidence.cite()}
+                           for k in log.kv_lines],
+        "main_kv_tokens": kv.tokens if kv else None,
+        "canary": log.canary.cite() if log.canary else None,
+        "args": serverlog.redacted(log.args.values) if log.args else None,
+        "problems": list(log.problems), "lines": log.lines,
+    }
+
+
+def render_readme(receipt: dict[str, Any]) -> str:
+    lines = [f"# kvprobe gates: {receipt['overall']}", "",
+             "Layer: deployment. Exit code: " + str(receipt["exit_code"]) + " (0 all pass, 1 a gate failed, "
+             "3 could not decide).", ""]
+    for gate in receipt["gates"]:
+        lines += [f"## Gate {gate['number']}: {gate['status']}", "", gate["title"], "",
+                  "| check | status | detail | evidence |", "| --- | --- | --- | --- |"]
+        for c in gate["checks"]:
+            status = c["status"] if c["decides"] else f"{c['status']} (info)"
+            lines.append(f"| {_md(c['name'])} | {status} | {_md(c['detail'])} | {_md(c['evidence'])} |")
+        lines.append("")
+    lines += ["What this does not show:", *[f"- {x}" for x in receipt["evidence"]["does_not_show"]], "",
+              "Check the files: `sha256sum -c --strict SHA256SUMS`.", ""]
+    return "\n".join(lines)
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

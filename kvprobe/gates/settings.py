@@ -1,0 +1,194 @@
+"""Gates 3 and 4: fix markers in the code and the settings each worker ran with.
+
+3 transfer/read: #39500 in the code; checksum or KV canary active on both sides.
+4 lifetime: #40645 #41402 #41404 #41023 in the code; deferred release on and supported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvprobe.evidence.gate_status import Status, combine
+from kvprobe.gates import serverlog
+from kvprobe.gates.fixmarkers import CodeSettings, Presence, Tree, find_all
+from kvprobe.gates.gate import Check, Gate
+from kvprobe.gates.inputs import InputFile
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Every place a worker's settings were read, by role."""
+
+    args: dict[str, list[serverlog.ServerArgs]]
+    logs: dict[str, list[serverlog.WorkerLog]]
+    unassigned: list[serverlog.ServerArgs]
+
+
+def collect_sources(logs: list[serverlog.WorkerLog],
+                    files: list[tuple[InputFile, str | None, serverlog.ServerArgs]]) -> Sources:
+    args: dict[str, list[serverlog.ServerArgs]] = {"prefill": [], "decode": []}
+    by_role: dict[str, list[serverlog.WorkerLog]] = {"prefill": [], "decode": []}
+    unassigned = []
+    for log in logs:
+        if log.role in by_role:
+            by_role[log.role].append(log)
+            if log.args is not None:
+                args[log.role].append(log.args)
+    for _file, role, parsed in files:
+        if role in args:
+            args[role].append(parsed)
+        elif role is None:
+            unassigned.append(parsed)
+    return Sources(args, by_role, unassigned)
+
+
+def marker_checks(tree: Tree | None, gate: int, findings_out: list) -> list[Check]:
+    from kvprobe.gates.fixmarkers import MARKERS
+
+    if tree is None:
+        return [Check(f"#{m.pr} in code", Status.UNKNOWN, f"{m.title}: no code to read (pass --sglang)")
+                for m in MARKERS if m.gate == gate]
+    checks = []
+    for finding in find_all(tree, gate):
+        findings_out.append(finding)
+        status = {Presence.PRESENT: Status.PASS, Presence.ABSENT: Status.FAIL}.get(finding.presence, Status.UNKNOWN)
+        checks.append(Check(f"#{finding.marker.pr} in code", status,
+                            f"{finding.marker.title}: {finding.presence.value}", finding.evidence))
+    return checks
+
+
+def checksum_state(args: serverlog.ServerArgs, code: CodeSettings | None) -> tuple[Status, str]:
+    value = args.values.get("disaggregation_enable_kv_checksum")
+    if code is not None and not code.has_checksum_flag:
+        return Status.FAIL, "not present in this release (--disaggregation-enable-kv-checksum does not exist)"
+    if value is None:
+        if args.full_dump:
+            return Status.FAIL, "not present in this release (the resolved server_args have no such field)"
+        if code is not None:
+            return Status.FAIL, "off (flag not given; its default is False)"
+        return Status.UNKNOWN, "not in these arguments, and the release is unknown (no --sglang)"
+    if not serverlog.as_bool(value):
+        return Status.FAIL, "off"
+    device = args.values.get("device")
+    if device not in (None, "cuda"):
+        return Status.FAIL, (f"on, but device={device!r}: the checksum kernels run on CUDA only "
+                             "(KvChecksumComputer): does not count as a defence")
+    if args.values.get("disaggregation_transfer_backend") == "fake":
+        return Status.FAIL, "on, but transfer backend 'fake' moves no KV: does not count as a defence"
+    return Status.PASS, "on"
+
+
+def canary_state(role: str, sources: Sources) -> tuple[Status, str, str]:
+    """Active only when the worker's log shows install_canary (DOMAIN: logs must show it)."""
+    logs = sources.logs[role]
+    modes = {str(a.values["kv_canary"]) for a in sources.args[role] if "kv_canary" in a.values}
+    configured = bool(modes - {"none"})
+    if logs and all(log.canary is not None for log in logs):
+        return Status.PASS, "active: install_canary logged", logs[0].canary.cite()
+    if logs and any(log.pools for log in logs):  # a complete startup that never installed it
+        missing = next(log for log in logs if log.canary is None)
+        why = (f"configured (kv_canary={'/'.join(sorted(modes))}) but" if configured else "off:")
+        return Status.FAIL, f"{why} no install_canary line in the startup log", missing.path
+    if modes and not configured:
+        return Status.FAIL, "off (kv_canary=none)", sources.args[role][0].evidence.cite()
+    if configured:
+        return Status.UNKNOWN, "configured, but no startup log shows it installed", "-"
+    return Status.UNKNOWN, "no log or arguments for this worker", "-"
+
+
+def _role_args_state(role: str, sources: Sources, fn) -> tuple[Status, str, str]:
+    """Decide per worker of ``role``; every worker must pass. Logs are the workers' own record."""
+    workers = worker_args(role, sources)
+    if not workers:
+        return Status.UNKNOWN, f"no server arguments for the {role} worker (log line or --server-args)", "-"
+    states = [(fn(args), args, notes) for args, notes in workers]
+    status = combine(s for (s, _d), _a, _n in states)
+    (_, detail), args, notes = next((x for x in states if x[0][0] is status), states[0])
+    return status, detail + "".join(f"; {n}" for n in notes), args.evidence.cite()
+
+
+def worker_args(role: str, sources: Sources) -> list[tuple[serverlog.ServerArgs, list[str]]]:
+    """Each worker's arguments: its log line, completed by the --server-args files for the role.
+
+    Files add what a log cannot show (the environment); where both name a key the log wins,
+    because it is what the process printed, and the disagreement is noted.
+    """
+    from_logs = [log.args for log in sources.logs[role] if log.args is not None]
+    files = [a for a in sources.args[role] if a not in from_logs]
+    extra_values: dict[str, Any] = {}
+    extra_env: dict[str, str] = {}
+    for args in files:
+        extra_values.update(args.values)
+        extra_env.update(args.env)
+    if not from_logs:
+        return [(a, []) for a in files]
+    merged = []
+    for args in from_logs:
+        notes = [f"--server-args says {k}={v!r}, the log {args.values[k]!r}: the log wins"
+                 for k, v in extra_values.items() if k in args.values and args.values[k] != v]
+        merged.append((serverlog.ServerArgs({**extra_values, **args.values}, {**extra_env, **args.env},
+                                            args.full_dump, args.evidence), notes))
+    return merged
+
+
+def gate3(sources: Sources, tree: Tree | None, code: CodeSettings | None, findings: list) -> Gate:
+    checks = marker_checks(tree, 3, findings)
+    per_role = {}
+    for role in ("prefill", "decode"):
+        cs = _role_args_state(role, sources, lambda a: checksum_state(a, code))
+        cn = canary_state(role, sources)
+        per_role[role] = (cs[0], cn[0])
+        checks.append(Check(f"{role}: KV checksum", cs[0], cs[1], cs[2], decides=False))
+        checks.append(Check(f"{role}: KV canary", cn[0], cn[1], cn[2], decides=False))
+    checks += _unassigned(sources)
+    checksum_both = combine(per_role[r][0] for r in per_role)
+    canary_both = combine(per_role[r][1] for r in per_role)
+    if Status.PASS in (checksum_both, canary_both):
+        which = "checksum" if checksum_both is Status.PASS else "KV canary"
+        defence = Check("read-integrity defence", Status.PASS, f"{which} active on prefill and decode")
+    elif checksum_both is Status.FAIL and canary_both is Status.FAIL:
+        defence = Check("read-integrity defence", Status.FAIL, "neither the handoff checksum nor the KV canary "
+                        "is active on both sides: HTTP 200 or transfer-complete is no proof of what decode read")
+    else:
+        defence = Check("read-integrity defence", Status.UNKNOWN,
+                        "could not establish that a checksum or canary is active on both sides")
+    return Gate(3, "transfer/read: what decode reads is verified (#39500; checksum or canary active)",
+                (*checks, defence))
+
+
+def deferred_state(args: serverlog.ServerArgs, code: CodeSettings | None) -> tuple[Status, str]:
+    raw = args.env.get("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE")
+    if raw is None:
+        default = "unknown" if code is None or code.deferred_default is None else (
+            "on" if code.deferred_default else "off")
+        return Status.UNKNOWN, (f"not observed: SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE not given "
+                                f"(release default: {default}); add an \"env\" object to the --server-args JSON")
+    if not serverlog.as_bool(raw):
+        return Status.FAIL, f"off (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE={raw})"
+    backend = args.values.get("disaggregation_transfer_backend", "mooncake" if args.full_dump else None)
+    if code is None:
+        return Status.UNKNOWN, f"on; whether backend {backend!r} supports it is unknown without --sglang"
+    if not code.deferred_capability_flag:
+        return Status.UNKNOWN, (f"on; this release declares no per-backend support, so whether backend "
+                                f"{backend!r} acks drains cannot be read from the code")
+    if backend not in code.deferred_backends:
+        return Status.FAIL, (f"on, but backend {backend!r} does not support it in this release (supported: "
+                             f"{', '.join(code.deferred_backends) or 'none'}): does not count as a defence")
+    return Status.PASS, f"on, backend {backend!r} supports it"
+
+
+def gate4(sources: Sources, tree: Tree | None, code: CodeSettings | None, findings: list) -> Gate:
+    checks = marker_checks(tree, 4, findings)
+    for role in ("prefill", "decode"):
+        status, detail, evidence = _role_args_state(role, sources, lambda a: deferred_state(a, code))
+        checks.append(Check(f"{role}: deferred KV release", status, detail, evidence))
+    checks += _unassigned(sources)
+    return Gate(4, "lifetime/ownership: pages outlive in-flight writes (#40645 #41402 #41404 #41023; deferred release)",
+                tuple(checks))
+
+
+def _unassigned(sources: Sources) -> list[Check]:
+    return [Check("server args (role?)", Status.INFO, "no disaggregation_mode in these arguments: "
+                  "use --server-args prefill=FILE or decode=FILE", a.evidence.cite(), decides=False)
+            for a in sources.unassigned]

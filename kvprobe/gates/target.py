@@ -1,0 +1,114 @@
+"""The operator's SGLang for gates 2-4: a pinned release version, a wheel file or an installed path."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvprobe import files
+from kvprobe.errors import UsageError
+from kvprobe.evidence import manifest
+from kvprobe.progress import Reporter
+
+GATE_EXPERIMENTS = ("experiment-a", "experiment-b")
+VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The operator's SGLang as a directory to put first on PYTHONPATH (it holds ``sglang/``)."""
+
+    spec: str
+    kind: str  # "version", "wheel", "path"
+    import_root: Path
+    code_root: Path
+    identity: dict[str, Any]
+
+
+def release_pins() -> dict[str, Any]:
+    """version -> WheelPin for every sglang wheel the gate-2 experiments pin."""
+    from kvprobe.experiments import experiment
+    from kvprobe.model.records import SourceKind
+
+    pins: dict[str, Any] = {}
+    for exp_id in GATE_EXPERIMENTS:
+        for pin_set in experiment.load(exp_id).pin_sets.values():
+            if pin_set.kind is SourceKind.WHEEL:
+                for pin in (pin_set.base, pin_set.head):
+                    pins.setdefault(pin.version, pin)
+    return pins
+
+
+def resolve_target(spec: str, work: Path, cache_root: Path, reporter: Reporter) -> Target:
+    """A version (pinned wheel), a wheel file or an installed package path; UsageError otherwise."""
+    path = Path(spec)
+    if path.is_dir():
+        return _target_from_dir(spec, path, work)
+    if path.is_file() and path.suffix == ".whl":
+        return _target_from_wheel(spec, path, work)
+    if VERSION_RE.match(spec):
+        pins = release_pins()
+        if spec not in pins:
+            raise UsageError(f"--sglang {spec}: no pinned wheel for this version (pinned: "
+                             f"{', '.join(sorted(pins))}); pass a wheel file or an installed package path")
+        from kvprobe.sources.wheel import WheelSource
+
+        tree = work / "target" / "tree"
+        tree.parent.mkdir(parents=True)
+        with reporter.step(f"materializing {pins[spec].filename}"):
+            identity = WheelSource(cache_root, reporter=reporter).materialize(pins[spec], tree)
+        return Target(spec, "version", tree, tree, identity)
+    raise UsageError(f"--sglang {spec!r}: not a directory holding sglang/, a .whl file or a version like 0.5.22")
+
+
+def _target_from_dir(spec: str, path: Path, work: Path) -> Target:
+    path = path.resolve()
+    if (path / "sglang" / "srt").is_dir():
+        root = path
+    elif path.name == "sglang" and (path / "srt").is_dir():
+        root = path.parent
+    else:
+        raise UsageError(f"--sglang {spec}: neither {path}/sglang/srt nor {path}/srt exists")
+    # Only sglang/ goes on PYTHONPATH: a whole site-packages would shadow the env's torch & co.
+    link_root = work / "target" / "import"
+    link_root.mkdir(parents=True)
+    (link_root / "sglang").symlink_to(root / "sglang", target_is_directory=True)
+    identity = {"kind": "path", "path": str(root), "version": _dist_version(root),
+                "tree_sha256": _tree_digest(root / "sglang")}
+    return Target(spec, "path", link_root, root, identity)
+
+
+def _target_from_wheel(spec: str, path: Path, work: Path) -> Target:
+    from kvprobe.model.records import WheelPin
+    from kvprobe.sources.wheel import check_record, safe_unzip
+
+    parts = path.name[:-4].split("-")
+    digest = files.sha256_file(path)
+    try:
+        pin = WheelPin(parts[0], parts[1] if len(parts) > 1 else "", path.name, digest)
+    except ValueError as exc:
+        raise UsageError(f"--sglang {spec}: {exc}") from exc
+    tree = work / "target" / "tree"
+    tree.mkdir(parents=True)
+    safe_unzip(path, tree)
+    check_record(tree, pin)
+    if not (tree / "sglang" / "srt").is_dir():
+        raise UsageError(f"--sglang {spec}: the wheel holds no sglang/srt package")
+    return Target(spec, "wheel", tree, tree, {**pin.identity(), "fetched_via": "local file"})
+
+
+def _dist_version(root: Path) -> str | None:
+    for meta in sorted(root.glob("sglang-*.dist-info/METADATA")):
+        for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def _tree_digest(package: Path) -> str:
+    """sha256 over (relative path, sha256) of every .py file: names the code that ran."""
+    lines = [f"{files.sha256_file(p)}  {p.relative_to(package).as_posix()}\n"
+             for p in sorted(package.rglob("*.py")) if p.is_file()]
+    return manifest.sha256_bytes("".join(lines).encode())
