@@ -39,8 +39,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -54,15 +55,25 @@ SECTIONS = ("startup", "verify", "memory", "cold", "warm")
 
 # --- figures -----------------------------------------------------------------------------
 
+
 class Figures:
     """Collects figures, prints one line each on stderr, dumps them all as JSON."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
 
-    def add(self, section: str, name: str, samples: list[float], *, unit: str = "s",
-            floor: list[float] | None = None, target: str | None = None, met: bool | None = None,
-            note: str = "") -> dict[str, Any]:
+    def add(
+        self,
+        section: str,
+        name: str,
+        samples: list[float],
+        *,
+        unit: str = "s",
+        floor: list[float] | None = None,
+        target: str | None = None,
+        met: bool | None = None,
+        note: str = "",
+    ) -> dict[str, Any]:
         fig = {"section": section, "name": name, "unit": unit, **_stats(samples)}
         if floor:
             fig["floor"] = _stats(floor)
@@ -74,8 +85,13 @@ class Figures:
 
 
 def _stats(samples: list[float]) -> dict[str, Any]:
-    return {"n": len(samples), "min": min(samples), "median": statistics.median(samples),
-            "max": max(samples), "samples": [round(s, 6) for s in samples]}
+    return {
+        "n": len(samples),
+        "min": min(samples),
+        "median": statistics.median(samples),
+        "max": max(samples),
+        "samples": [round(s, 6) for s in samples],
+    }
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -90,8 +106,10 @@ def _fmt(value: float, unit: str) -> str:
 
 def _print(fig: dict[str, Any]) -> None:
     u = fig["unit"]
-    line = (f"[{fig['section']}] {fig['name']}: median {_fmt(fig['median'], u)} "
-            f"(min {_fmt(fig['min'], u)}, max {_fmt(fig['max'], u)}, n={fig['n']})")
+    line = (
+        f"[{fig['section']}] {fig['name']}: median {_fmt(fig['median'], u)} "
+        f"(min {_fmt(fig['min'], u)}, max {_fmt(fig['max'], u)}, n={fig['n']})"
+    )
     if "floor" in fig:
         line += f"; floor {_fmt(fig['floor']['median'], u)}; ratio {fig['ratio']:.2f}x"
     if fig["target"]:
@@ -106,6 +124,7 @@ def _log(text: str) -> None:
 
 
 # --- processes ---------------------------------------------------------------------------
+
 
 def kvprobe_argv() -> list[str]:
     """The console script users run (next to this interpreter), else ``python -m kvprobe``."""
@@ -132,13 +151,18 @@ def peak_rss_mib(argv: list[str], *, ok: tuple[int, ...] = (0,)) -> float:
     """
     if Path("/usr/bin/time").is_file():
         with tempfile.NamedTemporaryFile("r") as out:
-            code = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", out.name, *argv],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+            code = subprocess.run(
+                ["/usr/bin/time", "-f", "%M", "-o", out.name, *argv],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ).returncode
             kib = float(out.read().strip().splitlines()[-1])
     else:
-        launcher = ("import os,sys; pid=os.fork()\n"
-                    "if pid == 0: os.execv(sys.argv[1], sys.argv[1:])\n"
-                    "_, status, usage = os.wait4(pid, 0); print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)")
+        launcher = (
+            "import os,sys; pid=os.fork()\n"
+            "if pid == 0: os.execv(sys.argv[1], sys.argv[1:])\n"
+            "_, status, usage = os.wait4(pid, 0); print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)"
+        )
         res = subprocess.run([sys.executable, "-S", "-c", launcher, *argv], capture_output=True, text=True)
         code, kib = (int(res.stdout.split()[0]), float(res.stdout.split()[1]))
     if code not in ok:
@@ -152,6 +176,7 @@ def repeat(n: int, func: Callable[[], float]) -> list[float]:
 
 # --- startup -----------------------------------------------------------------------------
 
+
 def bench_startup(figs: Figures, reps: int) -> None:
     kv = kvprobe_argv()
     floor = repeat(reps, lambda: wall([sys.executable, "-c", "pass"]))
@@ -159,11 +184,11 @@ def bench_startup(figs: Figures, reps: int) -> None:
     for args in (["--help"], ["list"], ["list", "--json"]):
         samples = repeat(reps, lambda: wall([*kv, *args]))
         median = statistics.median(samples)
-        figs.add("startup", f"kvprobe {' '.join(args)}", samples, floor=floor,
-                 target="< 150 ms", met=median < 0.150)
+        figs.add("startup", f"kvprobe {' '.join(args)}", samples, floor=floor, target="< 150 ms", met=median < 0.150)
 
 
 # --- verify and memory -------------------------------------------------------------------
+
 
 def make_file(path: Path, size: int) -> Path:
     """``size`` bytes of incompressible data (a 16 MiB random block repeated)."""
@@ -178,9 +203,12 @@ def make_file(path: Path, size: int) -> Path:
 
 
 def _hash_child(path: Path) -> list[str]:
-    return [sys.executable, "-c",
-            "import sys; from kvprobe.files import sha256_file; print(sha256_file(sys.argv[1]))",
-            str(path)]
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from kvprobe.files import sha256_file; print(sha256_file(sys.argv[1]))",
+        str(path),
+    ]
 
 
 def bench_hashing(figs: Figures, work: Path, reps: int) -> Path:
@@ -196,10 +224,21 @@ def bench_hashing(figs: Figures, work: Path, reps: int) -> Path:
         return time.perf_counter() - started
 
     samples = repeat(reps, ours)
-    fig = figs.add("verify", "sha256_file 1 GiB", samples, floor=floor, target="<= 1.2x sha256sum",
-                   met=statistics.median(samples) <= 1.2 * statistics.median(floor))
-    figs.add("verify", "sha256_file throughput", [GiB / MiB / s for s in samples], unit="MiB/s",
-             note=f"sha256sum: {GiB / MiB / fig['floor']['median']:.0f} MiB/s")
+    fig = figs.add(
+        "verify",
+        "sha256_file 1 GiB",
+        samples,
+        floor=floor,
+        target="<= 1.2x sha256sum",
+        met=statistics.median(samples) <= 1.2 * statistics.median(floor),
+    )
+    figs.add(
+        "verify",
+        "sha256_file throughput",
+        [GiB / MiB / s for s in samples],
+        unit="MiB/s",
+        note=f"sha256sum: {GiB / MiB / fig['floor']['median']:.0f} MiB/s",
+    )
     return big
 
 
@@ -227,23 +266,40 @@ def bench_verify(figs: Figures, work: Path, bundle: Path | None, big: Path, reps
         return
     samples = repeat(reps, lambda: wall([*kv, "verify", str(bundle)], ok=(0, 1)))
     code = subprocess.run([*kv, "verify", str(bundle)], capture_output=True).returncode
-    figs.add("verify", "kvprobe verify (normal bundle)", samples, target="< 0.3 s",
-             met=statistics.median(samples) < 0.3, note=f"exit {code}")
+    figs.add(
+        "verify",
+        "kvprobe verify (normal bundle)",
+        samples,
+        target="< 0.3 s",
+        met=statistics.median(samples) < 0.3,
+        note=f"exit {code}",
+    )
     heavy = bundle_with_blob(bundle, big, work / "bundle-1g")
     floor = repeat(reps, lambda: wall(["sha256sum", str(big)]))
     samples = repeat(reps, lambda: wall([*kv, "verify", str(heavy), *_BIG_LIMITS], ok=(0, 1)))
     code = subprocess.run([*kv, "verify", str(heavy), *_BIG_LIMITS], capture_output=True).returncode
-    figs.add("verify", "kvprobe verify (bundle + 1 GiB raw file)", samples, floor=floor,
-             note=f"exit {code} (the extra file is not cited by the receipt); floor = sha256sum of the file")
+    figs.add(
+        "verify",
+        "kvprobe verify (bundle + 1 GiB raw file)",
+        samples,
+        floor=floor,
+        note=f"exit {code} (the extra file is not cited by the receipt); floor = sha256sum of the file",
+    )
 
 
 def bench_memory(figs: Figures, work: Path, bundle: Path | None, big: Path) -> None:
     sizes = {"64 MiB": 64 * MiB, "256 MiB": 256 * MiB, "1 GiB": GiB}
-    files = {label: big if size == GiB else make_file(work / f"f{size}.bin", size)
-             for label, size in sizes.items()}
+    files = {label: big if size == GiB else make_file(work / f"f{size}.bin", size) for label, size in sizes.items()}
     rss = [peak_rss_mib(_hash_child(path)) for path in files.values()]
-    figs.add("memory", "peak RSS hashing 64 MiB / 256 MiB / 1 GiB", rss, unit="MiB",
-             target="flat (max - min < 8 MiB)", met=max(rss) - min(rss) < 8, note=" / ".join(f"{r:.1f}" for r in rss))
+    figs.add(
+        "memory",
+        "peak RSS hashing 64 MiB / 256 MiB / 1 GiB",
+        rss,
+        unit="MiB",
+        target="flat (max - min < 8 MiB)",
+        met=max(rss) - min(rss) < 8,
+        note=" / ".join(f"{r:.1f}" for r in rss),
+    )
     if bundle is None:
         return
     kv = kvprobe_argv()
@@ -252,14 +308,26 @@ def bench_memory(figs: Figures, work: Path, bundle: Path | None, big: Path) -> N
         heavy = bundle_with_blob(bundle, path, work / f"bundle-mem-{sizes[label]}")
         rss.append(peak_rss_mib([*kv, "verify", str(heavy), *_BIG_LIMITS], ok=(0, 1)))
     rss.insert(0, peak_rss_mib([*kv, "verify", str(bundle)], ok=(0, 1)))
-    figs.add("memory", "peak RSS kvprobe verify: bundle / +64 MiB / +256 MiB / +1 GiB", rss, unit="MiB",
-             target="flat (max - min < 8 MiB)", met=max(rss) - min(rss) < 8, note=" / ".join(f"{r:.1f}" for r in rss))
+    figs.add(
+        "memory",
+        "peak RSS kvprobe verify: bundle / +64 MiB / +256 MiB / +1 GiB",
+        rss,
+        unit="MiB",
+        target="flat (max - min < 8 MiB)",
+        met=max(rss) - min(rss) < 8,
+        note=" / ".join(f"{r:.1f}" for r in rss),
+    )
 
 
 # --- cold path ---------------------------------------------------------------------------
 
-_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "HOME": tempfile.gettempdir(),
-            "PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
+_GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "HOME": tempfile.gettempdir(),
+    "PATH": os.environ.get("PATH", os.defpath),
+    "LANG": "C.UTF-8",
+}
 
 
 def git(*args: str, cwd: Path | None = None, stdin: bytes | None = None) -> str:
@@ -290,12 +358,13 @@ def fast_import_stream(commits: int, big_files: int, big_size: int) -> bytes:
         return f"M 100644 inline {path}\ndata {len(data)}\n".encode() + data + b"\n"
 
     for n in range(1, commits + 1):
-        changes = [blob_change(f"src/mod{n % 50}.py", f"VALUE = {n}\n".encode() * 40),
-                   blob_change("CHANGELOG", f"release {n}\n".encode() * (n % 200 + 1))]
+        changes = [
+            blob_change(f"src/mod{n % 50}.py", f"VALUE = {n}\n".encode() * 40),
+            blob_change("CHANGELOG", f"release {n}\n".encode() * (n % 200 + 1)),
+        ]
         if n == commits // 10 or n == commits // 3:
             gen = 0 if n == commits // 10 else 1
-            changes += [blob_change(f"assets/big{i}.bin", big_blocks[gen * big_files + i])
-                        for i in range(big_files)]
+            changes += [blob_change(f"assets/big{i}.bin", big_blocks[gen * big_files + i]) for i in range(big_files)]
         if n == commits // 2:
             changes += [f"D assets/big{i}.bin\n".encode() for i in range(big_files)]
         commit("refs/heads/main", n, changes, f":{n - 1}" if n > 1 else None)
@@ -319,8 +388,8 @@ def dir_size(root: Path) -> int:
 
 
 def bench_git(figs: Figures, work: Path, commits: int) -> None:
-    from kvprobe.sources.git import GitSource
     from kvprobe.model.records import GitPin
+    from kvprobe.sources.git import GitSource
 
     _log(f"building a fake upstream: {commits} commits, 2 x 4 x 8 MiB files that left the tree")
     repo, base, head = make_upstream(work, commits)
@@ -337,16 +406,27 @@ def bench_git(figs: Figures, work: Path, commits: int) -> None:
     pin_s = time.perf_counter() - started
     pin_bytes = sum(i["fetch_bytes"] for i in ids)
     store_bytes = dir_size(source.store / "objects")
-    figs.add("cold", "git: bytes stored for base+head pins (shallow fetch by SHA)", [store_bytes],
-             unit="bytes", floor=[full_bytes], target="far below a full clone",
-             met=store_bytes < full_bytes / 10,
-             note=f"fetched {pin_bytes / 1024:.1f} KiB via {[i['fetched_via'] for i in ids]} in {pin_s:.2f} s; "
-                  f"full mirror clone {full_bytes / MiB:.1f} MiB in {full_s:.2f} s; upstream history {commits} commits")
+    figs.add(
+        "cold",
+        "git: bytes stored for base+head pins (shallow fetch by SHA)",
+        [store_bytes],
+        unit="bytes",
+        floor=[full_bytes],
+        target="far below a full clone",
+        met=store_bytes < full_bytes / 10,
+        note=f"fetched {pin_bytes / 1024:.1f} KiB via {[i['fetched_via'] for i in ids]} in {pin_s:.2f} s; "
+        f"full mirror clone {full_bytes / MiB:.1f} MiB in {full_s:.2f} s; upstream history {commits} commits",
+    )
     started = time.perf_counter()
     again = source.materialize(GitPin(head), work / "tree-again", pr=1)
-    figs.add("cold", "git: second materialize of a fetched pin", [time.perf_counter() - started],
-             target="no fetch", met=again["fetched_via"] == "cache" and again["fetch_bytes"] == 0,
-             note=f"fetched_via={again['fetched_via']}")
+    figs.add(
+        "cold",
+        "git: second materialize of a fetched pin",
+        [time.perf_counter() - started],
+        target="no fetch",
+        met=again["fetched_via"] == "cache" and again["fetch_bytes"] == 0,
+        note=f"fetched_via={again['fetched_via']}",
+    )
 
 
 def _recorder():
@@ -369,10 +449,10 @@ def _recorder():
 
 
 def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
-    from kvprobe.experiments import experiment
-    from kvprobe.errors import KvprobeError
     from kvprobe.env.cache import default_cache_root
     from kvprobe.env.venv import EnvManager, find_python, load_profile
+    from kvprobe.errors import KvprobeError
+    from kvprobe.experiments import experiment
     from kvprobe.sources.wheel import WheelSource
 
     root = default_cache_root()
@@ -397,9 +477,15 @@ def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
     samples = repeat(reps, ensure)
     hit = not rec.steps and before is not None and marker.stat().st_ino == before
     sharing = [e for e, p in profiles.items() if p.name == profiles[EXPERIMENT].name]
-    figs.add("cold", "env: ensure() on a built env", samples, target="cache hit, no build", met=hit,
-             note=f"builds started: {len(rec.steps)}; experiments on this lock: {', '.join(sharing)} "
-                  f"-> {len({keys[e] for e in sharing})} env key")
+    figs.add(
+        "cold",
+        "env: ensure() on a built env",
+        samples,
+        target="cache hit, no build",
+        met=hit,
+        note=f"builds started: {len(rec.steps)}; experiments on this lock: {', '.join(sharing)} "
+        f"-> {len({keys[e] for e in sharing})} env key",
+    )
     source = WheelSource(root)
     pin_set = exp.pin_sets[exp.default_pin_set]
     vias, samples = [], []
@@ -407,17 +493,23 @@ def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
         started = time.perf_counter()
         vias += [source.fetch(getattr(pin_set, side))[1] for side in ("base", "head")]
         samples.append(time.perf_counter() - started)
-    figs.add("cold", "wheel: fetch of base+head pins already cached", samples,
-             target="no download", met=set(vias) == {"cache"},
-             note=f"via {sorted(set(vias))}; the time is the sha256 re-check of ~55 MiB of wheels")
+    figs.add(
+        "cold",
+        "wheel: fetch of base+head pins already cached",
+        samples,
+        target="no download",
+        met=set(vias) == {"cache"},
+        note=f"via {sorted(set(vias))}; the time is the sha256 re-check of ~55 MiB of wheels",
+    )
 
 
 # --- warm run ----------------------------------------------------------------------------
 
+
 def prepare_trees(exp, pin_set, work: Path) -> dict[str, Path]:
     """Each side's tree, materialized once through kvprobe's own sources (cache hits)."""
-    from kvprobe.model.records import SourceKind
     from kvprobe.env.cache import default_cache_root
+    from kvprobe.model.records import SourceKind
 
     trees = {}
     for side in ("base", "head"):
@@ -440,8 +532,7 @@ def prepare_trees(exp, pin_set, work: Path) -> dict[str, Path]:
     return trees
 
 
-def floor_side(exp, pin_set, python: str, env_vars: dict[str, str], tree: Path, side: str,
-               out: Path) -> None:
+def floor_side(exp, pin_set, python: str, env_vars: dict[str, str], tree: Path, side: str, out: Path) -> None:
     """The side's checks run directly with the env's python: what kvprobe cannot avoid."""
     from kvprobe.resources import probe_api_dir
 
@@ -449,16 +540,31 @@ def floor_side(exp, pin_set, python: str, env_vars: dict[str, str], tree: Path, 
     scratch.mkdir(parents=True, exist_ok=True)
     paths = [str(tree / p) for p in pin_set.python_path]
     for test in exp.tests_for(pin_set.name):
-        subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", test.path], cwd=tree,
-                       env={"PATH": os.environ["PATH"], "HOME": str(scratch), "PYTHONPATH": ":".join(paths),
-                            **env_vars}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", test.path],
+            cwd=tree,
+            env={"PATH": os.environ["PATH"], "HOME": str(scratch), "PYTHONPATH": ":".join(paths), **env_vars},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     for check in exp.probes:
-        env = {"PATH": os.environ["PATH"], "HOME": str(scratch), "LANG": "C.UTF-8",
-               "PYTHONPATH": ":".join([*paths, str(exp.directory), str(probe_api_dir())]),
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
-               "KVPROBE_SIDE_CONFIG": json.dumps({"side": side}), **env_vars}
-        result = subprocess.run([python, str(exp.directory / check.path), "--out", str(scratch / f"{check.name}.json")],
-                                cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(scratch),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": ":".join([*paths, str(exp.directory), str(probe_api_dir())]),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            "KVPROBE_SIDE_CONFIG": json.dumps({"side": side}),
+            **env_vars,
+        }
+        result = subprocess.run(
+            [python, str(exp.directory / check.path), "--out", str(scratch / f"{check.name}.json")],
+            cwd=scratch,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         if result.returncode != 0:
             raise SystemExit(f"bench: floor probe {check.name} ({side}) failed: {result.stderr.decode()[-1500:]}")
 
@@ -467,8 +573,10 @@ def floor_run(exp, pin_set, python, env_vars, trees, work: Path, jobs: int) -> f
     out = Path(tempfile.mkdtemp(dir=work, prefix="floor-"))
     started = time.perf_counter()
     if jobs == 2:
-        threads = [threading.Thread(target=floor_side, args=(exp, pin_set, python, env_vars, trees[s], s, out))
-                   for s in ("base", "head")]
+        threads = [
+            threading.Thread(target=floor_side, args=(exp, pin_set, python, env_vars, trees[s], s, out))
+            for s in ("base", "head")
+        ]
         [t.start() for t in threads]
         [t.join() for t in threads]
     else:
@@ -487,9 +595,9 @@ def kvprobe_run(work: Path, jobs: int, keep: list[Path]) -> float:
 
 
 def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
-    from kvprobe.experiments import experiment
     from kvprobe.env.cache import default_cache_root
     from kvprobe.env.venv import EnvManager, load_profile
+    from kvprobe.experiments import experiment
 
     exp = experiment.load(EXPERIMENT)
     pin_set = exp.pin_sets[exp.default_pin_set]
@@ -508,13 +616,20 @@ def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
             floors.append(floor_run(exp, pin_set, python, env_vars, trees, work, jobs))
         receipt = json.loads((bundles[-1] / "receipt.json").read_text())
         t = receipt.get("timings", {})
-        figs.add("warm", f"kvprobe run {EXPERIMENT} --jobs {jobs}", runs, floor=floors, target="<= 1.3x floor",
-                 met=statistics.median(runs) <= 1.3 * statistics.median(floors),
-                 note="receipt timings: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(t.items())))
+        figs.add(
+            "warm",
+            f"kvprobe run {EXPERIMENT} --jobs {jobs}",
+            runs,
+            floor=floors,
+            target="<= 1.3x floor",
+            met=statistics.median(runs) <= 1.3 * statistics.median(floors),
+            note="receipt timings: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(t.items())),
+        )
     return bundles[0]
 
 
 # --- main --------------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -550,8 +665,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    doc = {"schema": "kvprobe.bench/1", "quick": args.quick, "seconds": round(time.perf_counter() - started, 1),
-           "machine": _machine(), "figures": figs.items}
+    doc = {
+        "schema": "kvprobe.bench/1",
+        "quick": args.quick,
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": _machine(),
+        "figures": figs.items,
+    }
     missed = [f["name"] for f in figs.items if f["met"] is False]
     print(f"done in {doc['seconds']} s; targets missed: {', '.join(missed) or 'none'}", file=sys.stderr)
     if args.json:
@@ -572,9 +692,15 @@ def _machine() -> dict[str, Any]:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         pass
-    return {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "memory_gib": round(mem / GiB, 1), "python": platform.python_version(),
-            "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "system": platform.system(),
+        "release": platform.release(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem / GiB, 1),
+        "python": platform.python_version(),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 if __name__ == "__main__":

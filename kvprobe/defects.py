@@ -31,6 +31,7 @@ class BundleDefect(VerificationFailed):
 
 # --- step 1: layout ----------------------------------------------------------------------
 
+
 class LayoutDefect(BundleDefect):
     step = 1
 
@@ -99,6 +100,7 @@ class ArchiveDuplicateMember(LayoutDefect):
 
 # --- step 2: JSON ------------------------------------------------------------------------
 
+
 class JsonDefect(BundleDefect):
     step = 2
 
@@ -148,6 +150,7 @@ class Unreadable(JsonDefect):
 
 
 # --- step 3: integrity -------------------------------------------------------------------
+
 
 class IntegrityDefect(BundleDefect):
     step = 3
@@ -229,6 +232,7 @@ class SumsNotCanonical(IntegrityDefect):
 
 # --- step 4: consistency -----------------------------------------------------------------
 
+
 class ConsistencyDefect(BundleDefect):
     step = 4
 
@@ -302,6 +306,7 @@ class RunIdMismatch(ConsistencyDefect):
 
 
 # --- step 5: authenticity, step 6: rerun -------------------------------------------------
+
 
 class ManifestDigestMismatch(BundleDefect):
     step = 5

@@ -6,12 +6,14 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int | None = None,
-                 check: Callable[[Path], None] | None = None) -> None:
+def write_atomic(
+    path: Path, data: bytes, *, mode: int | None = None, check: Callable[[Path], None] | None = None
+) -> None:
     """Temp file in ``path``'s directory, flushed to disk, then ``os.replace``: all or nothing.
 
     ``check`` sees the finished temp file and raises to keep it from replacing ``path``.

@@ -14,16 +14,24 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from kvprobe.errors import ObserveError
 
 # Variables a trusted tool (git, pip) may need to reach a registry or mirror.
 _NETWORK_VARS = (
-    "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
 )
 _BASE_VARS = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
 _GRACE_S = 3.0
@@ -117,8 +125,14 @@ def run(
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         try:
             process = subprocess.Popen(
-                args, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
-                stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                args,
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                close_fds=True,
             )
         except OSError as exc:
             raise ObserveError(f"cannot start {args[0]}: {exc.strerror or exc}") from exc
@@ -165,12 +179,19 @@ def capture(
     """:func:`run` for short commands whose output the caller reads (git plumbing)."""
     with tempfile.TemporaryDirectory(prefix="kvprobe-proc-") as scratch:
         result = run(
-            argv, timeout_s=timeout_s, env=env, cwd=cwd,
-            stdout_path=Path(scratch, "stdout"), stderr_path=Path(scratch, "stderr"),
+            argv,
+            timeout_s=timeout_s,
+            env=env,
+            cwd=cwd,
+            stdout_path=Path(scratch, "stdout"),
+            stderr_path=Path(scratch, "stderr"),
         )
         return Captured(
-            returncode=result.returncode, timed_out=result.timed_out,
-            stdout=result.stdout(), stderr=result.stderr(), duration_s=result.duration_s,
+            returncode=result.returncode,
+            timed_out=result.timed_out,
+            stdout=result.stdout(),
+            stderr=result.stderr(),
+            duration_s=result.duration_s,
         )
 
 

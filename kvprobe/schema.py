@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from kvprobe.errors import SchemaError
-from kvprobe.resources import schemas_dir
 from kvprobe.names import EXPERIMENT_SCHEMA, GATES_RECEIPT_SCHEMA, MANIFEST_SCHEMA, PROBE_OUTPUT_SCHEMA, RECEIPT_SCHEMA
+from kvprobe.resources import schemas_dir
 
 # Schema documents kvprobe knows, by the version string documents carry.
 KNOWN = {
@@ -23,7 +23,7 @@ KNOWN = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(version: str):
     from jsonschema import Draft202012Validator
 
@@ -31,8 +31,7 @@ def _validator(version: str):
         filename = KNOWN[version]
     except KeyError:
         raise SchemaError(
-            f"unknown schema version {version!r}: this kvprobe knows "
-            f"{', '.join(sorted(KNOWN))}; upgrade kvprobe"
+            f"unknown schema version {version!r}: this kvprobe knows {', '.join(sorted(KNOWN))}; upgrade kvprobe"
         ) from None
     with open(schemas_dir() / filename, encoding="utf-8") as handle:
         schema = json.load(handle)

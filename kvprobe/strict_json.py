@@ -9,11 +9,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvprobe.errors import SchemaError
 from kvprobe.defects import (
-    BundleDefect, JsonDuplicateKey, JsonMalformed, JsonNonFinite, JsonNotUtf8, JsonTooDeep, JsonTooLarge,
+    BundleDefect,
+    JsonDuplicateKey,
+    JsonMalformed,
+    JsonNonFinite,
+    JsonNotUtf8,
+    JsonTooDeep,
+    JsonTooLarge,
 )
-
+from kvprobe.errors import SchemaError
 
 # The caps a bundle reader starts from (kvprobe.evidence.safetree.Limits can raise them).
 MAX_BYTES = 64 << 20

@@ -35,13 +35,29 @@ NOFIX_PR = 2
 # Head's test file, per test: outcome on base and on head, and how base fails.
 EXPECTED_TESTS: dict[str, dict[str, str | None]] = {
     "tests/test_minikv.py::test_scrub_clears_block": {
-        "base": "failed", "head": "passed", "kind": "exception", "exc_type": "AttributeError"},
+        "base": "failed",
+        "head": "passed",
+        "kind": "exception",
+        "exc_type": "AttributeError",
+    },
     "tests/test_minikv.py::test_freed_block_is_zeroed_for_next_owner": {
-        "base": "failed", "head": "passed", "kind": "assertion", "exc_type": "AssertionError"},
+        "base": "failed",
+        "head": "passed",
+        "kind": "assertion",
+        "exc_type": "AssertionError",
+    },
     "tests/test_minikv.py::test_alloc_write_read_roundtrip": {
-        "base": "passed", "head": "passed", "kind": None, "exc_type": None},
+        "base": "passed",
+        "head": "passed",
+        "kind": None,
+        "exc_type": None,
+    },
     "tests/test_minikv.py::FreeClearsEverySlot::test_every_slot": {
-        "base": "failed", "head": "passed", "kind": "assertion", "exc_type": "AssertionError"},
+        "base": "failed",
+        "head": "passed",
+        "kind": "assertion",
+        "exc_type": "AssertionError",
+    },
 }
 # Subtests of FreeClearsEverySlot.test_every_slot: slot -> fails on base?
 EXPECTED_SUBTESTS_FAIL_ON_BASE = {0: True, 1: False, 2: True, 3: False}
@@ -91,31 +107,34 @@ def build_fake_upstream(root: Path) -> FakeUpstream:
     base = _commit(repo, _BASE_FILES, "minikv: reuse freed blocks")
     head = _pr_commit(repo, base, FIX_PR, _HEAD_FILES, "minikv: scrub blocks on free (fix)")
     nofix = _pr_commit(repo, base, NOFIX_PR, _NOFIX_FILES, "minikv: add scrub tests only")
-    return FakeUpstream(path=repo, base_sha=base, head_sha=head, nofix_sha=nofix,
-                        early_shas=tuple(early))
+    return FakeUpstream(path=repo, base_sha=base, head_sha=head, nofix_sha=nofix, early_shas=tuple(early))
 
 
 # --------------------------------------------------------------------------- git plumbing
 
+
 def _env() -> dict[str, str]:
     """Isolated git: no user/system config, fixed identity; dates set per commit."""
-    return proc.clean_env({
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": "/dev/null",
-        "GIT_AUTHOR_NAME": AUTHOR[0], "GIT_AUTHOR_EMAIL": AUTHOR[1],
-        "GIT_COMMITTER_NAME": AUTHOR[0], "GIT_COMMITTER_EMAIL": AUTHOR[1],
-        "GIT_AUTHOR_DATE": "2024-01-01T00:00:00+0000",
-        "GIT_COMMITTER_DATE": "2024-01-01T00:00:00+0000",
-        "TZ": "UTC",
-    })
+    return proc.clean_env(
+        {
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_AUTHOR_NAME": AUTHOR[0],
+            "GIT_AUTHOR_EMAIL": AUTHOR[1],
+            "GIT_COMMITTER_NAME": AUTHOR[0],
+            "GIT_COMMITTER_EMAIL": AUTHOR[1],
+            "GIT_AUTHOR_DATE": "2024-01-01T00:00:00+0000",
+            "GIT_COMMITTER_DATE": "2024-01-01T00:00:00+0000",
+            "TZ": "UTC",
+        }
+    )
 
 
 def _git(repo: Path, *args: str, date: str | None = None) -> str:
     env = _env()
     if date:
         env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = date
-    result = proc.capture(["git", "-c", "core.hooksPath=/dev/null", *args],
-                          timeout_s=60, env=env, cwd=repo)
+    result = proc.capture(["git", "-c", "core.hooksPath=/dev/null", *args], timeout_s=60, env=env, cwd=repo)
     if not result.ok:
         raise RuntimeError(f"git {' '.join(args)} failed in {repo}: {result.stderr.strip()}")
     return result.stdout.strip()
@@ -200,14 +219,13 @@ class BlockPool:
 # base: freed blocks are handed out first (LIFO) for cache locality, and keep their data.
 _POOL_BASE = _POOL_V1.replace(
     "        idx = self._free.pop(0)\n",
-    "        # most recently freed first: its lines are still warm\n"
-    "        idx = self._free.pop()\n",
+    "        # most recently freed first: its lines are still warm\n        idx = self._free.pop()\n",
 )
 
 _POOL_HEAD = _POOL_BASE.replace(
     "    def free(self, idx):\n        del self._owner[idx]\n        self._free.append(idx)\n",
     "    def scrub(self, idx):\n"
-    "        \"\"\"Zero a block so the next owner cannot read the previous owner's data.\"\"\"\n"
+    '        """Zero a block so the next owner cannot read the previous owner\'s data."""\n'
     "        self._data[idx] = [0] * self.block_size\n"
     "\n"
     "    def free(self, idx):\n"
@@ -222,10 +240,9 @@ _POOL_NOFIX = _POOL_BASE.replace(
     "    def free(self, idx):\n        # TODO: scrub the block (see the new tests)\n",
 )
 
-_INIT = ('"""minikv: a tiny KV block pool."""\n\n'
-         'from minikv.pool import BlockPool\n\n__all__ = ["BlockPool"]\n')
+_INIT = '"""minikv: a tiny KV block pool."""\n\nfrom minikv.pool import BlockPool\n\n__all__ = ["BlockPool"]\n'
 
-_TESTS_BASE = '''from minikv import BlockPool
+_TESTS_BASE = """from minikv import BlockPool
 
 
 def test_alloc_write_read_roundtrip():
@@ -233,9 +250,9 @@ def test_alloc_write_read_roundtrip():
     idx = pool.alloc("a")
     pool.write(idx, "a", [1, 2, 3, 4])
     assert pool.read(idx, "a") == [1, 2, 3, 4]
-'''
+"""
 
-_TESTS_HEAD = '''import unittest
+_TESTS_HEAD = """import unittest
 
 from minikv import BlockPool
 
@@ -276,14 +293,12 @@ class FreeClearsEverySlot(unittest.TestCase):
         for slot in range(pool.block_size):
             with self.subTest(slot=slot):
                 self.assertEqual(data[slot], 0)
-'''
+"""
 
 _EARLY_COMMITS: list[tuple[dict, str]] = [
-    ({"README.md": _README, "LICENSE": _LICENSE, "COPYING": ("symlink", "LICENSE")},
-     "initial commit"),
+    ({"README.md": _README, "LICENSE": _LICENSE, "COPYING": ("symlink", "LICENSE")}, "initial commit"),
     ({"minikv/__init__.py": _INIT, "minikv/pool.py": _POOL_V1}, "minikv: block pool"),
-    ({"tests/test_minikv.py": _TESTS_BASE, "scripts/check.sh": ("exec", _CHECK_SH)},
-     "tests: roundtrip"),
+    ({"tests/test_minikv.py": _TESTS_BASE, "scripts/check.sh": ("exec", _CHECK_SH)}, "tests: roundtrip"),
 ]
 _BASE_FILES = {"minikv/pool.py": _POOL_BASE}
 _HEAD_FILES = {"minikv/pool.py": _POOL_HEAD, "tests/test_minikv.py": _TESTS_HEAD}
@@ -294,5 +309,4 @@ _COMMIT_ORDER = [m for _f, m in _EARLY_COMMITS] + [
     "minikv: scrub blocks on free (fix)",
     "minikv: add scrub tests only",
 ]
-_DATES = {message: f"2024-01-{day:02d}T12:00:00+0000"
-          for day, message in enumerate(_COMMIT_ORDER, start=1)}
+_DATES = {message: f"2024-01-{day:02d}T12:00:00+0000" for day, message in enumerate(_COMMIT_ORDER, start=1)}

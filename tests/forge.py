@@ -15,12 +15,12 @@ import json
 import os
 import shutil
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kvprobe import schema
-from kvprobe.evidence import compare
-from kvprobe.evidence import manifest
+from kvprobe.evidence import compare, manifest
 from kvprobe.names import MANIFEST, SUMS
 
 EXP_ID = "forge-exp"
@@ -70,24 +70,56 @@ PROBE_SOURCE = b"import kvprobe_probe as kp\n# the forge's probe source, never r
 
 
 def probe_doc(side: str) -> dict[str, Any]:
-    return {"schema": "kvprobe.probe-output/1", "probe": PROBE, "description": "forged", "python": "3.11.7",
-            "facts": {}, "mocks": {"sender": "MagicMock KV sender"},
-            "cases": [{"name": "reject", "description": "a rejected request", "status": "ok",
-                       "observations": {"enqueued": side == "base", "placeholder_len": 1},
-                       "error": None, "notes": [], "duration_s": 0.01}]}
+    return {
+        "schema": "kvprobe.probe-output/1",
+        "probe": PROBE,
+        "description": "forged",
+        "python": "3.11.7",
+        "facts": {},
+        "mocks": {"sender": "MagicMock KV sender"},
+        "cases": [
+            {
+                "name": "reject",
+                "description": "a rejected request",
+                "status": "ok",
+                "observations": {"enqueued": side == "base", "placeholder_len": 1},
+                "error": None,
+                "notes": [],
+                "duration_s": 0.01,
+            }
+        ],
+    }
 
 
 def testrun_doc(side: str) -> dict[str, Any]:
     failed = side == "base"
     entry = {"nodeid": f"{TEST_PATH}::test_door", "when": "call", "outcome": "failed" if failed else "passed"}
     if failed:
-        entry["exception"] = {"root_type": "AttributeError", "top_type": "AttributeError",
-                              "root_message": "no attribute retire"}
-    report = {"schema": "kvprobe.pytest-report/1", "complete": True, "exitstatus": 1 if failed else 0,
-              "collected": 1, "collection_errors": [], "tests": [entry], "running": None,
-              "runner": {"file_nodeid": TEST_PATH, "returncode": 1 if failed else 0, "timed_out": False}}
-    return {"schema": "kvprobe.test-run/1", "path": TEST_PATH, "side": side, "exit_code": 1 if failed else 0,
-            "timed_out": False, "overlay": "replaced", "problem": None, "report": report}
+        entry["exception"] = {
+            "root_type": "AttributeError",
+            "top_type": "AttributeError",
+            "root_message": "no attribute retire",
+        }
+    report = {
+        "schema": "kvprobe.pytest-report/1",
+        "complete": True,
+        "exitstatus": 1 if failed else 0,
+        "collected": 1,
+        "collection_errors": [],
+        "tests": [entry],
+        "running": None,
+        "runner": {"file_nodeid": TEST_PATH, "returncode": 1 if failed else 0, "timed_out": False},
+    }
+    return {
+        "schema": "kvprobe.test-run/1",
+        "path": TEST_PATH,
+        "side": side,
+        "exit_code": 1 if failed else 0,
+        "timed_out": False,
+        "overlay": "replaced",
+        "problem": None,
+        "report": report,
+    }
 
 
 def dumps(doc: Any) -> bytes:
@@ -122,15 +154,24 @@ def build(root: Path) -> Path:
         sides[side] = {
             "pin": {"kind": "git", "commit": commit},
             "source": {"kind": "git", "url": "https://example.invalid/upstream", "commit": commit, "tree": "3" * 40},
-            "tests": [{"path": TEST_PATH, "raw": test_ref, "junit": junit_ref, "exit_code": testrun_doc(side)["exit_code"],
-                       "overlay": "replaced", "problem": None}],
+            "tests": [
+                {
+                    "path": TEST_PATH,
+                    "raw": test_ref,
+                    "junit": junit_ref,
+                    "exit_code": testrun_doc(side)["exit_code"],
+                    "overlay": "replaced",
+                    "problem": None,
+                }
+            ],
             "probes": [{"name": PROBE, "source": src_ref, "raw": probe_ref, "exit_code": 0, "problem": None}],
         }
         docs[side] = {PROBE: probe_doc(side)}
         runs.setdefault(TEST_PATH, {})[side] = testrun_doc(side)
     expectations = {"base": {f"{PROBE}/reject": {"enqueued": True}}, "head": {f"{PROBE}/reject": {"enqueued": False}}}
-    comparison = compare.compare(expect=expectations, probe_docs=docs, probe_problems={"base": {}, "head": {}},
-                                 test_runs=runs)
+    comparison = compare.compare(
+        expect=expectations, probe_docs=docs, probe_problems={"base": {}, "head": {}}, test_runs=runs
+    )
     assert comparison["verdict"] == "reproduced", comparison["reasons"]
     receipt = _receipt(exp_ref, sides, expectations, comparison)
     schema.validate(receipt, "kvprobe.receipt/1", source="forge receipt")
@@ -142,25 +183,51 @@ def build(root: Path) -> Path:
 
 def _receipt(exp_ref, sides, expectations, comparison) -> dict[str, Any]:
     return {
-        "schema": "kvprobe.receipt/1", "tool": {"name": "kvprobe", "version": "0.1.0"}, "run_id": RUN_ID,
+        "schema": "kvprobe.receipt/1",
+        "tool": {"name": "kvprobe", "version": "0.1.0"},
+        "run_id": RUN_ID,
         "created_utc": "2026-01-01T00:00:00Z",
-        "experiment": {"id": EXP_ID, "title": "A forged but valid experiment", "layer": "diff-probe",
-                       "file": exp_ref["path"], "sha256": exp_ref["sha256"],
-                       "upstream": "https://example.invalid/upstream", "profile": "pytest-minimal",
-                       "fix": {"prs": [1], "release": None, "summary": "The door stops enqueueing rejected requests."}},
+        "experiment": {
+            "id": EXP_ID,
+            "title": "A forged but valid experiment",
+            "layer": "diff-probe",
+            "file": exp_ref["path"],
+            "sha256": exp_ref["sha256"],
+            "upstream": "https://example.invalid/upstream",
+            "profile": "pytest-minimal",
+            "fix": {"prs": [1], "release": None, "summary": "The door stops enqueueing rejected requests."},
+        },
         "pin_set": {"name": PIN_SET, "kind": "git", "pr": 1, "python_path": ["."]},
         "sides": sides,
-        "env": {"key": "k", "python": "3.11.7", "profile": "pytest-minimal", "lock_name": None, "lock_sha256": None,
-                "packages": {}, "torch": None, "torch_index": None, "shared_by_sides": True},
+        "env": {
+            "key": "k",
+            "python": "3.11.7",
+            "profile": "pytest-minimal",
+            "lock_name": None,
+            "lock_sha256": None,
+            "packages": {},
+            "torch": None,
+            "torch_index": None,
+            "shared_by_sides": True,
+        },
         "host": {"system": "Linux", "machine": "x86_64", "release": "6", "python": "3.11.7", "cpus": 2},
-        "settings": {}, "expectations": expectations, "comparison": comparison, "verdict": comparison["verdict"],
-        "evidence": {"layer": "diff-probe", "shows": "a forged difference", "does_not_show": ["anything real"],
-                     "mocks": {PROBE: {"sender": "MagicMock KV sender"}}, "limits": []},
+        "settings": {},
+        "expectations": expectations,
+        "comparison": comparison,
+        "verdict": comparison["verdict"],
+        "evidence": {
+            "layer": "diff-probe",
+            "shows": "a forged difference",
+            "does_not_show": ["anything real"],
+            "mocks": {PROBE: {"sender": "MagicMock KV sender"}},
+            "limits": [],
+        },
         "timings": {"checks_s": 0.1},
     }
 
 
 # --- helpers for mutations ---------------------------------------------------------------
+
 
 def load(root: Path, rel: str) -> Any:
     return json.loads((root / rel).read_bytes())
@@ -204,6 +271,7 @@ def write_manifest_doc(root: Path, doc: dict) -> None:
 
 # --- archives ----------------------------------------------------------------------------
 
+
 def tar_of(root: Path, out: Path, extra: list[tuple[tarfile.TarInfo, bytes | None]] = (), top: str = "b") -> Path:
     """A .tar.gz of ``root`` under ``top/``, plus hostile ``extra`` members."""
     with tarfile.open(out, "w:gz", format=tarfile.PAX_FORMAT) as tar:
@@ -233,8 +301,15 @@ def snapshot(root: Path) -> dict[str, Any]:
             path = Path(dirpath, name)
             st = os.lstat(path)
             rel = os.fsencode(path.relative_to(root))
-            found[rel] = (st.st_mode, st.st_size, path.read_bytes() if path.is_file() and not path.is_symlink()
-                          else os.readlink(path) if path.is_symlink() else None)
+            found[rel] = (
+                st.st_mode,
+                st.st_size,
+                path.read_bytes()
+                if path.is_file() and not path.is_symlink()
+                else os.readlink(path)
+                if path.is_symlink()
+                else None,
+            )
     return found
 
 

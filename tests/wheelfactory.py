@@ -12,14 +12,17 @@ def _digest(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def build_wheel(directory: Path, name: str = "minipkg", version: str = "1.0",
-                files: dict[str, str] | None = None) -> Path:
+def build_wheel(
+    directory: Path, name: str = "minipkg", version: str = "1.0", files: dict[str, str] | None = None
+) -> Path:
     """A pure-Python wheel ``name-version-py3-none-any.whl`` holding ``files``."""
     files = files or {f"{name}/__init__.py": f"VERSION = {version!r}\n"}
     dist_info = f"{name}-{version}.dist-info"
     members = {path: text.encode() for path, text in files.items()}
     members[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    members[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: kvprobe-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    members[f"{dist_info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: kvprobe-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     record = "".join(f"{path},{_digest(data)},{len(data)}\n" for path, data in members.items())
     record += f"{dist_info}/RECORD,,\n"
     members[f"{dist_info}/RECORD"] = record.encode()

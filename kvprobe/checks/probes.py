@@ -9,9 +9,8 @@ from typing import Any
 
 from kvprobe import proc, schema
 from kvprobe.errors import SchemaError
-from kvprobe.resources import probe_api_dir
 from kvprobe.names import PROBE_OUTPUT_SCHEMA
-
+from kvprobe.resources import probe_api_dir
 
 
 @dataclass(frozen=True)
@@ -31,8 +30,16 @@ class ProbeRun:
 
 
 def run_probe(
-    *, python: str, probe_file: Path, python_path: list[Path], out_json: Path, log_dir: Path,
-    side_config: dict[str, Any], env_extra: dict[str, str], scratch: Path, timeout_s: float,
+    *,
+    python: str,
+    probe_file: Path,
+    python_path: list[Path],
+    out_json: Path,
+    log_dir: Path,
+    side_config: dict[str, Any],
+    env_extra: dict[str, str],
+    scratch: Path,
+    timeout_s: float,
 ) -> ProbeRun:
     """Run ``probe_file --out out_json`` with the side's tree first on PYTHONPATH.
 
@@ -41,13 +48,23 @@ def run_probe(
     """
     name = probe_file.stem
     paths = [*map(str, python_path), str(probe_file.parent), str(probe_api_dir())]
-    env = proc.clean_env({
-        "PYTHONPATH": ":".join(paths), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
-        "KVPROBE_SIDE_CONFIG": json.dumps(side_config, sort_keys=True), **env_extra,
-    }, home=scratch)
+    env = proc.clean_env(
+        {
+            "PYTHONPATH": ":".join(paths),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            "KVPROBE_SIDE_CONFIG": json.dumps(side_config, sort_keys=True),
+            **env_extra,
+        },
+        home=scratch,
+    )
     result = proc.run(
-        [python, str(probe_file), "--out", str(out_json)], timeout_s=timeout_s, env=env,
-        cwd=scratch, stdout_path=log_dir / f"{name}.stdout", stderr_path=log_dir / f"{name}.stderr",
+        [python, str(probe_file), "--out", str(out_json)],
+        timeout_s=timeout_s,
+        env=env,
+        cwd=scratch,
+        stdout_path=log_dir / f"{name}.stdout",
+        stderr_path=log_dir / f"{name}.stderr",
     )
     output, problem = _read_output(out_json, name, result)
     return ProbeRun(name, result.returncode, result.timed_out, result.duration_s, output, problem)

@@ -9,7 +9,8 @@ one JSON file: the verifier does exactly that.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from kvprobe.errors import SchemaError
 from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition
@@ -33,6 +34,7 @@ def check_report_schema(doc: Any) -> None:
 
 # --------------------------------------------------------------------------- results
 
+
 def results_from_report(doc: dict[str, Any]) -> list[TestResult]:
     """Per-test (and per-subtest) results from a report document. Pure.
 
@@ -47,8 +49,7 @@ def results_from_report(doc: dict[str, Any]) -> list[TestResult]:
 def _collection_result(entry: Mapping[str, Any]) -> TestResult:
     exc = entry.get("exception") or {}
     message = exc.get("root_message") or _first_line(entry.get("longrepr", ""))
-    return TestResult(entry["nodeid"], Outcome.ERROR, FailureKind.COLLECTION,
-                      exc.get("root_type"), _clip(message))
+    return TestResult(entry["nodeid"], Outcome.ERROR, FailureKind.COLLECTION, exc.get("root_type"), _clip(message))
 
 
 def _test_results(entries: Iterable[Mapping[str, Any]]) -> list[TestResult]:
@@ -82,8 +83,7 @@ def subtest_label(subtest: Mapping[str, Any]) -> str:
     return ", ".join(parts) or "<subtest>"
 
 
-def _merge_phases(nodeid: str, entries: list[Mapping[str, Any]],
-                  subs: list[TestResult]) -> TestResult:
+def _merge_phases(nodeid: str, entries: list[Mapping[str, Any]], subs: list[TestResult]) -> TestResult:
     """setup/call/teardown -> one result: a failed setup or teardown is an ERROR."""
     by_when = {e.get("when"): e for e in entries}
     setup, call, teardown = by_when.get("setup"), by_when.get("call"), by_when.get("teardown")
@@ -93,22 +93,27 @@ def _merge_phases(nodeid: str, entries: list[Mapping[str, Any]],
     elif call is not None:
         result = _from_entry(call, rollup=rollup)
     else:
-        return TestResult(nodeid, Outcome.ERROR, FailureKind.INFRASTRUCTURE,
-                          message="the test never reached its call phase")
-    if teardown is not None and teardown["outcome"] == "failed" \
-            and result.outcome is not Outcome.FAILED and result.outcome is not Outcome.ERROR:
+        return TestResult(
+            nodeid, Outcome.ERROR, FailureKind.INFRASTRUCTURE, message="the test never reached its call phase"
+        )
+    if (
+        teardown is not None
+        and teardown["outcome"] == "failed"
+        and result.outcome is not Outcome.FAILED
+        and result.outcome is not Outcome.ERROR
+    ):
         result = _from_entry(teardown, phase_error=True)
     return result
 
 
-def _from_entry(entry: Mapping[str, Any], *, phase_error: bool = False,
-                subtest: str | None = None, rollup: bool = False) -> TestResult:
+def _from_entry(
+    entry: Mapping[str, Any], *, phase_error: bool = False, subtest: str | None = None, rollup: bool = False
+) -> TestResult:
     outcome = _outcome(entry, phase_error)
     if outcome not in (Outcome.FAILED, Outcome.ERROR):
         message = _clip(str(entry.get("wasxfail") or "")) if entry.get("xfail") else ""
         return TestResult(entry["nodeid"], outcome, message=message, subtest=subtest)
-    kind, exc_type, message = classify_failure(entry.get("exception"), entry.get("longrepr", ""),
-                                               rollup=rollup)
+    kind, exc_type, message = classify_failure(entry.get("exception"), entry.get("longrepr", ""), rollup=rollup)
     return TestResult(entry["nodeid"], outcome, kind, exc_type, message, subtest)
 
 
@@ -123,8 +128,9 @@ def _outcome(entry: Mapping[str, Any], phase_error: bool) -> Outcome:
     raise SchemaError(f"unknown test outcome {raw!r} for {entry.get('nodeid')!r}")
 
 
-def classify_failure(exc: Mapping[str, Any] | None, longrepr: str = "", *,
-                     rollup: bool = False) -> tuple[FailureKind | None, str | None, str]:
+def classify_failure(
+    exc: Mapping[str, Any] | None, longrepr: str = "", *, rollup: bool = False
+) -> tuple[FailureKind | None, str | None, str]:
     """(kind, exc_type, message) from a failure's exception chain, judged by its root.
 
     No exception: a parent failed only through its subtests gets kind None (its
@@ -146,23 +152,32 @@ def _apply_run_state(doc: Mapping[str, Any], results: list[TestResult]) -> list[
     running = doc.get("running")
     if runner.get("timed_out"):
         hung = " after pytest finished (the process did not exit)" if doc.get("complete") else ""
-        return _replace(results, running or file_nodeid, FailureKind.TIMEOUT,
-                        f"killed at the {runner.get('timeout_s')}s timeout{hung}")
+        return _replace(
+            results,
+            running or file_nodeid,
+            FailureKind.TIMEOUT,
+            f"killed at the {runner.get('timeout_s')}s timeout{hung}",
+        )
     if doc.get("complete") is not True:
-        return _replace(results, running or file_nodeid, FailureKind.INFRASTRUCTURE,
-                        f"pytest exited {runner.get('returncode')} without writing its report")
+        return _replace(
+            results,
+            running or file_nodeid,
+            FailureKind.INFRASTRUCTURE,
+            f"pytest exited {runner.get('returncode')} without writing its report",
+        )
     status = doc.get("exitstatus")
     if status == 5:
-        return results + [TestResult(file_nodeid, Outcome.ERROR, FailureKind.COLLECTION,
-                                     message="no tests collected (pytest exit 5)")]
+        return results + [
+            TestResult(file_nodeid, Outcome.ERROR, FailureKind.COLLECTION, message="no tests collected (pytest exit 5)")
+        ]
     if status in _EXIT_REASONS and not (status == 2 and doc.get("collection_errors")):
-        return results + [TestResult(file_nodeid, Outcome.ERROR, FailureKind.INFRASTRUCTURE,
-                                     message=_EXIT_REASONS[status])]
+        return results + [
+            TestResult(file_nodeid, Outcome.ERROR, FailureKind.INFRASTRUCTURE, message=_EXIT_REASONS[status])
+        ]
     return results
 
 
-def _replace(results: list[TestResult], nodeid: str, kind: FailureKind,
-             message: str) -> list[TestResult]:
+def _replace(results: list[TestResult], nodeid: str, kind: FailureKind, message: str) -> list[TestResult]:
     """Drop ``nodeid``'s own (partial) result and record it as an error of ``kind``."""
     kept = [r for r in results if not (r.nodeid == nodeid and r.subtest is None)]
     return kept + [TestResult(nodeid, Outcome.ERROR, kind, message=message)]
@@ -178,17 +193,17 @@ def _clip(text: str) -> str:
 
 # --------------------------------------------------------------------------- summaries
 
+
 def count_results(results: Iterable[TestResult]) -> dict[str, int]:
     """tests_<outcome> and subtests_<outcome> counted apart."""
-    counts = Counter({f"{p}_{o}": 0 for p in ("tests", "subtests")
-                      for o in ("passed", "failed", "error", "skipped")})
+    counts = Counter({f"{p}_{o}": 0 for p in ("tests", "subtests") for o in ("passed", "failed", "error", "skipped")})
     for r in results:
         counts[f"{'subtests' if r.subtest else 'tests'}_{r.outcome.value}"] += 1
     return dict(counts)
 
 
 def failure_kinds(results: Iterable[TestResult]) -> dict[str, int]:
-    """"6 AttributeError + 1 ValueError, 0 assertion failures" as data: failures by root-cause
+    """ "6 AttributeError + 1 ValueError, 0 assertion failures" as data: failures by root-cause
     kind, unexpected exceptions by type name; "assertion" always present.
 
     A test that failed only through its subtests (kind None) adds nothing: its subtests,
@@ -203,6 +218,7 @@ def failure_kinds(results: Iterable[TestResult]) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------- transitions
+
 
 def transitions(base: Iterable[TestResult], head: Iterable[TestResult]) -> dict[str, Transition]:
     """Per result key (nodeid [+ subtest]): how base's outcome became head's. Pure."""

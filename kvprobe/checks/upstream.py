@@ -15,19 +15,20 @@ import os
 import re
 import tempfile
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from kvprobe import proc
+from kvprobe.checks.results import check_report_schema, count_results, failure_kinds, results_from_report
 from kvprobe.errors import CheckRunError, SchemaError, UsageError
-from kvprobe.model.records import TestResult
 from kvprobe.files import write_atomic
+from kvprobe.model.records import TestResult
+from kvprobe.names import PYTEST_REPORT_SCHEMA
 from kvprobe.resources import probe_api_dir
 from kvprobe.strict_json import load_document
-from kvprobe.checks.results import check_report_schema, count_results, failure_kinds, results_from_report
-from kvprobe.names import PYTEST_REPORT_SCHEMA
 
 REPORT_ENV = "KVPROBE_PYTEST_REPORT"
 PLUGIN_MODULE = "kvprobe_pytest_report"
@@ -43,9 +44,9 @@ _OWNED_ENV = ("PYTHONPATH", "HOME", REPORT_ENV)
 class Overlay(str, Enum):
     """What head's test file did to the base tree."""
 
-    REPLACED = "replaced"    # a different file was there
+    REPLACED = "replaced"  # a different file was there
     IDENTICAL = "identical"  # the same bytes were there
-    ADDED = "added"          # absent at this tree (the PR added it)
+    ADDED = "added"  # absent at this tree (the PR added it)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class TestFileRun:
 
 # --------------------------------------------------------------------------- running
 
+
 def run_test_file(
     *,
     python: Path,
@@ -108,24 +110,41 @@ def run_test_file(
     file_nodeid = Path(os.path.relpath(target, rootdir)).as_posix()
     argv = _pytest_argv(python, tree, rootdir, inifile, junit_path, file_nodeid)
     with tempfile.TemporaryDirectory(prefix="kvprobe-home-") as home:
-        env = proc.clean_env({
-            **env_pinned,
-            "PYTHONPATH": os.pathsep.join(_python_path(python_path)),
-            REPORT_ENV: str(report_path),
-        }, home=Path(home))
+        env = proc.clean_env(
+            {
+                **env_pinned,
+                "PYTHONPATH": os.pathsep.join(_python_path(python_path)),
+                REPORT_ENV: str(report_path),
+            },
+            home=Path(home),
+        )
         result = proc.run(
-            argv, timeout_s=timeout_s, env=env, cwd=rootdir,
-            stdout_path=log_dir / f"{name}.stdout", stderr_path=log_dir / f"{name}.stderr",
+            argv,
+            timeout_s=timeout_s,
+            env=env,
+            cwd=rootdir,
+            stdout_path=log_dir / f"{name}.stdout",
+            stderr_path=log_dir / f"{name}.stderr",
         )
     doc = finalize_report(report_path, result, file_nodeid=file_nodeid, timeout_s=timeout_s)
     results = tuple(results_from_report(doc))
     return TestFileRun(
-        path=test_rel, exit_code=result.returncode, pytest_exit=doc.get("exitstatus"),
-        timed_out=result.timed_out, results=results, overlay=overlay.value,
-        report_path=report_path, junit_path=junit_path if junit_path.exists() else None,
-        stdout_path=result.stdout_path, stderr_path=result.stderr_path,
-        duration_s=result.duration_s, counts=count_results(results), rootdir=rootdir,
-        inifile=inifile, argv=result.argv, env_pinned=env_pinned,
+        path=test_rel,
+        exit_code=result.returncode,
+        pytest_exit=doc.get("exitstatus"),
+        timed_out=result.timed_out,
+        results=results,
+        overlay=overlay.value,
+        report_path=report_path,
+        junit_path=junit_path if junit_path.exists() else None,
+        stdout_path=result.stdout_path,
+        stderr_path=result.stderr_path,
+        duration_s=result.duration_s,
+        counts=count_results(results),
+        rootdir=rootdir,
+        inifile=inifile,
+        argv=result.argv,
+        env_pinned=env_pinned,
     )
 
 
@@ -185,8 +204,11 @@ def _config_in(directory: Path) -> Path | None:
     for name in ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini"):
         if (directory / name).is_file():
             return directory / name
-    checks = (("pyproject.toml", _pyproject_has_pytest), ("tox.ini", _ini_has("pytest")),
-              ("setup.cfg", _ini_has("tool:pytest")))
+    checks = (
+        ("pyproject.toml", _pyproject_has_pytest),
+        ("tox.ini", _ini_has("pytest")),
+        ("setup.cfg", _ini_has("tool:pytest")),
+    )
     for name, has_pytest in checks:
         if (directory / name).is_file() and has_pytest(directory / name):
             return directory / name
@@ -209,6 +231,7 @@ def _ini_has(section: str):
         except (OSError, UnicodeDecodeError, configparser.Error):
             return False
         return parser.has_section(section)
+
     return check
 
 
@@ -218,12 +241,24 @@ def artifact_name(test_rel: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace("/", "__")).strip("._") or "test"
 
 
-def _pytest_argv(python: Path, tree: Path, rootdir: Path, inifile: Path | None,
-                 junit_path: Path, file_nodeid: str) -> list[str]:
+def _pytest_argv(
+    python: Path, tree: Path, rootdir: Path, inifile: Path | None, junit_path: Path, file_nodeid: str
+) -> list[str]:
     """pytest pinned to our rootdir and config (``-c os.devnull`` stops a search above)."""
-    argv = [str(python), "-m", "pytest", "-p", PLUGIN_MODULE, "-p", "no:cacheprovider",
-            f"--junitxml={junit_path}", "-q", f"--rootdir={rootdir}",
-            "-c", str(inifile) if inifile else os.devnull]
+    argv = [
+        str(python),
+        "-m",
+        "pytest",
+        "-p",
+        PLUGIN_MODULE,
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit_path}",
+        "-q",
+        f"--rootdir={rootdir}",
+        "-c",
+        str(inifile) if inifile else os.devnull,
+    ]
     if inifile is None:
         argv.append(f"--confcutdir={tree}")
     return [*argv, file_nodeid]
@@ -247,8 +282,10 @@ def _remove_stale(*paths: Path) -> None:
 
 # --------------------------------------------------------------------------- the report
 
-def finalize_report(report_path: Path, result: proc.CommandResult, *, file_nodeid: str,
-                    timeout_s: float) -> dict[str, Any]:
+
+def finalize_report(
+    report_path: Path, result: proc.CommandResult, *, file_nodeid: str, timeout_s: float
+) -> dict[str, Any]:
     """Load pytest's report (or rebuild a partial one from its journal), add the runner
     block, write it back atomically, and return it."""
     journal = Path(f"{report_path}.journal")
@@ -256,9 +293,12 @@ def finalize_report(report_path: Path, result: proc.CommandResult, *, file_nodei
     if doc is None:
         doc, source = _from_journal(journal), "journal" if journal.exists() else "missing"
     doc["runner"] = {
-        "returncode": result.returncode, "timed_out": result.timed_out,
-        "timeout_s": timeout_s, "duration_s": round(result.duration_s, 3),
-        "report_source": source, "file_nodeid": file_nodeid,
+        "returncode": result.returncode,
+        "timed_out": result.timed_out,
+        "timeout_s": timeout_s,
+        "duration_s": round(result.duration_s, 3),
+        "report_source": source,
+        "file_nodeid": file_nodeid,
     }
     write_atomic(report_path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
     journal.unlink(missing_ok=True)
@@ -282,11 +322,16 @@ def _load_complete(path: Path) -> dict[str, Any] | None:
 
 def _from_journal(journal: Path) -> dict[str, Any]:
     """A partial report from the plugin's event journal; a torn last line is ignored."""
-    doc: dict[str, Any] = {"schema": PYTEST_REPORT_SCHEMA, "complete": False, "exitstatus": None,
-                           "collected": None, "collection_errors": [], "tests": [],
-                           "running": None}
-    lines = journal.read_text(encoding="utf-8", errors="replace").splitlines() \
-        if journal.exists() else []
+    doc: dict[str, Any] = {
+        "schema": PYTEST_REPORT_SCHEMA,
+        "complete": False,
+        "exitstatus": None,
+        "collected": None,
+        "collection_errors": [],
+        "tests": [],
+        "running": None,
+    }
+    lines = journal.read_text(encoding="utf-8", errors="replace").splitlines() if journal.exists() else []
     for line in lines:
         try:
             event = json.loads(line)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -13,8 +14,12 @@ from kvprobe import __version__
 from kvprobe.errors import KvprobeError
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
-_VERDICT_EXIT = {"reproduced": EXIT_OK, "not-reproduced": EXIT_FAIL,
-                 "no-expectations": EXIT_FAIL, "error": EXIT_UNOBSERVED}
+_VERDICT_EXIT = {
+    "reproduced": EXIT_OK,
+    "not-reproduced": EXIT_FAIL,
+    "no-expectations": EXIT_FAIL,
+    "error": EXIT_UNOBSERVED,
+}
 _GATES_EXIT = {"pass": EXIT_OK, "fail": EXIT_FAIL, "unknown": EXIT_UNOBSERVED}
 
 
@@ -71,8 +76,19 @@ def list_cmd(as_json: bool) -> int:
 
     exps = [experiment.load(i, validate=False) for i in experiment.list_ids()]  # fast start
     if as_json:
-        emit_json([{"id": e.id, "title": e.title, "layer": e.layer.value, "prs": list(e.fix.prs),
-                    "pin_sets": list(e.pin_sets), "default_pins": e.default_pin_set} for e in exps])
+        emit_json(
+            [
+                {
+                    "id": e.id,
+                    "title": e.title,
+                    "layer": e.layer.value,
+                    "prs": list(e.fix.prs),
+                    "pin_sets": list(e.pin_sets),
+                    "default_pins": e.default_pin_set,
+                }
+                for e in exps
+            ]
+        )
     else:
         from kvprobe.cli.console import Console, experiments_table
 
@@ -90,16 +106,25 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
 
     exp = experiment.load(experiment_id)
     if as_json:
-        emit_json({
-            "id": exp.id, "title": exp.title, "layer": exp.layer.value, "upstream": exp.upstream,
-            "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary},
-            "pins": {n: {"kind": p.kind.value, "base": p.base.identity(), "head": p.head.identity(),
-                         "pr": p.pr} for n, p in exp.pin_sets.items()},
-            "default_pins": exp.default_pin_set, "profile": exp.profile,
-            "tests": [t.path for t in exp.tests], "probes": [p.path for p in exp.probes],
-            "expect": exp.expectations,
-            "scope": {"shows": exp.scope.shows, "does_not_show": list(exp.scope.does_not_show)},
-        })
+        emit_json(
+            {
+                "id": exp.id,
+                "title": exp.title,
+                "layer": exp.layer.value,
+                "upstream": exp.upstream,
+                "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary},
+                "pins": {
+                    n: {"kind": p.kind.value, "base": p.base.identity(), "head": p.head.identity(), "pr": p.pr}
+                    for n, p in exp.pin_sets.items()
+                },
+                "default_pins": exp.default_pin_set,
+                "profile": exp.profile,
+                "tests": [t.path for t in exp.tests],
+                "probes": [p.path for p in exp.probes],
+                "expect": exp.expectations,
+                "scope": {"shows": exp.scope.shows, "does_not_show": list(exp.scope.does_not_show)},
+            }
+        )
     else:
         from kvprobe.cli.console import Console, print_experiment
 
@@ -110,8 +135,9 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
 def _run_options(pins, out, repo, torch_index, jobs, timeout):
     from kvprobe.run.runner import RunOptions
 
-    opts = RunOptions(pin_set=pins, out=Path(out) if out else None, repo=repo,
-                      torch_index=torch_index, timeout_s=float(timeout))
+    opts = RunOptions(
+        pin_set=pins, out=Path(out) if out else None, repo=repo, torch_index=torch_index, timeout_s=float(timeout)
+    )
     if jobs is not None:
         opts.jobs = jobs
     return opts
@@ -122,26 +148,36 @@ def _run_options(pins, out, repo, torch_index, jobs, timeout):
 @click.option("--pins", help="Pin set to run (default: the experiment's default).")
 @click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (must not exist or be empty).")
 @click.option("--repo", help="Git URL or local path of a mirror/clone to fetch pins from.")
-@click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX",
-              help="Index for torch/torchvision (e.g. https://download.pytorch.org/whl/cpu).")
-@click.option("--jobs", type=click.IntRange(1, 2), help="Run base and head in parallel (2) or in turn (1); default: 2 where there are 2+ cores.")
+@click.option(
+    "--torch-index",
+    envvar="KVPROBE_TORCH_INDEX",
+    help="Index for torch/torchvision (e.g. https://download.pytorch.org/whl/cpu).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, 2),
+    help="Run base and head in parallel (2) or in turn (1); default: 2 where there are 2+ cores.",
+)
 @click.option("--timeout", default=1800, show_default=True, type=click.IntRange(1), help="Seconds per check.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
-@click.option("--record-expectations", "record", is_flag=True,
-              help="After the run, show the observed values and write them into the experiment "
-                   "as its [expect] tables (exit 0 written, 1 declined).")
+@click.option(
+    "--record-expectations",
+    "record",
+    is_flag=True,
+    help="After the run, show the observed values and write them into the experiment "
+    "as its [expect] tables (exit 0 written, 1 declined).",
+)
 @click.option("--yes", is_flag=True, help="With --record-expectations: write without asking.")
 @guarded
 def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json, record=False, yes=False) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not)."""
-    from kvprobe.experiments import experiment
     from kvprobe.cli.console import RichReporter, print_run_summary, stderr_console
+    from kvprobe.experiments import experiment
     from kvprobe.run.runner import run_experiment
 
     exp = experiment.load(experiment_id)
     console = stderr_console()
-    result = run_experiment(exp, _run_options(pins, out, repo, torch_index, jobs, timeout),
-                            RichReporter(console))
+    result = run_experiment(exp, _run_options(pins, out, repo, torch_index, jobs, timeout), RichReporter(console))
     print_run_summary(console, result.receipt, str(result.bundle), result.manifest_sha256)
     if as_json:
         emit_json(run_summary(result))
@@ -156,28 +192,47 @@ def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json,
 @click.pass_context
 def model_cmd(ctx, out, as_json) -> None:
     """Run the synthetic PD handoff model (same as `kvprobe run model`; seconds, no downloads)."""
-    ctx.invoke(run_cmd, experiment_id="model", pins=None, out=out, repo=None, torch_index=None,
-               jobs=None, timeout=1800, as_json=as_json)
+    ctx.invoke(
+        run_cmd,
+        experiment_id="model",
+        pins=None,
+        out=out,
+        repo=None,
+        torch_index=None,
+        jobs=None,
+        timeout=1800,
+        as_json=as_json,
+    )
 
 
 def run_summary(result) -> dict[str, Any]:
     receipt = result.receipt
     return {
-        "verdict": receipt["verdict"], "bundle": str(result.bundle),
-        "manifest_sha256": result.manifest_sha256, "experiment": receipt["experiment"]["id"],
-        "pin_set": receipt["pin_set"]["name"], "reasons": receipt["comparison"]["reasons"],
+        "verdict": receipt["verdict"],
+        "bundle": str(result.bundle),
+        "manifest_sha256": result.manifest_sha256,
+        "experiment": receipt["experiment"]["id"],
+        "pin_set": receipt["pin_set"]["name"],
+        "reasons": receipt["comparison"]["reasons"],
         "observations": receipt["comparison"]["observations"],
-        "tests": receipt["comparison"]["tests"], "test_summary": receipt["comparison"]["test_summary"],
+        "tests": receipt["comparison"]["tests"],
+        "test_summary": receipt["comparison"]["test_summary"],
     }
 
 
 @main.command("report")
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", required=True, type=click.Choice(["markdown", "openvex", "intoto"]),
-              help="markdown: a block for a security review; openvex: OpenVEX v0.2.0; "
-                   "intoto: in-toto Statement v1 with the receipt as predicate.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write here (atomically) instead of stdout.")
+@click.option(
+    "--format",
+    "fmt",
+    required=True,
+    type=click.Choice(["markdown", "openvex", "intoto"]),
+    help="markdown: a block for a security review; openvex: OpenVEX v0.2.0; "
+    "intoto: in-toto Statement v1 with the receipt as predicate.",
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here (atomically) instead of stdout."
+)
 @click.option("--author", default="kvprobe", show_default=True, help="OpenVEX document author.")
 @guarded
 def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
@@ -195,15 +250,29 @@ def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
 
 
 @main.command("gates")
-@click.option("--log", "logs", multiple=True, metavar="[ROLE=]FILE",
-              help="A worker's startup log (repeat per worker); ROLE is prefill or decode when the log does not say.")
-@click.option("--sglang", metavar="PATH_OR_VERSION",
-              help="The SGLang that runs: an installed package path (holding sglang/), a wheel, or a pinned version.")
-@click.option("--server-args", "server_args", multiple=True, metavar="[ROLE=]FILE",
-              help="A worker's server arguments: JSON (optionally with an \"env\" object), a server_args= line, "
-                   "or a command line.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Bundle directory (must not exist or be empty).")
+@click.option(
+    "--log",
+    "logs",
+    multiple=True,
+    metavar="[ROLE=]FILE",
+    help="A worker's startup log (repeat per worker); ROLE is prefill or decode when the log does not say.",
+)
+@click.option(
+    "--sglang",
+    metavar="PATH_OR_VERSION",
+    help="The SGLang that runs: an installed package path (holding sglang/), a wheel, or a pinned version.",
+)
+@click.option(
+    "--server-args",
+    "server_args",
+    multiple=True,
+    metavar="[ROLE=]FILE",
+    help='A worker\'s server arguments: JSON (optionally with an "env" object), a server_args= line, '
+    "or a command line.",
+)
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), help="Bundle directory (must not exist or be empty)."
+)
 @click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX", help="Index for torch/torchvision (gate 2 env).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @guarded
@@ -214,15 +283,22 @@ def gates_cmd(logs, sglang, server_args, out, torch_index, as_json) -> int:
     from kvprobe.gates.pipeline import run_gates
 
     console = stderr_console()
-    opts = GateOptions(logs=list(logs), server_args=list(server_args), sglang=sglang, out=out,
-                       torch_index=torch_index)
+    opts = GateOptions(logs=list(logs), server_args=list(server_args), sglang=sglang, out=out, torch_index=torch_index)
     result = run_gates(opts, RichReporter(console))
     print_gates(console, result.receipt, str(result.bundle), result.manifest_sha256)
     code = _GATES_EXIT[result.overall.value]
     if as_json:
-        emit_json({"overall": result.overall.value, "exit_code": code, "bundle": str(result.bundle),
-                   "manifest_sha256": result.manifest_sha256, "gates": result.receipt["gates"],
-                   "workers": result.receipt["workers"], "target": result.receipt["target"]})
+        emit_json(
+            {
+                "overall": result.overall.value,
+                "exit_code": code,
+                "bundle": str(result.bundle),
+                "manifest_sha256": result.manifest_sha256,
+                "gates": result.receipt["gates"],
+                "workers": result.receipt["workers"],
+                "target": result.receipt["target"],
+            }
+        )
     return code
 
 
@@ -237,12 +313,27 @@ def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     defaults = Limits()
     for option in (
-        click.option("--max-bytes", type=click.IntRange(1), default=defaults.max_total_bytes, show_default=True,
-                     help="Cap on the bundle's total bytes."),
-        click.option("--max-file-bytes", type=click.IntRange(1), default=defaults.max_file_bytes,
-                     show_default=True, help="Cap on any one file's bytes."),
-        click.option("--max-files", type=click.IntRange(1), default=defaults.max_files, show_default=True,
-                     help="Cap on the number of files and directories."),
+        click.option(
+            "--max-bytes",
+            type=click.IntRange(1),
+            default=defaults.max_total_bytes,
+            show_default=True,
+            help="Cap on the bundle's total bytes.",
+        ),
+        click.option(
+            "--max-file-bytes",
+            type=click.IntRange(1),
+            default=defaults.max_file_bytes,
+            show_default=True,
+            help="Cap on any one file's bytes.",
+        ),
+        click.option(
+            "--max-files",
+            type=click.IntRange(1),
+            default=defaults.max_files,
+            show_default=True,
+            help="Cap on the number of files and directories.",
+        ),
     ):
         func = option(func)
     return func
@@ -256,19 +347,26 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int):
 
 @main.command("verify")
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--expect-manifest-sha256", "expect_digest", metavar="HEX",
-              help="The bundle digest (manifest.json's sha256) published elsewhere: checks authenticity.")
-@click.option("--rerun", is_flag=True,
-              help="Run the bundle's experiment again (executes its probes) and compare check by check.")
+@click.option(
+    "--expect-manifest-sha256",
+    "expect_digest",
+    metavar="HEX",
+    help="The bundle digest (manifest.json's sha256) published elsewhere: checks authenticity.",
+)
+@click.option(
+    "--rerun", is_flag=True, help="Run the bundle's experiment again (executes its probes) and compare check by check."
+)
 @click.option("--repo", help="With --rerun: git URL or local path to fetch pins from.")
 @click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX", help="With --rerun: index for torch.")
-@click.option("--timeout", default=1800, show_default=True, type=click.IntRange(1),
-              help="With --rerun: seconds per check.")
+@click.option(
+    "--timeout", default=1800, show_default=True, type=click.IntRange(1), help="With --rerun: seconds per check."
+)
 @_limit_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @guarded
-def verify_cmd(bundle, expect_digest, rerun, repo, torch_index, timeout, max_files, max_file_bytes,
-               max_bytes, as_json) -> int:
+def verify_cmd(
+    bundle, expect_digest, rerun, repo, torch_index, timeout, max_files, max_file_bytes, max_bytes, as_json
+) -> int:
     """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
     2 not a bundle, 3 could not re-run)."""
     from kvprobe.cli.console import RichReporter, print_verify_report, stderr_console
@@ -277,8 +375,11 @@ def verify_cmd(bundle, expect_digest, rerun, repo, torch_index, timeout, max_fil
 
     console = stderr_console()
     step6 = rerun_step(RerunOptions(repo, torch_index, float(timeout)), RichReporter(console)) if rerun else None
-    opts = VerifyOptions(limits=_limits(max_files, max_file_bytes, max_bytes),
-                         expect_manifest_sha256=parse_digest(expect_digest), rerun=step6)
+    opts = VerifyOptions(
+        limits=_limits(max_files, max_file_bytes, max_bytes),
+        expect_manifest_sha256=parse_digest(expect_digest),
+        rerun=step6,
+    )
     report = verify(Path(bundle), opts)
     print_verify_report(console, report)
     if as_json:
@@ -293,8 +394,12 @@ def bundle_group() -> None:
 
 @bundle_group.command("pack")
 @click.argument("bundle_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Archive to write (default: BUNDLE_DIR.tar.gz next to it; never overwritten).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Archive to write (default: BUNDLE_DIR.tar.gz next to it; never overwritten).",
+)
 @_limit_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @guarded
@@ -303,15 +408,21 @@ def bundle_pack_cmd(bundle_dir, output, max_files, max_file_bytes, max_bytes, as
     from kvprobe.verify.pack import pack
 
     result = pack(bundle_dir, output, _limits(max_files, max_file_bytes, max_bytes))
-    click.echo(f"wrote {result.archive} (sha256 {result.sha256}; manifest sha256 {result.manifest_sha256})",
-               err=True)
+    click.echo(f"wrote {result.archive} (sha256 {result.sha256}; manifest sha256 {result.manifest_sha256})", err=True)
     if as_json:
-        emit_json({"archive": str(result.archive), "sha256": result.sha256,
-                   "manifest_sha256": result.manifest_sha256, "top": result.top})
+        emit_json(
+            {
+                "archive": str(result.archive),
+                "sha256": result.sha256,
+                "manifest_sha256": result.manifest_sha256,
+                "top": result.top,
+            }
+        )
     return EXIT_OK
 
 
 # --- cache -------------------------------------------------------------------------------
+
 
 def _cache_root() -> Path:
     from kvprobe.env.cache import default_cache_root
@@ -336,8 +447,9 @@ def cache_ls_cmd(as_json: bool) -> int:
     root = _cache_root()
     entries = cache.scan(root)
     if as_json:
-        emit_json({"root": str(root), "total_size": cache.total_size(entries),
-                   "entries": [e.to_json() for e in entries]})
+        emit_json(
+            {"root": str(root), "total_size": cache.total_size(entries), "entries": [e.to_json() for e in entries]}
+        )
     else:
         from kvprobe.cli.console import print_cache, stderr_console
 
@@ -346,8 +458,13 @@ def cache_ls_cmd(as_json: bool) -> int:
 
 
 @cache_group.command("prune")
-@click.option("--older-than", "older_than", type=click.FloatRange(0), metavar="DAYS",
-              help="Also remove entries not used for DAYS days.")
+@click.option(
+    "--older-than",
+    "older_than",
+    type=click.FloatRange(0),
+    metavar="DAYS",
+    help="Also remove entries not used for DAYS days.",
+)
 @click.option("--all", "everything", is_flag=True, help="Remove every entry not in use.")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
@@ -361,11 +478,15 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
     """
     from kvprobe.env import cache
 
-    outcomes = cache.prune(_cache_root(), older_than_days=older_than, everything=everything,
-                           dry_run=dry_run)
+    outcomes = cache.prune(_cache_root(), older_than_days=older_than, everything=everything, dry_run=dry_run)
     if as_json:
-        emit_json({"dry_run": dry_run, "outcomes": [o.to_json() for o in outcomes],
-                   "freed": sum(o.entry.size for o in outcomes if o.action == "deleted")})
+        emit_json(
+            {
+                "dry_run": dry_run,
+                "outcomes": [o.to_json() for o in outcomes],
+                "freed": sum(o.entry.size for o in outcomes if o.action == "deleted"),
+            }
+        )
     else:
         from kvprobe.cli.console import print_prune, stderr_console
 
@@ -375,15 +496,15 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
 
 # --- new: scaffold an experiment, record its expectations --------------------------------
 
+
 def _record_expectations(exp, receipt, console, yes: bool) -> int:
     """Show what the run observed, confirm, write it as the experiment's expectations."""
-    from kvprobe.experiments import expectations
     from kvprobe.cli.console import print_recording
+    from kvprobe.experiments import expectations
 
     recording = expectations.plan(exp, receipt)
     print_recording(console, recording)
-    if not yes and not click.confirm(f"Write these expectations into {recording.path}?",
-                                     default=False, err=True):
+    if not yes and not click.confirm(f"Write these expectations into {recording.path}?", default=False, err=True):
         console.print("nothing written")
         return EXIT_FAIL
     path = expectations.write(recording)
@@ -393,45 +514,84 @@ def _record_expectations(exp, receipt, console, yes: bool) -> int:
 
 @main.command("new")
 @click.argument("experiment_id")
-@click.option("--base", help="Full 40-hex SHA of the commit before the fix (git pins; required unless "
-              "--release-base/--release-head are given).")
+@click.option(
+    "--base",
+    help="Full 40-hex SHA of the commit before the fix (git pins; required unless "
+    "--release-base/--release-head are given).",
+)
 @click.option("--head", help="Full 40-hex SHA of the commit with the fix (goes with --base).")
 @click.option("--pr", type=int, help="Pull request number (fetches a head reachable only via refs/pull/N/head).")
-@click.option("--repo", default="https://github.com/sgl-project/sglang", show_default=True,
-              help="Upstream git URL (https://, file://) or local clone.")
-@click.option("--test", "tests", multiple=True, metavar="PATH",
-              help="Upstream test file (path at head) to run on both sides; repeatable; needs --base/--head.")
-@click.option("--release-base", metavar="VERSION",
-              help="Released version without the fix (wheel pins); with --release-head and no "
-              "--base/--head, the experiment uses release wheels only and runs no git.")
+@click.option(
+    "--repo",
+    default="https://github.com/sgl-project/sglang",
+    show_default=True,
+    help="Upstream git URL (https://, file://) or local clone.",
+)
+@click.option(
+    "--test",
+    "tests",
+    multiple=True,
+    metavar="PATH",
+    help="Upstream test file (path at head) to run on both sides; repeatable; needs --base/--head.",
+)
+@click.option(
+    "--release-base",
+    metavar="VERSION",
+    help="Released version without the fix (wheel pins); with --release-head and no "
+    "--base/--head, the experiment uses release wheels only and runs no git.",
+)
 @click.option("--release-head", metavar="VERSION", help="First released version with the fix.")
 @click.option("--package", default="sglang", show_default=True, help="PyPI / import package of the upstream.")
-@click.option("--profile", default="sglang-cpu", show_default=True, help="Dependency profile (probes/profiles/NAME.toml).")
+@click.option(
+    "--profile", default="sglang-cpu", show_default=True, help="Dependency profile (probes/profiles/NAME.toml)."
+)
 @click.option("--title", help="One-line title (default: a TODO to replace).")
-@click.option("--dir", "probes_dir", default="probes", show_default=True,
-              type=click.Path(file_okay=False, path_type=Path), help="Folder to create ID/ in.")
+@click.option(
+    "--dir",
+    "probes_dir",
+    default="probes",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to create ID/ in.",
+)
 @guarded
-def new_cmd(experiment_id, base, head, pr, repo, tests, release_base, release_head, package, profile,
-            title, probes_dir) -> int:
+def new_cmd(
+    experiment_id, base, head, pr, repo, tests, release_base, release_head, package, profile, title, probes_dir
+) -> int:
     """Scaffold a new PR-pair experiment: checked pins, a runnable probe template (exit 0).
 
     Pins are git commits (--base/--head), release wheels (--release-base/--release-head), or
     both. Wheel-only needs just PyPI (no git is run): the probe runs on both wheels, and there
     are no upstream tests, since wheels carry none.
     """
-    from kvprobe.experiments import scaffold
     from kvprobe.cli.console import RichReporter, stderr_console
     from kvprobe.env.cache import default_cache_root
+    from kvprobe.experiments import scaffold
 
-    spec = scaffold.NewSpec(experiment_id, base, head, pr=pr, repo=repo, tests=tuple(tests),
-                            release_base=release_base, release_head=release_head, package=package,
-                            profile=profile, probes_dir=probes_dir, title=title)
+    spec = scaffold.NewSpec(
+        experiment_id,
+        base,
+        head,
+        pr=pr,
+        repo=repo,
+        tests=tuple(tests),
+        release_base=release_base,
+        release_head=release_head,
+        package=package,
+        profile=profile,
+        probes_dir=probes_dir,
+        title=title,
+    )
     console = stderr_console()
     created = scaffold.create(spec, cache_root=default_cache_root(), reporter=RichReporter(console))
     console.print(f"created {created.experiment_file}\ncreated {created.probe_file}")
     if not created.on_search_path:
-        console.print(f"[yellow]note[/]: {created.directory.parent} is not on the experiment search path; "
-                      f"set KVPROBE_PROBES_PATH={created.directory.parent}")
-    console.print(f"next: kvprobe run {experiment_id}   (no expectations yet: exit 1, verdict no-expectations)\n"
-                  f"then write the probe, run again, review, and: kvprobe run {experiment_id} --record-expectations")
+        console.print(
+            f"[yellow]note[/]: {created.directory.parent} is not on the experiment search path; "
+            f"set KVPROBE_PROBES_PATH={created.directory.parent}"
+        )
+    console.print(
+        f"next: kvprobe run {experiment_id}   (no expectations yet: exit 1, verdict no-expectations)\n"
+        f"then write the probe, run again, review, and: kvprobe run {experiment_id} --record-expectations"
+    )
     return EXIT_OK

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -13,8 +14,12 @@ from rich.table import Table
 from kvprobe.model.records import Experiment
 from kvprobe.progress import Reporter
 
-_VERDICT_STYLE = {"reproduced": "bold green", "not-reproduced": "bold red",
-                  "no-expectations": "bold yellow", "error": "bold magenta"}
+_VERDICT_STYLE = {
+    "reproduced": "bold green",
+    "not-reproduced": "bold red",
+    "no-expectations": "bold yellow",
+    "error": "bold magenta",
+}
 
 
 def stderr_console() -> Console:
@@ -64,8 +69,7 @@ class RichReporter(Reporter):
                 self._status.update(self._text())
 
     def _text(self) -> str:
-        return "\n".join(f"{title} [dim]— {detail}[/]" if detail else title
-                         for title, detail in self._active.values())
+        return "\n".join(f"{title} [dim]— {detail}[/]" if detail else title for title, detail in self._active.values())
 
     def update(self, text: str) -> None:
         with self._lock:
@@ -93,8 +97,9 @@ def experiments_table(experiments: list[Experiment]) -> Table:
 def print_experiment(console: Console, exp: Experiment) -> None:
     console.print(f"[bold]{exp.id}[/]: {exp.title}")
     console.print(f"layer: {exp.layer.value}   profile: {exp.profile}   upstream: {exp.upstream or '-'}")
-    console.print(f"fix: {', '.join(f'#{n}' for n in exp.fix.prs) or '-'} "
-                  f"(release {exp.fix.release or '-'}): {exp.fix.summary}")
+    console.print(
+        f"fix: {', '.join(f'#{n}' for n in exp.fix.prs) or '-'} (release {exp.fix.release or '-'}): {exp.fix.summary}"
+    )
     pins = Table(title="pin sets (* = default)", title_justify="left")
     for col in ("name", "kind", "base", "head"):
         pins.add_column(col, overflow="fold")
@@ -111,11 +116,16 @@ def print_experiment(console: Console, exp: Experiment) -> None:
         exp_table.add_column(col, overflow="fold")
     keys = sorted(set(exp.expectations.get("base", {})) | set(exp.expectations.get("head", {})))
     for key in keys:
-        names = sorted(set(exp.expectations.get("base", {}).get(key, {})) |
-                       set(exp.expectations.get("head", {}).get(key, {})))
+        names = sorted(
+            set(exp.expectations.get("base", {}).get(key, {})) | set(exp.expectations.get("head", {}).get(key, {}))
+        )
         for name in names:
-            exp_table.add_row(key, name, _val(exp.expectations.get("base", {}).get(key, {}), name),
-                              _val(exp.expectations.get("head", {}).get(key, {}), name))
+            exp_table.add_row(
+                key,
+                name,
+                _val(exp.expectations.get("base", {}).get(key, {}), name),
+                _val(exp.expectations.get("head", {}).get(key, {}), name),
+            )
     console.print(exp_table if keys else "expectations: none declared")
     console.print(f"shows: {exp.scope.shows}")
     for item in exp.scope.does_not_show:
@@ -148,8 +158,9 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
     if table.row_count:
         console.print(table)
     for path, summary in comp["test_summary"].items():
-        console.print(f"upstream {path}: {summary['transitions']}; base failure kinds "
-                      f"{summary['base']['failure_kinds']}")
+        console.print(
+            f"upstream {path}: {summary['transitions']}; base failure kinds {summary['base']['failure_kinds']}"
+        )
     style = _VERDICT_STYLE.get(receipt["verdict"], "bold")
     console.print(f"verdict: [{style}]{receipt['verdict']}[/]")
     for reason in comp["reasons"][:20]:
@@ -166,8 +177,13 @@ def _exp(row: dict[str, Any], side: str) -> str:
     return repr(row[f"expected_{side}"]) if row[f"expected_{side}_declared"] else "·"
 
 
-_STEP_STYLE = {"pass": "green", "fail": "bold red", "skipped": "dim", "self-consistent": "yellow",
-               "could-not-run": "bold magenta"}
+_STEP_STYLE = {
+    "pass": "green",
+    "fail": "bold red",
+    "skipped": "dim",
+    "self-consistent": "yellow",
+    "could-not-run": "bold magenta",
+}
 _OUTCOME_STYLE = {"verified": "bold green", "failed": "bold red", "could-not-rerun": "bold magenta"}
 
 
@@ -204,14 +220,16 @@ def print_gates(console: Console, receipt: dict[str, Any], bundle: str, digest: 
     """One table per gate: status, detail and the evidence that decided each check."""
     for gate in receipt["gates"]:
         style = _GATE_STYLE[gate["status"]]
-        table = Table(title=f"gate {gate['number']}: [{style}]{gate['status']}[/] — {gate['title']}",
-                      title_justify="left")
+        table = Table(
+            title=f"gate {gate['number']}: [{style}]{gate['status']}[/] — {gate['title']}", title_justify="left"
+        )
         for col in ("check", "status", "detail", "evidence"):
             table.add_column(col, overflow="fold")
         for check in gate["checks"]:
             status = check["status"] if check["decides"] else f"{check['status']} (info)"
-            table.add_row(check["name"], f"[{_GATE_STYLE[check['status']]}]{status}[/]", check["detail"],
-                          check["evidence"])
+            table.add_row(
+                check["name"], f"[{_GATE_STYLE[check['status']]}]{status}[/]", check["detail"], check["evidence"]
+            )
         console.print(table)
     console.print(f"overall: [{_GATE_STYLE[receipt['overall']]}]{receipt['overall']}[/]")
     console.print(f"bundle: {bundle}")
@@ -252,11 +270,13 @@ def print_prune(console: Console, outcomes: list[Any], dry_run: bool) -> None:
 
     for o in outcomes:
         mark = {"deleted": "[green]deleted[/]", "would-delete": "[yellow]would delete[/]"}.get(
-            o.action, "[magenta]skipped[/]")
+            o.action, "[magenta]skipped[/]"
+        )
         why = f": {escape(o.reason)}" if o.reason else ""
         label = f" {escape(o.entry.label)}" if o.entry.label else ""
-        console.print(f"{mark} {o.entry.kind} {escape(o.entry.key)}{label} ({human_size(o.entry.size)}){why}",
-                      soft_wrap=True)
+        console.print(
+            f"{mark} {o.entry.kind} {escape(o.entry.key)}{label} ({human_size(o.entry.size)}){why}", soft_wrap=True
+        )
     freed = sum(o.entry.size for o in outcomes if o.action in ("deleted", "would-delete"))
     verb = "would free" if dry_run else "freed"
     console.print(f"{verb} {human_size(freed)}; {sum(o.action == 'skipped' for o in outcomes)} skipped")
@@ -277,5 +297,7 @@ def print_recording(console: Console, recording: Any) -> None:
     for item in recording.skipped:
         console.print(f"[yellow]not recorded[/]: {item}")
     if not recording.differs:
-        console.print("[bold yellow]warning[/]: no recorded observation differs between base and head; "
-                      "these expectations cannot tell the fix apart")
+        console.print(
+            "[bold yellow]warning[/]: no recorded observation differs between base and head; "
+            "these expectations cannot tell the fix apart"
+        )

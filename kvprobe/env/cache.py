@@ -24,9 +24,9 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from filelock import FileLock, Timeout
 
@@ -62,10 +62,15 @@ class Entry:
     label: str = ""  # what the key stands for: a git URL, a wheel's file name
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "key": self.key, "label": self.label, "path": str(self.path),
-                "size": self.size,
-                "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
-                "complete": self.complete}
+        return {
+            "kind": self.kind,
+            "key": self.key,
+            "label": self.label,
+            "path": str(self.path),
+            "size": self.size,
+            "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
+            "complete": self.complete,
+        }
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ class Outcome:
 
 
 # --- listing -----------------------------------------------------------------------------
+
 
 def scan(root: Path) -> list[Entry]:
     """Every entry under ``root`` (an absent root is an empty cache), sorted by kind and key."""
@@ -161,8 +167,8 @@ def tree_size(path: Path) -> int:
 
 # --- pruning -----------------------------------------------------------------------------
 
-def select(entries: list[Entry], *, older_than_days: float | None, everything: bool,
-           now: float) -> list[Entry]:
+
+def select(entries: list[Entry], *, older_than_days: float | None, everything: bool, now: float) -> list[Entry]:
     """Leftovers (partial, trash, incomplete envs) always; complete entries by age or --all."""
     if older_than_days is not None and older_than_days < 0:
         raise UsageError(f"--older-than must be >= 0 days, not {older_than_days}")
@@ -175,8 +181,14 @@ def select(entries: list[Entry], *, older_than_days: float | None, everything: b
     return chosen
 
 
-def prune(root: Path, *, older_than_days: float | None = None, everything: bool = False,
-          dry_run: bool = False, now: float | None = None) -> list[Outcome]:
+def prune(
+    root: Path,
+    *,
+    older_than_days: float | None = None,
+    everything: bool = False,
+    dry_run: bool = False,
+    now: float | None = None,
+) -> list[Outcome]:
     """Remove the selected entries that nobody is using; one Outcome per selected entry."""
     now = time.time() if now is None else now
     root = Path(root)

@@ -20,9 +20,9 @@ import tempfile
 import time
 import tomllib
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from filelock import FileLock
 
@@ -72,8 +72,10 @@ def load_profile(name: str) -> Profile:
             lock = path.parent / data["lock"]
             torch_index = data.get("torch_index", {})
             return Profile(
-                name=data["name"], description=data.get("description", ""),
-                python=str(data.get("python", "3")), lock_name=lock.name,
+                name=data["name"],
+                description=data.get("description", ""),
+                python=str(data.get("python", "3")),
+                lock_name=lock.name,
                 lock_bytes=lock.read_bytes(),
                 torch_replaces=tuple(torch_index.get("replaces", ())),
                 torch_requirements=tuple(torch_index.get("requirements", ())),
@@ -105,8 +107,10 @@ def split_lock(profile: Profile, torch_index: str | None) -> tuple[str, list[str
                 kept.append(line)
             continue
         name = line.split("==", 1)[0].strip().lower()
-        skip = bool(name) and not line.startswith("#") and any(
-            fnmatch.fnmatch(name, pattern) for pattern in profile.torch_replaces
+        skip = (
+            bool(name)
+            and not line.startswith("#")
+            and any(fnmatch.fnmatch(name, pattern) for pattern in profile.torch_replaces)
         )
         if not skip:
             kept.append(line)
@@ -116,19 +120,23 @@ def split_lock(profile: Profile, torch_index: str | None) -> tuple[str, list[str
 class EnvManager:
     """Builds and caches envs under ``cache_root/envs``."""
 
-    def __init__(self, cache_root: Path, *, reporter: Reporter | None = None,
-                 timeout_s: float = 3600.0) -> None:
+    def __init__(self, cache_root: Path, *, reporter: Reporter | None = None, timeout_s: float = 3600.0) -> None:
         self.root = cache_root / "envs"
         self.reporter = reporter or Reporter()
         self.timeout_s = timeout_s
 
     def key(self, profile: Profile, python: str, torch_index: str | None) -> str:
-        ident = {"python": _python_identity(python), "lock": profile.lock_sha256,
-                 "torch_index": torch_index or "", "format": 1}
+        ident = {
+            "python": _python_identity(python),
+            "lock": profile.lock_sha256,
+            "torch_index": torch_index or "",
+            "format": 1,
+        }
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
 
-    def ensure(self, profile: Profile, *, torch_index: str | None = None,
-               hold: contextlib.ExitStack | None = None) -> EnvInfo:
+    def ensure(
+        self, profile: Profile, *, torch_index: str | None = None, hold: contextlib.ExitStack | None = None
+    ) -> EnvInfo:
         """The env for ``profile``: reused if complete, else built (under a lock).
 
         With ``hold``, a lease on the env is taken before the lock is released and kept
@@ -159,11 +167,15 @@ class EnvManager:
                 self._create(python, env_dir, tmp)
                 self._install(profile, env_dir, tmp, torch_index)
                 info = self._describe(env_dir / "bin" / "python", tmp)
-                info.update({
-                    "profile": profile.name, "lock_name": profile.lock_name,
-                    "lock_sha256": profile.lock_sha256, "torch_index": torch_index or "pypi",
-                    "build_seconds": round(time.monotonic() - started, 1),
-                })
+                info.update(
+                    {
+                        "profile": profile.name,
+                        "lock_name": profile.lock_name,
+                        "lock_sha256": profile.lock_sha256,
+                        "torch_index": torch_index or "pypi",
+                        "build_seconds": round(time.monotonic() - started, 1),
+                    }
+                )
                 (env_dir / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True))
                 os.replace(env_dir, final)
         finally:
@@ -171,9 +183,20 @@ class EnvManager:
 
     def _create(self, python: str, env_dir: Path, tmp: Path) -> None:
         result = proc.run(
-            [sys.executable, "-m", "virtualenv", "--no-download", "--no-periodic-update",
-             "--quiet", "-p", python, str(env_dir)],
-            timeout_s=300, env=proc.clean_env(), stdout_path=tmp / "venv.out",
+            [
+                sys.executable,
+                "-m",
+                "virtualenv",
+                "--no-download",
+                "--no-periodic-update",
+                "--quiet",
+                "-p",
+                python,
+                str(env_dir),
+            ],
+            timeout_s=300,
+            env=proc.clean_env(),
+            stdout_path=tmp / "venv.out",
             stderr_path=tmp / "venv.err",
         )
         if not result.ok:
@@ -184,8 +207,17 @@ class EnvManager:
         lock_file = tmp / "lock.txt"
         lock_file.write_text(lock_text)
         python = str(env_dir / "bin" / "python")
-        base = [python, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
-                "--no-input", "--progress-bar", "off"]
+        base = [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--progress-bar",
+            "off",
+        ]
         self._pip([*base, "--require-hashes", "--only-binary=:all:", "-r", str(lock_file)], tmp, "lock")
         if index_reqs:
             self._pip([*base, "--index-url", torch_index, *index_reqs], tmp, "torch-index")
@@ -197,16 +229,24 @@ class EnvManager:
             self.reporter.update(_last_pip_action(out))
 
         result = proc.run(
-            argv, timeout_s=self.timeout_s, stdout_path=out, stderr_path=tmp / f"pip-{label}.err",
-            env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)), poll=poll,
+            argv,
+            timeout_s=self.timeout_s,
+            stdout_path=out,
+            stderr_path=tmp / f"pip-{label}.err",
+            env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
+            poll=poll,
         )
         if not result.ok:
             raise EnvBuildError(f"pip install ({label}) failed: {result.summary()}")
 
     def _describe(self, python: Path, tmp: Path) -> dict:
-        result = proc.run([str(python), "-c", _DESCRIBE], timeout_s=300,
-                          env=proc.clean_env(home=tmp), stdout_path=tmp / "describe.out",
-                          stderr_path=tmp / "describe.err")
+        result = proc.run(
+            [str(python), "-c", _DESCRIBE],
+            timeout_s=300,
+            env=proc.clean_env(home=tmp),
+            stdout_path=tmp / "describe.out",
+            stderr_path=tmp / "describe.err",
+        )
         if not result.ok:
             raise EnvBuildError(f"the new env's python does not run: {result.summary()}")
         return json.loads(result.stdout())
@@ -228,8 +268,9 @@ def _lease(env_dir: Path) -> Iterator[None]:
 
 
 def _python_identity(python: str) -> str:
-    result = proc.capture([python, "-c", "import sys,platform;print(sys.version, platform.machine())"],
-                          timeout_s=60, env=proc.clean_env())
+    result = proc.capture(
+        [python, "-c", "import sys,platform;print(sys.version, platform.machine())"], timeout_s=60, env=proc.clean_env()
+    )
     if not result.ok:
         raise EnvBuildError(f"cannot run {python}: {result.summary()}")
     return result.stdout.strip()
@@ -246,8 +287,15 @@ def _last_pip_action(path: Path) -> str:
 def _read_marker(env_dir: Path) -> EnvInfo:
     data = json.loads((env_dir / MARKER).read_text())
     return EnvInfo(
-        key=env_dir.name, path=env_dir, python=data["python"], lock_name=data["lock_name"],
-        lock_sha256=data["lock_sha256"], packages=data["packages"],
-        build={"torch": data.get("torch"), "torch_index": data.get("torch_index"),
-               "build_seconds": data.get("build_seconds")},
+        key=env_dir.name,
+        path=env_dir,
+        python=data["python"],
+        lock_name=data["lock_name"],
+        lock_sha256=data["lock_sha256"],
+        packages=data["packages"],
+        build={
+            "torch": data.get("torch"),
+            "torch_index": data.get("torch_index"),
+            "build_seconds": data.get("build_seconds"),
+        },
     )

@@ -14,14 +14,24 @@ import shutil
 import tarfile
 import tempfile
 import zlib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from kvprobe.defects import (
-    ArchiveDuplicateMember, ArchiveLinkMember, ArchiveSpecialMember, ArchiveTraversal, BadName,
-    BundleDefect, BundleTooLarge, FileTooLarge, NameCollision, NotABundle, TooManyFiles,
+    ArchiveDuplicateMember,
+    ArchiveLinkMember,
+    ArchiveSpecialMember,
+    ArchiveTraversal,
+    BadName,
+    BundleDefect,
+    BundleTooLarge,
+    FileTooLarge,
+    NameCollision,
+    NotABundle,
+    TooManyFiles,
 )
 from kvprobe.evidence.safetree import Limits, display, find_collisions, path_problem
 
@@ -29,6 +39,7 @@ _HEADER_ALLOWANCE = 64 << 10  # per member: tar and PAX headers in the decompres
 
 
 # --- scan and extract --------------------------------------------------------------------
+
 
 class _Overflow(Exception):
     pass
@@ -48,7 +59,7 @@ class _CappedReader(io.RawIOBase):
         self.count += len(data)
         if self.count > self.cap:
             raise _Overflow(self.count)
-        buffer[:len(data)] = data
+        buffer[: len(data)] = data
         return len(data)
 
 
@@ -77,8 +88,11 @@ def scan_archive(archive: Path, limits: Limits) -> tuple[list[Member], list[Bund
         with _members(archive, limits) as stream:
             for info, _tar in stream:
                 if len(members) >= limits.max_files:
-                    defects.append(TooManyFiles(display(info.name), f"more than {limits.max_files} members "
-                                                                    "(raise with --max-files)"))
+                    defects.append(
+                        TooManyFiles(
+                            display(info.name), f"more than {limits.max_files} members (raise with --max-files)"
+                        )
+                    )
                     break
                 member, found = check_member(info, limits, total)
                 defects += found
@@ -86,7 +100,9 @@ def scan_archive(archive: Path, limits: Limits) -> tuple[list[Member], list[Bund
                     members.append(member)
                     total += member.size
     except _Overflow:
-        defects.append(BundleTooLarge(archive.name, "decompressed archive exceeds the size cap (raise with --max-bytes)"))
+        defects.append(
+            BundleTooLarge(archive.name, "decompressed archive exceeds the size cap (raise with --max-bytes)")
+        )
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
         raise NotABundle(f"{archive}: not a readable .tar.gz ({exc})") from exc
     return members, defects + structure_defects(members)
@@ -96,11 +112,15 @@ def check_member(info: tarfile.TarInfo, limits: Limits, total: int) -> tuple[Mem
     name = display(info.name)
     if info.issym() or info.islnk():
         kind = "symbolic" if info.issym() else "hard"
-        return None, [ArchiveLinkMember(name, f"{kind} link member (to {display(info.linkname)!r}); "
-                                              "links are not allowed")]
+        return None, [
+            ArchiveLinkMember(name, f"{kind} link member (to {display(info.linkname)!r}); links are not allowed")
+        ]
     if not (info.isreg() or info.isdir()) or info.issparse():
-        return None, [ArchiveSpecialMember(name, f"special member (tar type {info.type!r}); "
-                                                 "only regular files and directories are allowed")]
+        return None, [
+            ArchiveSpecialMember(
+                name, f"special member (tar type {info.type!r}); only regular files and directories are allowed"
+            )
+        ]
     found: list[BundleDefect] = []
     problem = path_problem(info.name, limits)
     if info.name.startswith("/") or ".." in info.name.split("/"):
@@ -108,7 +128,9 @@ def check_member(info: tarfile.TarInfo, limits: Limits, total: int) -> tuple[Mem
     elif problem:
         found.append(BadName(name, problem))
     if info.isreg() and info.size > limits.max_file_bytes:
-        found.append(FileTooLarge(name, f"{info.size} bytes > cap {limits.max_file_bytes} (raise with --max-file-bytes)"))
+        found.append(
+            FileTooLarge(name, f"{info.size} bytes > cap {limits.max_file_bytes} (raise with --max-file-bytes)")
+        )
     elif info.isreg() and total <= limits.max_total_bytes < total + info.size:
         found.append(BundleTooLarge(name, f"archive exceeds {limits.max_total_bytes} bytes (raise with --max-bytes)"))
     member = Member(info.name, "file" if info.isreg() else "dir", info.size if info.isreg() else 0)
@@ -150,8 +172,11 @@ def extract(archive: Path, members: list[Member], dest: Path, limits: Limits) ->
         for info, tar in stream:
             member = next(expected, None)
             kind = "file" if info.isreg() else "dir" if info.isdir() else "other"
-            if member is None or (member.name, member.kind, member.size) != (info.name, kind,
-                                                                             info.size if kind == "file" else 0):
+            if member is None or (member.name, member.kind, member.size) != (
+                info.name,
+                kind,
+                info.size if kind == "file" else 0,
+            ):
                 raise NotABundle(f"{archive}: changed while being read")
             target = dest.joinpath(*info.name.split("/"))
             if kind == "dir":

@@ -6,8 +6,9 @@ Shared by `kvprobe run` and `kvprobe gates` bundles.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kvprobe import schema
 from kvprobe.evidence import manifest
@@ -15,14 +16,19 @@ from kvprobe.files import sha256_file, write_atomic, write_json
 from kvprobe.names import README, RECEIPT
 
 
-
 def file_ref(path: Path | None, root: Path) -> dict[str, str] | None:
     """``{"path", "sha256"}`` of a file in the bundle being written, as a receipt cites it."""
     return None if path is None else {"path": path.relative_to(root).as_posix(), "sha256": sha256_file(path)}
 
 
-def seal_bundle(receipt: dict[str, Any], version: str, readme: str, staging: Path, final: Path,
-                check: Callable[[Path], None] | None = None) -> str:
+def seal_bundle(
+    receipt: dict[str, Any],
+    version: str,
+    readme: str,
+    staging: Path,
+    final: Path,
+    check: Callable[[Path], None] | None = None,
+) -> str:
     """Validate, write, hash, check, then rename into place (nothing half-written).
 
     Returns manifest.json's sha256. ``check`` runs on the finished staging directory and

@@ -35,11 +35,16 @@ def _cases(receipt: dict[str, Any]) -> list[str]:
         return []
     lines = ["| case | base | head | expected observations held |", "| --- | --- | --- | --- |"]
     for key in keys:
-        rows = [r for r in comp["observations"] if r["case"] == key
-                and (r["expected_base_declared"] or r["expected_head_declared"])]
+        rows = [
+            r
+            for r in comp["observations"]
+            if r["case"] == key and (r["expected_base_declared"] or r["expected_head_declared"])
+        ]
         held = sum(1 for r in rows if r["base_ok"] and r["head_ok"])
-        lines.append(f"| `{key}` | {_case_state(comp['cases']['base'].get(key))} | "
-                     f"{_case_state(comp['cases']['head'].get(key))} | {held}/{len(rows)} |")
+        lines.append(
+            f"| `{key}` | {_case_state(comp['cases']['base'].get(key))} | "
+            f"{_case_state(comp['cases']['head'].get(key))} | {held}/{len(rows)} |"
+        )
     return [*lines, ""]
 
 

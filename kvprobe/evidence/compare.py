@@ -7,7 +7,8 @@ verifier can recompute exactly what the receipt states from the files alone.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvprobe.checks.results import failure_kinds, results_from_report, transitions
 from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition, Verdict
@@ -20,7 +21,7 @@ ALGORITHM = "kvprobe.compare/2"
 # bundle made by one verifies when this comparison, recomputed, gives the same block.
 PREDECESSORS = {
     "kvprobe.compare/1": "counted a test that failed only through its subtests as one more "
-                         "'infrastructure' failure kind",
+    "'infrastructure' failure kind",
 }
 RAISED = "raised"  # reserved observation: the exception type a case raised, or False
 
@@ -34,8 +35,10 @@ def case_table(docs: Mapping[str, Mapping[str, Any] | None]) -> dict[str, dict[s
             observations = dict(case["observations"])
             observations[RAISED] = error.get("type") or False
             table[f"{name}/{case['name']}"] = {
-                "status": case["status"], "error_type": error.get("type"),
-                "root_type": error.get("root_type"), "observations": observations,
+                "status": case["status"],
+                "error_type": error.get("type"),
+                "root_type": error.get("root_type"),
+                "observations": observations,
             }
     return table
 
@@ -116,8 +119,11 @@ def _side_summary(run: Mapping[str, Any] | None, results: list[TestResult]) -> d
 
 
 def compare(
-    *, expect: Mapping[str, Any], probe_docs: Mapping[str, Mapping[str, Any]],
-    probe_problems: Mapping[str, Mapping[str, str]], test_runs: Mapping[str, Mapping[str, Any]],
+    *,
+    expect: Mapping[str, Any],
+    probe_docs: Mapping[str, Mapping[str, Any]],
+    probe_problems: Mapping[str, Mapping[str, str]],
+    test_runs: Mapping[str, Mapping[str, Any]],
 ) -> dict[str, Any]:
     """The comparison block of a receipt, verdict included."""
     tables = {side: case_table(probe_docs.get(side, {})) for side in SIDES}
@@ -149,8 +155,11 @@ def _verdict(expect, rows, trows, tsummary, probe_problems, tables) -> tuple[Ver
         for side in SIDES:
             if summary[side]["problem"]:
                 errors.append(f"{side}: {path}: {summary[side]['problem']}")
-    errors += [f"{r['file']}: {r['test']}: {r['transition']}" for r in trows
-               if r["transition"] == Transition.ERROR.value and _infra(r)]
+    errors += [
+        f"{r['file']}: {r['test']}: {r['transition']}"
+        for r in trows
+        if r["transition"] == Transition.ERROR.value and _infra(r)
+    ]
     if errors:
         return Verdict.ERROR, errors
     if not any(tables[s] for s in SIDES) and not trows:
@@ -160,15 +169,16 @@ def _verdict(expect, rows, trows, tsummary, probe_problems, tables) -> tuple[Ver
         for side in SIDES:
             if not r[f"{side}_ok"]:
                 got = repr(r[side]) if r[f"{side}_recorded"] else _missing(tables[side].get(r["case"]))
-                reasons.append(f"{side}: {r['case']}: {r['observation']} expected "
-                               f"{r[f'expected_{side}']!r}, got {got}")
+                reasons.append(f"{side}: {r['case']}: {r['observation']} expected {r[f'expected_{side}']!r}, got {got}")
     reasons += _test_reasons(trows)
     if reasons:
         return Verdict.NOT_REPRODUCED, reasons
     has_probe_cases = any(tables[s] for s in SIDES)
     if has_probe_cases and not any(expect.get(s) for s in SIDES):
-        return Verdict.NO_EXPECTATIONS, ["no expectations declared: the probe ran, nothing was "
-                                         "checked (review its output, then --record-expectations)"]
+        return Verdict.NO_EXPECTATIONS, [
+            "no expectations declared: the probe ran, nothing was "
+            "checked (review its output, then --record-expectations)"
+        ]
     if not has_probe_cases and not any(r["transition"] == "FAIL_TO_PASS" for r in trows):
         return Verdict.NOT_REPRODUCED, ["no upstream test went from fail to pass"]
     return Verdict.REPRODUCED, []
@@ -183,8 +193,11 @@ def _test_reasons(trows: list[dict]) -> list[str]:
     """Head must pass every test; base must fail at least one (head tests on both sides)."""
     if not trows:
         return []
-    reasons = [f"head: {r['file']}: {r['test']} {r['head'] or 'not run'}" for r in trows
-               if r["head"] not in (Outcome.PASSED.value, Outcome.SKIPPED.value, Outcome.XFAILED.value)]
+    reasons = [
+        f"head: {r['file']}: {r['test']} {r['head'] or 'not run'}"
+        for r in trows
+        if r["head"] not in (Outcome.PASSED.value, Outcome.SKIPPED.value, Outcome.XFAILED.value)
+    ]
     if not any(r["transition"] == Transition.FAIL_TO_PASS.value for r in trows):
         reasons.append("no upstream test went from fail on base to pass on head")
     return reasons

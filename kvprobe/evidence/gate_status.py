@@ -6,8 +6,8 @@ checks with :func:`combine`, so it needs this rule and not the gates pipeline.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
-from typing import Iterable
 
 
 class Status(str, Enum):

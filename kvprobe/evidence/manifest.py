@@ -11,7 +11,6 @@ from kvprobe.files import sha256_file
 from kvprobe.names import MANIFEST, MANIFEST_SCHEMA, SUMS
 
 
-
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from kvprobe.defects import BundleDefect, Unreadable
 from kvprobe.evidence.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
-from kvprobe.strict_json import loads as strict_loads
 from kvprobe.names import SIDES
+from kvprobe.strict_json import loads as strict_loads
 
 
 @dataclass

@@ -17,8 +17,16 @@ from dataclasses import dataclass, field
 
 from kvprobe import strict_json
 from kvprobe.defects import (
-    BadName, BundleDefect, BundleTooLarge, FileTooLarge, NameCollision, NotABundle, SpecialFile,
-    SymlinkEntry, TooManyFiles, UnreadableEntry,
+    BadName,
+    BundleDefect,
+    BundleTooLarge,
+    FileTooLarge,
+    NameCollision,
+    NotABundle,
+    SpecialFile,
+    SymlinkEntry,
+    TooManyFiles,
+    UnreadableEntry,
 )
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
@@ -132,8 +140,7 @@ def find_collisions(paths: list[str], make) -> list[BundleDefect]:
     for rel in paths:
         key = collision_key(display(rel))
         if key in seen and seen[key] != rel:
-            found.append(make(display(rel), f"collides with {display(seen[key])!r} "
-                                            "(case or Unicode normalisation)"))
+            found.append(make(display(rel), f"collides with {display(seen[key])!r} (case or Unicode normalisation)"))
         seen.setdefault(key, rel)
     return found
 
@@ -148,7 +155,7 @@ class Tree:
             raise NotABundle(f"{root}: not a bundle directory ({exc.strerror})") from exc
         self.root = str(root)
 
-    def __enter__(self) -> "Tree":
+    def __enter__(self) -> Tree:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -187,8 +194,9 @@ class Tree:
         for name, st in names:
             rel = f"{prefix}{name}"
             if len(result.entries) >= limits.max_files:
-                result.defects.append(TooManyFiles(display(rel), f"more than {limits.max_files} entries "
-                                                                 "(raise with --max-files)"))
+                result.defects.append(
+                    TooManyFiles(display(rel), f"more than {limits.max_files} entries (raise with --max-files)")
+                )
                 result.complete, result.stopped = False, True
                 return total
             entry = Entry(rel, kind_of(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0)
@@ -206,7 +214,8 @@ class Tree:
     def _check_entry(entry: Entry, name: str, result: Scan, limits: Limits, total: int) -> int:
         shown = display(entry.rel)
         problem = name_problem(name, limits) or (
-            "path too long or too deep" if path_problem(entry.rel, limits) else None)
+            "path too long or too deep" if path_problem(entry.rel, limits) else None
+        )
         if problem:
             result.defects.append(BadName(shown, problem))
         if entry.kind == "symlink":
@@ -215,11 +224,15 @@ class Tree:
             result.defects.append(SpecialFile(shown, f"{entry.kind} (never opened)"))
         elif entry.kind == "file":
             if entry.size > limits.max_file_bytes:
-                result.defects.append(FileTooLarge(shown, f"{entry.size} bytes > cap {limits.max_file_bytes} "
-                                                          "(raise with --max-file-bytes)"))
+                result.defects.append(
+                    FileTooLarge(
+                        shown, f"{entry.size} bytes > cap {limits.max_file_bytes} (raise with --max-file-bytes)"
+                    )
+                )
             if total <= limits.max_total_bytes < total + entry.size:
-                result.defects.append(BundleTooLarge(shown, f"bundle exceeds {limits.max_total_bytes} bytes "
-                                                            "(raise with --max-bytes)"))
+                result.defects.append(
+                    BundleTooLarge(shown, f"bundle exceeds {limits.max_total_bytes} bytes (raise with --max-bytes)")
+                )
             total += entry.size
         return total
 

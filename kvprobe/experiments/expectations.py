@@ -12,14 +12,15 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from kvprobe.experiments import tomltext
-from kvprobe.files import write_atomic
 from kvprobe.errors import CheckRunError, ExperimentError, UsageError
+from kvprobe.experiments import tomltext
 from kvprobe.experiments.experiment import load_file
+from kvprobe.files import write_atomic
 from kvprobe.model.records import Experiment
 from kvprobe.names import SIDES
 
@@ -48,8 +49,10 @@ class Recording:
     @property
     def differs(self) -> bool:
         """True if any recorded observation tells base from head."""
-        return any(not _same(self.values.get("base", {}).get(case), self.values.get("head", {}).get(case))
-                   for case in self.cases)
+        return any(
+            not _same(self.values.get("base", {}).get(case), self.values.get("head", {}).get(case))
+            for case in self.cases
+        )
 
 
 def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
@@ -71,8 +74,9 @@ def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
                 values.setdefault(side, {})[key] = kept
     if not values:
         raise UsageError(f"{exp.id}: no probe case recorded an observation: nothing to record")
-    return Recording(exp.id, exp.directory / "experiment.toml", exp.file_sha256,
-                     receipt["run_id"], values, tuple(skipped))
+    return Recording(
+        exp.id, exp.directory / "experiment.toml", exp.file_sha256, receipt["run_id"], values, tuple(skipped)
+    )
 
 
 def _refuse_template(receipt: Mapping[str, Any]) -> None:
@@ -82,7 +86,8 @@ def _refuse_template(receipt: Mapping[str, Any]) -> None:
         if set(TEMPLATE_MOCKS) & set(mocks):
             raise UsageError(
                 f"probe {probe} still declares the template's mocks {mocks!r}: write the probe "
-                "(and declare what it really mocks) before recording its observations as expectations")
+                "(and declare what it really mocks) before recording its observations as expectations"
+            )
 
 
 def _recordable(side: str, key: str, observations: Mapping[str, Any], skipped: list[str]) -> dict[str, Any]:
@@ -109,6 +114,7 @@ def _recordable(side: str, key: str, observations: Mapping[str, Any], skipped: l
 
 # --- rendering and rewriting -------------------------------------------------------------
 
+
 def render_section(rec: Recording, newline: str = "\n") -> str:
     """``[expect.base."p/c"]`` / ``[expect.head."p/c"]`` per case, base then head."""
     lines: list[str] = []
@@ -119,8 +125,10 @@ def render_section(rec: Recording, newline: str = "\n") -> str:
                 continue
             lines.append(f"[expect.{side}.{tomltext.string(key)}]")
             if len(lines) == 1:  # inside the first table, so a re-record replaces it too
-                lines.append(f"# recorded by `kvprobe run {rec.experiment_id} --record-expectations` "
-                             f"from run {rec.run_id}; review before committing")
+                lines.append(
+                    f"# recorded by `kvprobe run {rec.experiment_id} --record-expectations` "
+                    f"from run {rec.run_id}; review before committing"
+                )
             lines += [f"{tomltext.key(name)} = {tomltext.value(v)}" for name, v in observed.items()]
         lines.append("")
     return newline.join(lines[:-1]) + newline
@@ -136,7 +144,7 @@ def replace_section(text: str, section: str) -> str:
         return head + gap + section
     out = lines[: spans[0][0]] + [section]
     for (_start, end), nxt in zip(spans, [*spans[1:], (len(lines), len(lines))]):
-        out += lines[end: nxt[0]]
+        out += lines[end : nxt[0]]
     return "".join(out)
 
 
@@ -149,7 +157,7 @@ def _expect_spans(lines: list[str]) -> list[tuple[int, int]]:
             continue
         stop = headers[n + 1] if n + 1 < len(headers) else len(lines)
         end = max((j + 1 for j in range(start, stop) if _is_content(lines[j])), default=start + 1)
-        if spans and not any(_is_content(line) for line in lines[spans[-1][1]: start]):
+        if spans and not any(_is_content(line) for line in lines[spans[-1][1] : start]):
             spans[-1] = (spans[-1][0], end)
         else:
             spans.append((start, end))
@@ -167,6 +175,7 @@ def _is_content(line: str) -> bool:
 
 
 # --- writing -----------------------------------------------------------------------------
+
 
 def write(rec: Recording) -> Path:
     """Replace the experiment's expectations with ``rec``, atomically.
@@ -190,27 +199,29 @@ def _check_rewrite(rec: Recording, old_text: str, new_text: str) -> None:
     try:
         new = tomllib.loads(new_text)
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{rec.path}: could not place the expectations ({exc}); "
-                         "write them as [expect.<side>.\"probe/case\"] tables; nothing written") from exc
+        raise UsageError(
+            f"{rec.path}: could not place the expectations ({exc}); "
+            'write them as [expect.<side>."probe/case"] tables; nothing written'
+        ) from exc
     old.pop("expect", None)
     recorded = new.pop("expect", None)
     if old != new or not _same(recorded, {s: v for s, v in rec.values.items() if v}):
-        raise UsageError(f"{rec.path}: rewriting the [expect] tables would change other data or "
-                         "not read back exactly; nothing written")
+        raise UsageError(
+            f"{rec.path}: rewriting the [expect] tables would change other data or "
+            "not read back exactly; nothing written"
+        )
 
 
 def _replace_file(path: Path, data: bytes) -> None:
     """Temp file beside ``path``, loaded as an experiment, then renamed over it."""
-    write_atomic(path, data, mode=path.stat().st_mode & 0o7777,
-                 check=lambda tmp: _loads_as_experiment(tmp, path))
+    write_atomic(path, data, mode=path.stat().st_mode & 0o7777, check=lambda tmp: _loads_as_experiment(tmp, path))
 
 
 def _loads_as_experiment(tmp: Path, path: Path) -> None:
     try:
         load_file(tmp)
     except ExperimentError as exc:
-        raise UsageError(f"{path}: the recorded expectations do not load: {exc.message}; "
-                         "nothing written") from exc
+        raise UsageError(f"{path}: the recorded expectations do not load: {exc.message}; nothing written") from exc
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -10,11 +10,21 @@ from typing import Any
 from kvprobe import schema
 from kvprobe.errors import ExperimentError, SchemaError
 from kvprobe.model.records import (
-    ID_RE, Experiment, Fix, GitPin, Layer, ModelPin, PinSet, ProbeCheck, Scope,
-    SourceKind, TestCheck, WheelPin,
+    ID_RE,
+    Experiment,
+    Fix,
+    GitPin,
+    Layer,
+    ModelPin,
+    PinSet,
+    ProbeCheck,
+    Scope,
+    SourceKind,
+    TestCheck,
+    WheelPin,
 )
-from kvprobe.resources import experiment_dirs
 from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
+from kvprobe.resources import experiment_dirs
 
 FILENAME = "experiment.toml"
 
@@ -22,9 +32,7 @@ FILENAME = "experiment.toml"
 def find(experiment_id: str) -> Path:
     """The experiment.toml for ``experiment_id``; ExperimentError lists what exists."""
     if not ID_RE.match(experiment_id):
-        raise ExperimentError(
-            f"bad experiment id {experiment_id!r}: use lowercase letters, digits and '-'"
-        )
+        raise ExperimentError(f"bad experiment id {experiment_id!r}: use lowercase letters, digits and '-'")
     for directory in experiment_dirs():
         candidate = directory / experiment_id / FILENAME
         if candidate.is_file():
@@ -90,8 +98,7 @@ def _build(data: dict[str, Any], path: Path, digest: str) -> Experiment:
         if not (path.parent / probe.path).is_file():
             raise ExperimentError(f"{path}: checks.probes: {probe.path} does not exist in {path.parent}")
     tests = tuple(
-        TestCheck(t["path"], tuple(t["pins"]) if "pins" in t else None)
-        for t in data["checks"].get("tests", [])
+        TestCheck(t["path"], tuple(t["pins"]) if "pins" in t else None) for t in data["checks"].get("tests", [])
     )
     for test in tests:
         for name in test.pin_sets or ():
@@ -133,8 +140,13 @@ def _pin_set(name: str, spec: dict[str, Any], path: Path) -> PinSet:
         except ValueError as exc:
             raise ExperimentError(f"{path}: pins.{name}.{side}: {exc}") from exc
     return PinSet(
-        name=name, kind=kind, base=sides["base"], head=sides["head"], pr=spec.get("pr"),
-        python_path=tuple(spec.get("python_path", ["."])), description=spec.get("description", ""),
+        name=name,
+        kind=kind,
+        base=sides["base"],
+        head=sides["head"],
+        pr=spec.get("pr"),
+        python_path=tuple(spec.get("python_path", ["."])),
+        description=spec.get("description", ""),
     )
 
 

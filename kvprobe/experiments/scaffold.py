@@ -29,13 +29,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvprobe.experiments import tomltext
 from kvprobe.errors import FetchError, PinError, UsageError
+from kvprobe.experiments import tomltext
 from kvprobe.experiments.experiment import FILENAME, load_file
 from kvprobe.model.records import ID_RE, GitPin, WheelPin
+from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
-from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
 
 DEFAULT_UPSTREAM = "https://github.com/sgl-project/sglang"
 GIT_PINS, RELEASE_PINS = "commits", "release"
@@ -98,11 +98,13 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
     checked = _Checked(spec, url, tests, python_path, wheels)
     directory = _write(checked)
     probes_dir = spec.probes_dir.resolve()
-    return Created(directory, directory / FILENAME, directory / probe_filename(spec.experiment_id),
-                   probes_dir in experiment_dirs())
+    return Created(
+        directory, directory / FILENAME, directory / probe_filename(spec.experiment_id), probes_dir in experiment_dirs()
+    )
 
 
 # --- local checks (no git, no pip) -------------------------------------------------------
+
 
 def check_local(spec: NewSpec) -> tuple[str, tuple[str, ...]]:
     """Everything checkable without a process; returns (validated URL, test paths)."""
@@ -117,14 +119,17 @@ def check_local(spec: NewSpec) -> tuple[str, tuple[str, ...]]:
         if spec.base == spec.head:
             raise PinError(f"--base and --head are the same commit {spec.base}: nothing to compare")
     elif spec.base is not None or spec.head is not None:
-        raise UsageError("--base and --head go together (the commits before and after the fix); "
-                         f"only {'--base' if spec.base is not None else '--head'} was given")
+        raise UsageError(
+            "--base and --head go together (the commits before and after the fix); "
+            f"only {'--base' if spec.base is not None else '--head'} was given"
+        )
     elif spec.release_base is None:
-        raise UsageError("--base and --head are required (the commits before and after the fix), "
-                         "unless --release-base and --release-head name release wheels")
+        raise UsageError(
+            "--base and --head are required (the commits before and after the fix), "
+            "unless --release-base and --release-head name release wheels"
+        )
     elif spec.tests:
-        raise UsageError("--test needs --base and --head: upstream tests need git pins, "
-                         "release wheels carry no tests")
+        raise UsageError("--test needs --base and --head: upstream tests need git pins, release wheels carry no tests")
     validate_pr(spec.pr)
     tests = tuple(dict.fromkeys(validate_rel_path(t) for t in spec.tests))
     for test in tests:
@@ -141,10 +146,10 @@ def check_id(experiment_id: str) -> str:
         detail = f"characters not allowed: {' '.join(repr(c) for c in bad)}; " if bad else ""
         raise UsageError(
             f"bad experiment id {experiment_id!r}: {detail}use 2-63 characters, lowercase "
-            "letters, digits and '-', starting with a letter (e.g. pr-38935-admission)")
+            "letters, digits and '-', starting with a letter (e.g. pr-38935-admission)"
+        )
     if experiment_id in _RESERVED_IDS:
-        raise UsageError(f"experiment id {experiment_id!r} is reserved (probes/{experiment_id}/ "
-                         "is not an experiment)")
+        raise UsageError(f"experiment id {experiment_id!r} is reserved (probes/{experiment_id}/ is not an experiment)")
     return experiment_id
 
 
@@ -153,8 +158,10 @@ def check_free(experiment_id: str, probes_dir: Path) -> None:
     for directory in [Path(probes_dir).resolve(), *experiment_dirs()]:
         taken = directory / experiment_id
         if taken.exists() or taken.is_symlink():
-            raise UsageError(f"experiment id {experiment_id!r} is already taken: {taken} exists; "
-                             "nothing was written", hints=["choose another id, or remove that folder yourself"])
+            raise UsageError(
+                f"experiment id {experiment_id!r} is already taken: {taken} exists; nothing was written",
+                hints=["choose another id, or remove that folder yourself"],
+            )
 
 
 def has_commits(spec: NewSpec) -> bool:
@@ -184,8 +191,8 @@ def _check_profile(name: str) -> None:
 
 # --- git ---------------------------------------------------------------------------------
 
-def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path,
-                   reporter: Reporter) -> str | None:
+
+def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path, reporter: Reporter) -> str | None:
     """Fetch both commits, read each test at head; returns the python path found at head."""
     from kvprobe.sources.git import GitSource
 
@@ -196,8 +203,10 @@ def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: 
     head = GitPin(spec.head)
     for test in tests:
         if source.read_file(head, test, pr=spec.pr) is None:
-            raise UsageError(f"--test {test} does not exist at head {spec.head} in {url}",
-                             hints=["paths are relative to the repository root, as at the head commit"])
+            raise UsageError(
+                f"--test {test} does not exist at head {spec.head} in {url}",
+                hints=["paths are relative to the repository root, as at the head commit"],
+            )
     return _python_path(source, head, spec)
 
 
@@ -208,12 +217,12 @@ def fetch_pin(source, pin: GitPin, pr: int | None, side: str) -> None:
     except FetchError as exc:
         unreachable = source.remote_answers()
         if unreachable is not None:
-            raise FetchError(f"could not check --{side} {pin.commit}: {source.url} did not answer "
-                             f"({unreachable})") from exc
+            raise FetchError(
+                f"could not check --{side} {pin.commit}: {source.url} did not answer ({unreachable})"
+            ) from exc
         via = "by SHA" + (f" and via refs/pull/{pr}/head" if pr else "")
         hints = [] if pr else ["a commit reachable only from a pull request needs --pr N"]
-        raise PinError(f"--{side} {pin.commit} is not a commit in {source.url} (fetched {via})",
-                       hints=hints) from exc
+        raise PinError(f"--{side} {pin.commit} is not a commit in {source.url} (fetched {via})", hints=hints) from exc
 
 
 def _python_path(source, head: GitPin, spec: NewSpec) -> str | None:
@@ -232,6 +241,7 @@ def import_name(package: str) -> str:
 
 
 # --- releases ----------------------------------------------------------------------------
+
 
 def _lookup_releases(spec: NewSpec, reporter: Reporter) -> tuple[WheelPin, WheelPin] | None:
     if spec.release_base is None:
@@ -259,16 +269,24 @@ def lookup_wheel(package: str, version: str, python: str | None = None) -> Wheel
 
     with tempfile.TemporaryDirectory(prefix="kvprobe-new-wheel-") as scratch:
         flags = ["--only-binary=:all:", *(["--python-version", python] if python else [])]
-        got = pip_download(f"{package}=={version}", Path(scratch), flags, timeout_s=_PIP_TIMEOUT_S,
-                           failure=f"could not look up the {package} {version} wheel")
+        got = pip_download(
+            f"{package}=={version}",
+            Path(scratch),
+            flags,
+            timeout_s=_PIP_TIMEOUT_S,
+            failure=f"could not look up the {package} {version} wheel",
+        )
         wheels = [p for p in got if p.name.endswith(".whl")]
         if len(wheels) != 1:
-            raise FetchError(f"pip download of {package}=={version} gave "
-                             f"{', '.join(p.name for p in got) or 'nothing'}, not one wheel")
+            raise FetchError(
+                f"pip download of {package}=={version} gave "
+                f"{', '.join(p.name for p in got) or 'nothing'}, not one wheel"
+            )
         return WheelPin(package, version, wheels[0].name, sha256_file(wheels[0]))
 
 
 # --- writing -----------------------------------------------------------------------------
+
 
 def probe_filename(experiment_id: str) -> str:
     return f"probe_{experiment_id.replace('-', '_')}.py"
@@ -300,10 +318,14 @@ def _write(checked: _Checked) -> Path:
 def render_experiment(checked: _Checked) -> str:
     """experiment.toml: pins filled in, TODOs where only a human can write the text."""
     spec, s = checked.spec, tomltext.string
-    title = spec.title or (f"PR #{spec.pr}: TODO one line on what the fix changes" if spec.pr
-                           else "TODO: one line on what the fix changes")
-    checked_what = ("(commits fetched, test\n# paths read at head, wheel digests computed)"
-                    if has_commits(spec) else "(wheel file names and\n# digests computed)")
+    title = spec.title or (
+        f"PR #{spec.pr}: TODO one line on what the fix changes" if spec.pr else "TODO: one line on what the fix changes"
+    )
+    checked_what = (
+        "(commits fetched, test\n# paths read at head, wheel digests computed)"
+        if has_commits(spec)
+        else "(wheel file names and\n# digests computed)"
+    )
     lines = [
         f"# Scaffolded by `kvprobe new`. The pins below were checked {checked_what};"
         " replace every TODO before committing.",
@@ -344,16 +366,20 @@ def _git_pin_lines(checked: _Checked) -> list[str]:
         return []
     pr_text = f"PR #{spec.pr}'s base and head" if spec.pr else "the commits before and after the fix"
     reach = f" (head reachable via refs/pull/{spec.pr}/head)" if spec.pr else ""
-    lines = [f"[pins.{GIT_PINS}]", 'kind = "git"',
-             f"description = {tomltext.string(pr_text + reach)}"]
+    lines = [f"[pins.{GIT_PINS}]", 'kind = "git"', f"description = {tomltext.string(pr_text + reach)}"]
     if spec.pr:
         lines.append(f"pr = {spec.pr}")
     if checked.python_path is None:
         lines.append(f"# TODO: {spec.package} was not found at head under python/, src/ or the root;")
         lines.append("# set python_path to the folder(s) its import package lives in.")
-    lines += [f"python_path = [{tomltext.string(checked.python_path or '.')}]",
-              f"[pins.{GIT_PINS}.base]", f'commit = "{spec.base}"',
-              f"[pins.{GIT_PINS}.head]", f'commit = "{spec.head}"', ""]
+    lines += [
+        f"python_path = [{tomltext.string(checked.python_path or '.')}]",
+        f"[pins.{GIT_PINS}.base]",
+        f'commit = "{spec.base}"',
+        f"[pins.{GIT_PINS}.head]",
+        f'commit = "{spec.head}"',
+        "",
+    ]
     return lines
 
 
@@ -361,11 +387,19 @@ def _wheel_pin_lines(checked: _Checked) -> list[str]:
     if checked.wheels is None:
         return []
     spec, s = checked.spec, tomltext.string
-    lines = [f"[pins.{RELEASE_PINS}]", 'kind = "wheel"',
-             f"description = {s(f'{spec.package} release wheels: {spec.release_base} -> {spec.release_head}')}"]
+    lines = [
+        f"[pins.{RELEASE_PINS}]",
+        'kind = "wheel"',
+        f"description = {s(f'{spec.package} release wheels: {spec.release_base} -> {spec.release_head}')}",
+    ]
     for side, pin in zip(SIDES, checked.wheels):
-        lines += [f"[pins.{RELEASE_PINS}.{side}]", f"package = {s(pin.package)}", f"version = {s(pin.version)}",
-                  f"file = {s(pin.filename)}", f'sha256 = "{pin.sha256}"']
+        lines += [
+            f"[pins.{RELEASE_PINS}.{side}]",
+            f"package = {s(pin.package)}",
+            f"version = {s(pin.version)}",
+            f"file = {s(pin.filename)}",
+            f'sha256 = "{pin.sha256}"',
+        ]
     return lines + [""]
 
 
@@ -373,8 +407,10 @@ def _test_lines(checked: _Checked) -> list[str]:
     if not has_commits(checked.spec):
         return ["# No upstream tests: release wheels carry none (they need git pins: kvprobe new --base/--head)."]
     if not checked.tests:
-        return ["# TODO: upstream test files the fix added or changed, run at head's version on both sides:",
-                '# tests = [{ path = "test/..." }]']
+        return [
+            "# TODO: upstream test files the fix added or changed, run at head's version on both sides:",
+            '# tests = [{ path = "test/..." }]',
+        ]
     only = f', pins = ["{GIT_PINS}"]' if checked.wheels else ""
     return ["tests = [", *(f"  {{ path = {tomltext.string(t)}{only} }}," for t in checked.tests), "]"]
 
@@ -382,8 +418,9 @@ def _test_lines(checked: _Checked) -> list[str]:
 def render_probe(checked: _Checked) -> str:
     spec = checked.spec
     name = probe_filename(spec.experiment_id)[:-3]
-    return _PROBE_TEMPLATE.format(name=name, package=import_name(spec.package), exp_id=spec.experiment_id,
-                                  mocks=repr(TEMPLATE_MOCKS))
+    return _PROBE_TEMPLATE.format(
+        name=name, package=import_name(spec.package), exp_id=spec.experiment_id, mocks=repr(TEMPLATE_MOCKS)
+    )
 
 
 _PROBE_TEMPLATE = '''"""TODO: one line on what this probe observes about the fix, base vs head.

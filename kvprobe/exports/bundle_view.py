@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from kvprobe import schema
@@ -47,6 +48,7 @@ class BundleView:
 
 # --- reading a bundle ----------------------------------------------------------------------
 
+
 def load(bundle: Path) -> BundleView:
     """Read ``bundle``'s receipt.json and manifest.json, both schema-checked, and check that the
     files on disk are exactly the ones the manifest lists, byte for byte.
@@ -56,8 +58,10 @@ def load(bundle: Path) -> BundleView:
     """
     root = Path(bundle)
     if not root.is_dir():
-        raise UsageError(f"{bundle}: not a bundle directory",
-                         hints=["pass the directory `kvprobe run` wrote (it holds receipt.json and manifest.json)"])
+        raise UsageError(
+            f"{bundle}: not a bundle directory",
+            hints=["pass the directory `kvprobe run` wrote (it holds receipt.json and manifest.json)"],
+        )
     missing = [n for n in (RECEIPT, MANIFEST) if not (root / n).is_file()]
     if missing:
         raise UsageError(f"{bundle}: not a kvprobe bundle: no {' and no '.join(missing)}")
@@ -72,15 +76,18 @@ def load(bundle: Path) -> BundleView:
     if problems:
         raise VerificationFailed(
             f"{bundle}: files differ from manifest.json ({len(problems)} problem(s)); not rendering a report",
-            hints=[*problems[:20], f"run `kvprobe verify {bundle}` for the full check"])
+            hints=[*problems[:20], f"run `kvprobe verify {bundle}` for the full check"],
+        )
     return BundleView(receipt, manifest, manifest_mod.sha256_bytes(manifest_bytes), root.resolve().name)
 
 
 def _check_version(doc: Any, version: str, source: str) -> None:
     found = doc.get("schema") if isinstance(doc, dict) else None
     if found != version:
-        raise SchemaError(f"{source}: schema {found!r} is not {version!r}, the version this kvprobe reads",
-                          hints=["upgrade kvprobe if the bundle is newer"])
+        raise SchemaError(
+            f"{source}: schema {found!r} is not {version!r}, the version this kvprobe reads",
+            hints=["upgrade kvprobe if the bundle is newer"],
+        )
 
 
 def _differences(recorded: Mapping[str, Any], actual: Mapping[str, Any]) -> list[str]:
@@ -88,9 +95,11 @@ def _differences(recorded: Mapping[str, Any], actual: Mapping[str, Any]) -> list
     have = {f["path"]: f for f in actual["files"]}
     problems = [f"{p}: listed in manifest.json, missing on disk" for p in sorted(want.keys() - have.keys())]
     problems += [f"{p}: on disk, not listed in manifest.json" for p in sorted(have.keys() - want.keys())]
-    problems += [f"{p}: sha256 {have[p]['sha256']} on disk, manifest.json says {want[p]['sha256']}"
-                 for p in sorted(want.keys() & have.keys()) if want[p]["sha256"] != have[p]["sha256"]
-                 or want[p]["size"] != have[p]["size"]]
+    problems += [
+        f"{p}: sha256 {have[p]['sha256']} on disk, manifest.json says {want[p]['sha256']}"
+        for p in sorted(want.keys() & have.keys())
+        if want[p]["sha256"] != have[p]["sha256"] or want[p]["size"] != have[p]["size"]
+    ]
     return problems
 
 
@@ -141,10 +150,14 @@ def purl(receipt: Mapping[str, Any], side: str) -> str:
             name = project(receipt) or "upstream"
             vcs = quote(f"git+{upstream}@{pin['commit']}", safe="")
             return f"pkg:generic/{quote(name.lower(), safe='.-_~')}@{pin['commit']}?vcs_url={vcs}"
-        raise UsageError(f"{side} pin is commit {pin['commit']} but the receipt names no upstream "
-                         "repository, so there is no product to name")
-    raise UsageError(f"the {side} side is a synthetic model (switches {pin.get('switches')!r}), "
-                     "not an SGLang release or commit: there is no product to make a VEX statement about")
+        raise UsageError(
+            f"{side} pin is commit {pin['commit']} but the receipt names no upstream "
+            "repository, so there is no product to name"
+        )
+    raise UsageError(
+        f"the {side} side is a synthetic model (switches {pin.get('switches')!r}), "
+        "not an SGLang release or commit: there is no product to make a VEX statement about"
+    )
 
 
 def pin_text(receipt: Mapping[str, Any], side: str) -> str:
@@ -158,9 +171,11 @@ def pin_text(receipt: Mapping[str, Any], side: str) -> str:
 
 def counts_text(receipt: Mapping[str, Any]) -> str:
     c = receipt["comparison"]["counts"]
-    return (f"{c['observations_matched']}/{c['observations_expected']} expected observations matched, "
-            f"{c['observations_changed']} observations changed from base to head, "
-            f"{c['tests']} upstream test results ({c['fail_to_pass']} fail-to-pass)")
+    return (
+        f"{c['observations_matched']}/{c['observations_expected']} expected observations matched, "
+        f"{c['observations_changed']} observations changed from base to head, "
+        f"{c['tests']} upstream test results ({c['fail_to_pass']} fail-to-pass)"
+    )
 
 
 def verify_command(view: BundleView) -> str:
@@ -172,8 +187,12 @@ def failure_kinds_text(kinds: Mapping[str, int]) -> str:
     ``6 AttributeError + 1 ValueError, 0 assertion failures``."""
     assertion = kinds.get("assertion", 0)
     others = sorted(((n, k) for k, n in kinds.items() if k != "assertion" and n), key=lambda t: (-t[0], t[1]))
-    words = {"collection": "collection error", "infrastructure": "infrastructure error",
-             "timeout": "timeout", "exception": "exception"}
+    words = {
+        "collection": "collection error",
+        "infrastructure": "infrastructure error",
+        "timeout": "timeout",
+        "exception": "exception",
+    }
     parts = []
     for n, kind in others:
         label = words.get(kind, kind)

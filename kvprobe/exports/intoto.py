@@ -32,5 +32,9 @@ def intoto(view: BundleView) -> dict[str, Any]:
             continue  # a synthetic side has no artifact to name
         subject["annotations"] = {"kvprobeSide": side}
         subjects.append(subject)
-    return {"_type": INTOTO_STATEMENT_TYPE, "subject": subjects, "predicateType": PREDICATE_TYPE,
-            "predicate": json.loads(json.dumps(r))}
+    return {
+        "_type": INTOTO_STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": json.loads(json.dumps(r)),
+    }

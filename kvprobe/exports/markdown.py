@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from kvprobe.exports.bundle_view import (
-    BundleView, counts_text, failure_kinds_text, oneline, prs_text, verify_command,
+    BundleView,
+    counts_text,
+    failure_kinds_text,
+    oneline,
+    prs_text,
+    verify_command,
 )
 from kvprobe.names import SIDES
 
@@ -48,7 +54,7 @@ def code_cell(text: str) -> str:
 def _value(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
     if len(text) > _MAX_VALUE:
-        text = text[:_MAX_VALUE - 1] + "…"
+        text = text[: _MAX_VALUE - 1] + "…"
     return code_cell(text)
 
 
@@ -129,9 +135,11 @@ def markdown(view: BundleView) -> str:
     if env:
         torch = env.get("torch") or {}
         torch_text = f", torch {torch.get('version')} from {env.get('torch_index')}" if torch else ""
-        out.append(f"- **Environment:** Python {env.get('python')} on {host.get('system', '?')} "
-                   f"{host.get('machine', '?')}, profile {_code(env.get('profile', '?'))}, lock "
-                   f"{_code(env.get('lock_name') or '-')} sha256 {_code(env.get('lock_sha256') or '-')}{torch_text}")
+        out.append(
+            f"- **Environment:** Python {env.get('python')} on {host.get('system', '?')} "
+            f"{host.get('machine', '?')}, profile {_code(env.get('profile', '?'))}, lock "
+            f"{_code(env.get('lock_name') or '-')} sha256 {_code(env.get('lock_sha256') or '-')}{torch_text}"
+        )
     out += ["", "### Pins", ""]
     out += _table(["side", "kind", "pin", "digest"], [_pin_row(r, side) for side in SIDES])
 
@@ -147,12 +155,17 @@ def markdown(view: BundleView) -> str:
     if ev.get("limits"):
         out += ["**Limits:**", ""] + [f"- {oneline(item)}" for item in ev["limits"]] + [""]
     out += [
-        "### Integrity", "",
+        "### Integrity",
+        "",
         f"- **Bundle manifest sha256:** {_code(view.manifest_sha256)} (sha256 of the bundle's manifest.json, "
         "which lists every other file with its sha256)",
         f"- **Receipt sha256:** {_code(view.receipt_sha256)}",
-        "- **Verify:**", "",
-        "```sh", verify_command(view), "```", "",
+        "- **Verify:**",
+        "",
+        "```sh",
+        verify_command(view),
+        "```",
+        "",
     ]
     return "\n".join(out)
 
@@ -160,8 +173,12 @@ def markdown(view: BundleView) -> str:
 def _pin_row(r: Mapping[str, Any], side: str) -> list[str]:
     pin = r["sides"][side]["pin"]
     if pin["kind"] == "wheel":
-        return [side, "wheel", f"{code_cell(pin['filename'])} ({cell(pin['package'])} {cell(pin['version'])})",
-                f"sha256 {code_cell(pin['sha256'])}"]
+        return [
+            side,
+            "wheel",
+            f"{code_cell(pin['filename'])} ({cell(pin['package'])} {cell(pin['version'])})",
+            f"sha256 {code_cell(pin['sha256'])}",
+        ]
     if pin["kind"] == "git":
         note = ""
         if side == "head" and r["pin_set"].get("pr"):
@@ -180,31 +197,56 @@ def _cases_section(r: Mapping[str, Any]) -> list[str]:
     keys = sorted(set(by_case) | set(cases.get("base", {})) | set(cases.get("head", {})))
     if not keys:
         return ["### Probe cases", "", "No probe case ran.", ""]
-    out = ["### Probe cases", "",
-           "\"behaviour\": the case ran to its end and recorded what the code did; \"raised\": the code "
-           "under test raised, and the exception type is itself an observation.", ""]
+    out = [
+        "### Probe cases",
+        "",
+        '"behaviour": the case ran to its end and recorded what the code did; "raised": the code '
+        "under test raised, and the exception type is itself an observation.",
+        "",
+    ]
     summary = []
     for key in keys:
         rows = by_case.get(key, [])
         declared = [x for x in rows if x["expected_base_declared"] or x["expected_head_declared"]]
         ok = sum(1 for x in declared if x["base_ok"] and x["head_ok"])
-        summary.append([code_cell(key), _case_outcome(cases.get("base", {}).get(key)),
-                        _case_outcome(cases.get("head", {}).get(key)),
-                        f"{ok}/{len(declared)}" + ("" if ok == len(declared) else " **mismatch**"),
-                        str(sum(1 for x in rows if x["changed"]))])
+        summary.append(
+            [
+                code_cell(key),
+                _case_outcome(cases.get("base", {}).get(key)),
+                _case_outcome(cases.get("head", {}).get(key)),
+                f"{ok}/{len(declared)}" + ("" if ok == len(declared) else " **mismatch**"),
+                str(sum(1 for x in rows if x["changed"])),
+            ]
+        )
     out += _table(["case", "base", "head", "expected matched", "changed"], summary)
-    out += ["Per case, every observation with a declared expectation or a base/head difference "
-            "(\"—\": no expectation declared; unchanged, undeclared observations are only in receipt.json).", ""]
+    out += [
+        "Per case, every observation with a declared expectation or a base/head difference "
+        '("—": no expectation declared; unchanged, undeclared observations are only in receipt.json).',
+        "",
+    ]
     for key in keys:
-        shown = [x for x in by_case.get(key, [])
-                 if x["expected_base_declared"] or x["expected_head_declared"] or x["changed"]]
+        shown = [
+            x
+            for x in by_case.get(key, [])
+            if x["expected_base_declared"] or x["expected_head_declared"] or x["changed"]
+        ]
         if not shown:
             continue
         out += [f"#### {_code(key)}", ""]
-        out += _table(["observation", "base", "expected base", "head", "expected head", "check"],
-                      [[code_cell(x["observation"]), _observed(x, "base", cases.get("base", {}).get(key)),
-                        _expected(x, "base"), _observed(x, "head", cases.get("head", {}).get(key)),
-                        _expected(x, "head"), _check(x)] for x in shown])
+        out += _table(
+            ["observation", "base", "expected base", "head", "expected head", "check"],
+            [
+                [
+                    code_cell(x["observation"]),
+                    _observed(x, "base", cases.get("base", {}).get(key)),
+                    _expected(x, "base"),
+                    _observed(x, "head", cases.get("head", {}).get(key)),
+                    _expected(x, "head"),
+                    _check(x),
+                ]
+                for x in shown
+            ],
+        )
     return out
 
 
@@ -219,9 +261,18 @@ def _tests_section(r: Mapping[str, Any]) -> list[str]:
         rows.append([code_cell(path), cell(moves), cell(_side_tests(s["base"])), cell(_side_tests(s["head"]))])
     out += _table(["file", "transitions", "base", "head"], rows)
     if comp["tests"]:
-        out += _table(["test", "base", "head", "transition"],
-                      [[code_cell(t["test"]), cell(_test_outcome(t, "base")), cell(_test_outcome(t, "head")),
-                        cell(t["transition"])] for t in comp["tests"]])
+        out += _table(
+            ["test", "base", "head", "transition"],
+            [
+                [
+                    code_cell(t["test"]),
+                    cell(_test_outcome(t, "base")),
+                    cell(_test_outcome(t, "head")),
+                    cell(t["transition"]),
+                ]
+                for t in comp["tests"]
+            ],
+        )
     return out
 
 
@@ -230,6 +281,9 @@ def _mocks_section(ev: Mapping[str, Any]) -> list[str]:
     if not ev.get("mocks"):
         return out + ["No probe declared mocks.", ""]
     out += ["What each probe replaced, as the probe declares it (receipt.evidence.mocks).", ""]
-    rows = [[code_cell(probe), code_cell(target), cell(what)]
-            for probe, mocks in sorted(ev["mocks"].items()) for target, what in sorted(mocks.items())]
+    rows = [
+        [code_cell(probe), code_cell(target), cell(what)]
+        for probe, mocks in sorted(ev["mocks"].items())
+        for target, what in sorted(mocks.items())
+    ]
     return out + _table(["probe", "replaced", "with"], rows)

@@ -5,7 +5,8 @@ Every statement cites the receipt's and the bundle's digests, the evidence layer
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvprobe import __version__
 from kvprobe.exports.bundle_view import BundleView, counts_text, oneline, pin_text, prs_text, purl, vulnerability_name
@@ -54,8 +55,10 @@ def _action(r: Mapping[str, Any]) -> str:
             tested += f"; {fix['release']} is the first release with the fix"
         return f"Upgrade {head['package']} to {head['version']} or later ({tested}), or backport {prs}."
     release = f" (first released in {fix['release']})" if fix.get("release") else ""
-    return (f"Backport {prs} or move to a version that contains it{release}; kvprobe tested "
-            f"commit {head['commit']} as fixed.")
+    return (
+        f"Backport {prs} or move to a version that contains it{release}; kvprobe tested "
+        f"commit {head['commit']} as fixed."
+    )
 
 
 def openvex(view: BundleView, *, author: str = "kvprobe") -> dict[str, Any]:
@@ -68,29 +71,50 @@ def openvex(view: BundleView, *, author: str = "kvprobe") -> dict[str, Any]:
     release = f", first released in {exp['fix']['release']}" if exp["fix"].get("release") else ""
     vulnerability = {
         "name": vulnerability_name(r),
-        "description": (f"{oneline(exp['title'])}. The receipt names no CVE; this name stands for the defect "
-                        f"fixed upstream by {prs}{release}. {oneline(exp['fix']['summary'])}"),
+        "description": (
+            f"{oneline(exp['title'])}. The receipt names no CVE; this name stands for the defect "
+            f"fixed upstream by {prs}{release}. {oneline(exp['fix']['summary'])}"
+        ),
     }
     products = {side: _product(r, side) for side in SIDES}
     stamp = r["created_utc"]
     if r["verdict"] == "reproduced":
         statements = [
-            {"vulnerability": vulnerability, "products": [products["base"]], "status": "affected",
-             "action_statement": _action(r), "timestamp": stamp,
-             "status_notes": _evidence_note(view, "base")},
-            {"vulnerability": vulnerability, "products": [products["head"]], "status": "fixed",
-             "timestamp": stamp, "status_notes": _evidence_note(view, "head")},
+            {
+                "vulnerability": vulnerability,
+                "products": [products["base"]],
+                "status": "affected",
+                "action_statement": _action(r),
+                "timestamp": stamp,
+                "status_notes": _evidence_note(view, "base"),
+            },
+            {
+                "vulnerability": vulnerability,
+                "products": [products["head"]],
+                "status": "fixed",
+                "timestamp": stamp,
+                "status_notes": _evidence_note(view, "head"),
+            },
         ]
     else:
         reasons = r["comparison"]["reasons"]
-        why = (f"The receipt's verdict is {r['verdict']!r}, not 'reproduced', so kvprobe claims neither "
-               f"affected nor fixed for this product.")
+        why = (
+            f"The receipt's verdict is {r['verdict']!r}, not 'reproduced', so kvprobe claims neither "
+            f"affected nor fixed for this product."
+        )
         if reasons:
             why += f" Reasons ({len(reasons)}): " + "; ".join(oneline(x) for x in reasons[:5])
             why += "; ..." if len(reasons) > 5 else "."
-        statements = [{"vulnerability": vulnerability, "products": [products[side]],
-                       "status": "under_investigation", "timestamp": stamp,
-                       "status_notes": f"{why} {_evidence_note(view, side)}"} for side in SIDES]
+        statements = [
+            {
+                "vulnerability": vulnerability,
+                "products": [products[side]],
+                "status": "under_investigation",
+                "timestamp": stamp,
+                "status_notes": f"{why} {_evidence_note(view, side)}",
+            }
+            for side in SIDES
+        ]
     return {
         "@context": OPENVEX_CONTEXT,
         "@id": f"urn:kvprobe:openvex:{exp['id']}:{view.manifest_sha256}",

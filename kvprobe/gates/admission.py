@@ -34,13 +34,23 @@ def gate2_checks(exp, docs: dict[str, Any], problems: list[str]) -> list[Check]:
         case_rows = [r for r in rows if r["case"] == case and r["expected_head_declared"]]
         bad = [r for r in case_rows if not r["head_ok"]]
         if not bad:
-            checks.append(Check(f"{exp.id}: {case}", Status.PASS,
-                                f"{len(case_rows)}/{len(case_rows)} observations as fixed"))
+            checks.append(
+                Check(f"{exp.id}: {case}", Status.PASS, f"{len(case_rows)}/{len(case_rows)} observations as fixed")
+            )
             continue
-        got = [f"{r['observation']} expected {r['expected_head']!r}, got "
-               f"{r['head']!r}" if r["head_recorded"] else f"{r['observation']} not recorded" for r in bad]
-        checks.append(Check(f"{exp.id}: {case}", Status.FAIL,
-                            f"{len(case_rows) - len(bad)}/{len(case_rows)} as fixed; " + "; ".join(got[:4])))
+        got = [
+            f"{r['observation']} expected {r['expected_head']!r}, got {r['head']!r}"
+            if r["head_recorded"]
+            else f"{r['observation']} not recorded"
+            for r in bad
+        ]
+        checks.append(
+            Check(
+                f"{exp.id}: {case}",
+                Status.FAIL,
+                f"{len(case_rows) - len(bad)}/{len(case_rows)} as fixed; " + "; ".join(got[:4]),
+            )
+        )
     return checks
 
 
@@ -50,13 +60,22 @@ class _ProbeOutcome:
     refs: list[dict[str, Any]]
 
 
-def run_gate2(target: Target | None, opts: GateOptions, staging: Path, work: Path, reporter: Reporter,
-              held: contextlib.ExitStack | None = None) -> tuple[Gate, list[dict[str, Any]], dict[str, Any] | None]:
+def run_gate2(
+    target: Target | None,
+    opts: GateOptions,
+    staging: Path,
+    work: Path,
+    reporter: Reporter,
+    held: contextlib.ExitStack | None = None,
+) -> tuple[Gate, list[dict[str, Any]], dict[str, Any] | None]:
     """Gate 2, the probe references for the receipt and the env block (None when nothing ran)."""
     title = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"
     if target is None:
-        return Gate(2, title, (Check("probes", Status.UNKNOWN,
-                                     "no SGLang given: pass --sglang PATH|WHEEL|VERSION"),)), [], None
+        return (
+            Gate(2, title, (Check("probes", Status.UNKNOWN, "no SGLang given: pass --sglang PATH|WHEEL|VERSION"),)),
+            [],
+            None,
+        )
     from kvprobe.experiments import experiment
 
     run_opts = runner.RunOptions(cache_root=opts.cache_root, torch_index=opts.torch_index)
@@ -84,15 +103,29 @@ def _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opt
     for check in exp.probes:
         shutil.copy2(exp.directory / check.path, probe_dir / check.path)
         with reporter.step(f"gate 2: {exp.id} probe {check.name} against {target.spec}"):
-            ran = run_probe(ctx, Side.HEAD, [target.import_root], check,
-                                    staging / RAW_DIR / "gate2" / exp.id, staging / LOGS_DIR / "gate2" / exp.id, scratch)
+            ran = run_probe(
+                ctx,
+                Side.HEAD,
+                [target.import_root],
+                check,
+                staging / RAW_DIR / "gate2" / exp.id,
+                staging / LOGS_DIR / "gate2" / exp.id,
+                scratch,
+            )
         run = ran["run"]
         if run.ok:
             docs[check.name] = run.output
         else:
             problems.append(run.problem)
-        refs.append({"experiment": exp.id, "name": check.name,
-                     "source": file_ref(probe_dir / check.path, staging),
-                     "raw": file_ref(ran["raw"], staging), "exit_code": run.exit_code,
-                     "problem": run.problem, "duration_s": round(run.duration_s, 3)})
+        refs.append(
+            {
+                "experiment": exp.id,
+                "name": check.name,
+                "source": file_ref(probe_dir / check.path, staging),
+                "raw": file_ref(ran["raw"], staging),
+                "exit_code": run.exit_code,
+                "problem": run.problem,
+                "duration_s": round(run.duration_s, 3),
+            }
+        )
     return _ProbeOutcome(gate2_checks(exp, docs, problems), refs)

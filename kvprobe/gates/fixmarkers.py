@@ -48,37 +48,58 @@ class Finding:
 
 MARKERS: tuple[Marker, ...] = (
     Marker(
-        pr=39500, gate=3, title="optional handoff KV checksum (--disaggregation-enable-kv-checksum)",
+        pr=39500,
+        gate=3,
+        title="optional handoff KV checksum (--disaggregation-enable-kv-checksum)",
         anchor=(f"{DISAGG}/decode.py", "class DecodePreallocQueue"),
-        all_of=((f"{DISAGG}/checksum.py", "class KvChecksumComputer"),
-                (f"{DISAGG}/decode.py", "def _verify_kv_checksums(")),
-        first_release="0.5.21", basis="pr-text",
+        all_of=(
+            (f"{DISAGG}/checksum.py", "class KvChecksumComputer"),
+            (f"{DISAGG}/decode.py", "def _verify_kv_checksums("),
+        ),
+        first_release="0.5.21",
+        basis="pr-text",
     ),
     Marker(
-        pr=40645, gate=4, title="abort ACK kept until in-flight KV writes drain (sender clear() no longer drops it)",
+        pr=40645,
+        gate=4,
+        title="abort ACK kept until in-flight KV writes drain (sender clear() no longer drops it)",
         anchor=(f"{DISAGG}/common/conn.py", "def _maybe_ack_drained_abort("),
         all_of=((f"{DISAGG}/common/conn.py", "self.kv_mgr._maybe_ack_drained_abort(self.bootstrap_room)"),),
-        first_release="0.5.21", basis="pr-text",
+        first_release="0.5.21",
+        basis="pr-text",
     ),
     Marker(
-        pr=41402, gate=4, title="drain ACK fanned out to every decode peer of a room",
+        pr=41402,
+        gate=4,
+        title="drain ACK fanned out to every decode peer of a room",
         anchor=(f"{DISAGG}/common/conn.py", "def _maybe_ack_drained_abort("),
-        any_of=((f"{DISAGG}/common/conn.py", "def _abort_ack_fanout_targets("),  # 0.5.21 form
-                (f"{DISAGG}/common/conn.py", "def _send_abort_acks(")),  # 0.5.22 form (per-endpoint targets)
-        first_release="0.5.21", basis="domain",
+        any_of=(
+            (f"{DISAGG}/common/conn.py", "def _abort_ack_fanout_targets("),  # 0.5.21 form
+            (f"{DISAGG}/common/conn.py", "def _send_abort_acks("),
+        ),  # 0.5.22 form (per-endpoint targets)
+        first_release="0.5.21",
+        basis="domain",
     ),
     Marker(
-        pr=41404, gate=4, title="deferred release also for transfer failures decode did not initiate",
+        pr=41404,
+        gate=4,
+        title="deferred release also for transfer failures decode did not initiate",
         anchor=(f"{DISAGG}/decode.py", "def _defer_release("),
         all_of=((f"{DISAGG}/decode.py", "ensure_abort_notified(force_arm=True)"),),
-        first_release="0.5.21", basis="domain",
+        first_release="0.5.21",
+        basis="domain",
     ),
     Marker(
-        pr=41023, gate=4, title="deferred KV release on by default for backends that support it",
+        pr=41023,
+        gate=4,
+        title="deferred KV release on by default for backends that support it",
         anchor=("sglang/srt/environ.py", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"),
-        all_of=((f"{DISAGG}/base/conn.py", "supports_deferred_decode_kv_release: bool = False"),
-                ("sglang/srt/environ.py", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE = EnvBool(True)")),
-        first_release="0.5.21", basis="domain",
+        all_of=(
+            (f"{DISAGG}/base/conn.py", "supports_deferred_decode_kv_release: bool = False"),
+            ("sglang/srt/environ.py", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE = EnvBool(True)"),
+        ),
+        first_release="0.5.21",
+        basis="domain",
     ),
 )
 
@@ -106,8 +127,11 @@ class Tree:
         base = self.root / under
         if not base.is_dir():
             return []
-        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*.py")
-                      if self.has(p.relative_to(self.root).as_posix(), needle))
+        return sorted(
+            p.relative_to(self.root).as_posix()
+            for p in base.rglob("*.py")
+            if self.has(p.relative_to(self.root).as_posix(), needle)
+        )
 
 
 def _squash(text: str) -> str:
@@ -122,8 +146,11 @@ def find(tree: Tree, marker: Marker) -> Finding:
     """Present, absent (anchor there, marker not) or unknown (anchor not recognisable)."""
     anchor_file, anchor_text = marker.anchor
     if not tree.has(anchor_file, anchor_text):
-        return Finding(marker, Presence.UNKNOWN,
-                       f"anchor {anchor_text!r} not found in {anchor_file}: code reorganised or not SGLang")
+        return Finding(
+            marker,
+            Presence.UNKNOWN,
+            f"anchor {anchor_text!r} not found in {anchor_file}: code reorganised or not SGLang",
+        )
     missing = [f"{t!r} in {f}" for f, t in marker.all_of if not tree.has(f, t)]
     hits = [f"{t!r} in {f}" for f, t in marker.any_of if tree.has(f, t)]
     if missing or (marker.any_of and not hits):
@@ -138,6 +165,7 @@ def find_all(tree: Tree, gate: int | None = None) -> list[Finding]:
 
 
 # --- settings the running code offers -------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class CodeSettings:
@@ -156,24 +184,37 @@ _ENV_DEFAULT_RE = re.compile(r"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE 
 
 
 def code_settings(tree: Tree) -> CodeSettings:
-    flag_files = (tree.files_containing("sglang/srt/arg_groups", "disaggregation_enable_kv_checksum:")
-                  + (["sglang/srt/server_args.py"] if tree.has("sglang/srt/server_args.py",
-                                                               "disaggregation_enable_kv_checksum:") else []))
+    flag_files = tree.files_containing("sglang/srt/arg_groups", "disaggregation_enable_kv_checksum:") + (
+        ["sglang/srt/server_args.py"]
+        if tree.has("sglang/srt/server_args.py", "disaggregation_enable_kv_checksum:")
+        else []
+    )
     canary = bool(tree.files_containing("sglang/srt/arg_groups", "kv_canary:")) or tree.has(
-        "sglang/srt/server_args.py", "kv_canary:")
+        "sglang/srt/server_args.py", "kv_canary:"
+    )
     env_text = tree.text("sglang/srt/environ.py") or ""
     default = _ENV_DEFAULT_RE.search(env_text)
-    backends = tuple(sorted(
-        Path(rel).parent.name for rel in tree.files_containing(DISAGG, "supports_deferred_decode_kv_release = True")
-        if rel.endswith("/conn.py")))
+    backends = tuple(
+        sorted(
+            Path(rel).parent.name
+            for rel in tree.files_containing(DISAGG, "supports_deferred_decode_kv_release = True")
+            if rel.endswith("/conn.py")
+        )
+    )
     return CodeSettings(
         has_checksum_flag=bool(flag_files),
-        checksum_evidence=(f"field disaggregation_enable_kv_checksum in {', '.join(flag_files)}" if flag_files
-                           else "no disaggregation_enable_kv_checksum field in sglang/srt/arg_groups or server_args.py"),
+        checksum_evidence=(
+            f"field disaggregation_enable_kv_checksum in {', '.join(flag_files)}"
+            if flag_files
+            else "no disaggregation_enable_kv_checksum field in sglang/srt/arg_groups or server_args.py"
+        ),
         has_canary_flag=canary,
         deferred_default=None if default is None else default.group(1) == "True",
-        deferred_evidence=(f"sglang/srt/environ.py: {default.group(0)}" if default
-                           else "sglang/srt/environ.py declares no SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"),
+        deferred_evidence=(
+            f"sglang/srt/environ.py: {default.group(0)}"
+            if default
+            else "sglang/srt/environ.py declares no SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
+        ),
         deferred_capability_flag=tree.has(f"{DISAGG}/base/conn.py", "supports_deferred_decode_kv_release"),
         deferred_backends=backends,
     )

@@ -19,8 +19,13 @@ class Check:
     decides: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status.value, "detail": self.detail,
-                "evidence": self.evidence, "decides": self.decides}
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "detail": self.detail,
+            "evidence": self.evidence,
+            "decides": self.decides,
+        }
 
 
 @dataclass(frozen=True)
@@ -34,8 +39,12 @@ class Gate:
         return combine(c.status for c in self.checks if c.decides)
 
     def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "title": self.title, "status": self.status.value,
-                "checks": [c.to_json() for c in self.checks]}
+        return {
+            "number": self.number,
+            "title": self.title,
+            "status": self.status.value,
+            "checks": [c.to_json() for c in self.checks],
+        }
 
 
 @dataclass

@@ -35,8 +35,13 @@ class InputFile:
     size: int
 
     def to_json(self, role: str | None) -> dict[str, Any]:
-        return {"path": str(self.path), "role_flag": self.role_flag, "role": role,
-                "sha256": self.sha256, "size": self.size}
+        return {
+            "path": str(self.path),
+            "role_flag": self.role_flag,
+            "role": role,
+            "sha256": self.sha256,
+            "size": self.size,
+        }
 
 
 def _input(role: str | None, path: Path) -> InputFile:

@@ -22,10 +22,11 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from kvprobe import __version__
 from kvprobe.errors import BundleExistsError, UsageError
@@ -59,7 +60,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
     reporter = reporter or Reporter()
     if not (opts.logs or opts.server_args or opts.sglang):
         raise UsageError("nothing to check: give --log, --server-args and/or --sglang")
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     clock = time.monotonic()
     logs = read_logs(opts.logs)
     files = read_server_args(opts.server_args)
@@ -115,39 +116,68 @@ def build_receipt(started, gates, logs, files, target, findings, code, probe_ref
         "overall": verdict.value,
         "exit_code": RECORDED_EXIT_CODE[verdict],
         "gates": [g.to_json() for g in gates],
-        "inputs": {"logs": [f.to_json(log.role) for f, log in logs],
-                   "server_args": [f.to_json(role) for f, role, _a in files]},
+        "inputs": {
+            "logs": [f.to_json(log.role) for f, log in logs],
+            "server_args": [f.to_json(role) for f, role, _a in files],
+        },
         "workers": [_worker_json(log) for _f, log in logs],
-        "target": None if target is None else {
-            "spec": target.spec, "kind": target.kind, "identity": target.identity,
-            "markers": [{"pr": f.marker.pr, "gate": f.marker.gate, "title": f.marker.title,
-                         "presence": f.presence.value, "evidence": f.evidence,
-                         "first_release": f.marker.first_release, "basis": f.marker.basis} for f in findings],
-            "settings": None if code is None else {
-                "checksum_flag": code.has_checksum_flag, "checksum_evidence": code.checksum_evidence,
-                "canary_flag": code.has_canary_flag, "deferred_default": code.deferred_default,
+        "target": None
+        if target is None
+        else {
+            "spec": target.spec,
+            "kind": target.kind,
+            "identity": target.identity,
+            "markers": [
+                {
+                    "pr": f.marker.pr,
+                    "gate": f.marker.gate,
+                    "title": f.marker.title,
+                    "presence": f.presence.value,
+                    "evidence": f.evidence,
+                    "first_release": f.marker.first_release,
+                    "basis": f.marker.basis,
+                }
+                for f in findings
+            ],
+            "settings": None
+            if code is None
+            else {
+                "checksum_flag": code.has_checksum_flag,
+                "checksum_evidence": code.checksum_evidence,
+                "canary_flag": code.has_canary_flag,
+                "deferred_default": code.deferred_default,
                 "deferred_evidence": code.deferred_evidence,
-                "deferred_backends": list(code.deferred_backends) if code.deferred_capability_flag else None},
+                "deferred_backends": list(code.deferred_backends) if code.deferred_capability_flag else None,
+            },
         },
         "probes": probe_refs,
         "env": env,
-        "host": {"system": platform.system(), "machine": platform.machine(), "release": platform.release(),
-                 "python": platform.python_version(), "cpus": os.cpu_count() or 0},
+        "host": {
+            "system": platform.system(),
+            "machine": platform.machine(),
+            "release": platform.release(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count() or 0,
+        },
         "evidence": {
             "layer": "deployment",
-            "shows": ("What this deployment's own startup logs, server arguments and SGLang code say about the "
-                      "four acceptance gates, and how the experiment A/B probes behave on that code (CPU, mocked "
-                      "transport)."),
+            "shows": (
+                "What this deployment's own startup logs, server arguments and SGLang code say about the "
+                "four acceptance gates, and how the experiment A/B probes behave on that code (CPU, mocked "
+                "transport)."
+            ),
             "does_not_show": [
                 "that no cross-request KV exposure happened or can happen: nothing here serves a request",
                 "GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler",
                 "settings the process really ran with beyond what its log and the given files show "
                 "(environment variables are seen only when given)",
             ],
-            "limits": [f"host: {platform.system()} {platform.machine()}, CPU only",
-                       "fix markers are code patterns measured on 0.5.19..0.5.22; a refactor may read as unknown",
-                       "operator logs and argument files are not copied into the bundle: their sha256 and the "
-                       "deciding lines are"],
+            "limits": [
+                f"host: {platform.system()} {platform.machine()}, CPU only",
+                "fix markers are code patterns measured on 0.5.19..0.5.22; a refactor may read as unknown",
+                "operator logs and argument files are not copied into the bundle: their sha256 and the "
+                "deciding lines are",
+            ],
         },
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
@@ -156,31 +186,58 @@ def build_receipt(started, gates, logs, files, target, findings, code, probe_ref
 def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:
     kv = main_kv(log)
     return {
-        "log": log.path, "role": log.role, "role_flag": log.role_flag, "role_from_log": log.role_from_log,
-        "pools": [{"pool_tokens": p.pool_tokens, "context_len": p.context_len, "ranks": p.ranks,
-                   "evidence": p.evidence.cite()} for p in log.pools],
-        "kv_allocations": [{"label": k.label, "kind": k.kind, "tokens": k.tokens, "evidence": k.evidence.cite()}
-                           for k in log.kv_lines],
+        "log": log.path,
+        "role": log.role,
+        "role_flag": log.role_flag,
+        "role_from_log": log.role_from_log,
+        "pools": [
+            {
+                "pool_tokens": p.pool_tokens,
+                "context_len": p.context_len,
+                "ranks": p.ranks,
+                "evidence": p.evidence.cite(),
+            }
+            for p in log.pools
+        ],
+        "kv_allocations": [
+            {"label": k.label, "kind": k.kind, "tokens": k.tokens, "evidence": k.evidence.cite()} for k in log.kv_lines
+        ],
         "main_kv_tokens": kv.tokens if kv else None,
         "canary": log.canary.cite() if log.canary else None,
         "args": serverlog.redacted(log.args.values) if log.args else None,
-        "problems": list(log.problems), "lines": log.lines,
+        "problems": list(log.problems),
+        "lines": log.lines,
     }
 
 
 def render_readme(receipt: dict[str, Any]) -> str:
-    lines = [f"# kvprobe gates: {receipt['overall']}", "",
-             "Layer: deployment. Exit code: " + str(receipt["exit_code"]) + " (0 all pass, 1 a gate failed, "
-             "3 could not decide).", ""]
+    lines = [
+        f"# kvprobe gates: {receipt['overall']}",
+        "",
+        "Layer: deployment. Exit code: " + str(receipt["exit_code"]) + " (0 all pass, 1 a gate failed, "
+        "3 could not decide).",
+        "",
+    ]
     for gate in receipt["gates"]:
-        lines += [f"## Gate {gate['number']}: {gate['status']}", "", gate["title"], "",
-                  "| check | status | detail | evidence |", "| --- | --- | --- | --- |"]
+        lines += [
+            f"## Gate {gate['number']}: {gate['status']}",
+            "",
+            gate["title"],
+            "",
+            "| check | status | detail | evidence |",
+            "| --- | --- | --- | --- |",
+        ]
         for c in gate["checks"]:
             status = c["status"] if c["decides"] else f"{c['status']} (info)"
             lines.append(f"| {_md(c['name'])} | {status} | {_md(c['detail'])} | {_md(c['evidence'])} |")
         lines.append("")
-    lines += ["What this does not show:", *[f"- {x}" for x in receipt["evidence"]["does_not_show"]], "",
-              "Check the files: `sha256sum -c --strict SHA256SUMS`.", ""]
+    lines += [
+        "What this does not show:",
+        *[f"- {x}" for x in receipt["evidence"]["does_not_show"]],
+        "",
+        "Check the files: `sha256sum -c --strict SHA256SUMS`.",
+        "",
+    ]
     return "\n".join(lines)
 
 

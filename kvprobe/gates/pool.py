@@ -28,8 +28,13 @@ def pool_check(log: serverlog.WorkerLog) -> Check:
     if not log.pools:
         kv = main_kv(log)
         seen = f" (KV allocation #tokens {_fmt(kv.tokens)} seen, but no context length)" if kv else ""
-        return Check(name, Status.UNKNOWN, "no 'max_total_num_tokens=... context_len=...' scheduler line: "
-                     f"partial log or not an SGLang startup log{seen}", f"{log.path} ({log.lines} lines)")
+        return Check(
+            name,
+            Status.UNKNOWN,
+            "no 'max_total_num_tokens=... context_len=...' scheduler line: "
+            f"partial log or not an SGLang startup log{seen}",
+            f"{log.path} ({log.lines} lines)",
+        )
     worst = min(log.pools, key=lambda p: p.pool_tokens - p.context_len)
     pool, context, evidence = worst.pool_tokens, worst.context_len, worst.evidence
     kv = main_kv(log)
@@ -39,16 +44,29 @@ def pool_check(log: serverlog.WorkerLog) -> Check:
     if kv is not None:
         numbers += f" (KV allocation #tokens {_fmt(kv.tokens)})"
     if log.role is None:
-        return Check(name, Status.UNKNOWN, f"{numbers}; role unknown: no disaggregation_mode in the log, "
-                     "pass --log prefill=FILE or --log decode=FILE", evidence.cite())
+        return Check(
+            name,
+            Status.UNKNOWN,
+            f"{numbers}; role unknown: no disaggregation_mode in the log, pass --log prefill=FILE or --log decode=FILE",
+            evidence.cite(),
+        )
     if log.problems:
         return Check(name, Status.UNKNOWN, f"{numbers}; " + "; ".join(log.problems), evidence.cite())
     if log.role == "null":
-        return Check(name, Status.INFO, f"{numbers}; not a PD worker (disaggregation_mode=null): "
-                     "not counted for the PD gate", evidence.cite(), decides=False)
+        return Check(
+            name,
+            Status.INFO,
+            f"{numbers}; not a PD worker (disaggregation_mode=null): not counted for the PD gate",
+            evidence.cite(),
+            decides=False,
+        )
     if pool < context:
-        return Check(name, Status.FAIL, f"{numbers}: the pool is {_fmt(context - pool)} tokens short of "
-                     "the context it declares", evidence.cite())
+        return Check(
+            name,
+            Status.FAIL,
+            f"{numbers}: the pool is {_fmt(context - pool)} tokens short of the context it declares",
+            evidence.cite(),
+        )
     return Check(name, Status.PASS, f"{numbers}: the pool covers the context", evidence.cite())
 
 
@@ -56,6 +74,11 @@ def gate1(logs: list[serverlog.WorkerLog]) -> Gate:
     checks = [pool_check(log) for log in logs]
     for role in ("prefill", "decode"):
         if not any(log.role == role for log in logs):
-            checks.append(Check(f"{role}: (no log)", Status.UNKNOWN,
-                                f"no {role} worker startup log given: both sides must be checked"))
+            checks.append(
+                Check(
+                    f"{role}: (no log)",
+                    Status.UNKNOWN,
+                    f"no {role} worker startup log given: both sides must be checked",
+                )
+            )
     return Gate(1, "pool/context: each worker's KV pool covers its context length", tuple(checks))

@@ -54,10 +54,22 @@ PREFIX_RE = re.compile(r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)(
 ARGS_MARK = "server_args="
 
 # Server-argument keys the gates read; nothing else is copied out of a log or args file.
-KEYS = ("disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_enable_kv_checksum",
-        "kv_canary", "device", "context_length", "model_path", "served_model_name", "tp_size", "dp_size")
-ENV_KEYS = ("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE",
-            "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT")
+KEYS = (
+    "disaggregation_mode",
+    "disaggregation_transfer_backend",
+    "disaggregation_enable_kv_checksum",
+    "kv_canary",
+    "device",
+    "context_length",
+    "model_path",
+    "served_model_name",
+    "tp_size",
+    "dp_size",
+)
+ENV_KEYS = (
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE",
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT",
+)
 # key names that hold secrets: api_key, admin_api_key, hf_token, *_secret, *password* (not tokenizer_path)
 _SECRET_WORDS = r"(?:api_key|(?:^|_)tokens?(?:$|_)|secret|password|credential)"
 _SECRET_RE = re.compile(_SECRET_WORDS, re.IGNORECASE)
@@ -141,11 +153,12 @@ def parse_log(text: str, path: str, role_flag: str | None = None) -> WorkerLog:
 
 def _scan_line(log: WorkerLog, line: str, number: int, path: str) -> None:
     prefix = PREFIX_RE.match(line)
-    body = line[prefix.end():] if prefix else line
+    body = line[prefix.end() :] if prefix else line
     ranks = prefix["ranks"].strip() if prefix else ""
     if match := SCHEDULER_RE.search(body):
-        log.pools.append(PoolLine(int(match["pool"]), int(match["context"]), ranks,
-                                  Evidence(path, number, _clip(body))))
+        log.pools.append(
+            PoolLine(int(match["pool"]), int(match["context"]), ranks, Evidence(path, number, _clip(body)))
+        )
     elif "max_total_num_tokens=" in body and "context_len=" not in body:
         log.problems.append(f"line {number}: scheduler line without context_len (truncated?)")
     if match := KV_RE.search(body):
@@ -157,7 +170,7 @@ def _scan_line(log: WorkerLog, line: str, number: int, path: str) -> None:
         log.canary = Evidence(path, number, _clip(body))
         _set_role(log, match["mode"])
     if ARGS_MARK in body:
-        args = parse_args_text(body[body.index(ARGS_MARK) + len(ARGS_MARK):], path, number)
+        args = parse_args_text(body[body.index(ARGS_MARK) + len(ARGS_MARK) :], path, number)
         if args is not None:
             log.args = args
             if args.role:
@@ -180,6 +193,7 @@ def _clip(text: str, limit: int = 240) -> str:
 
 # --- server arguments ----------------------------------------------------------------------
 
+
 def read_args_file(path: Path) -> ServerArgs:
     """A file holding one worker's arguments: JSON, a ``server_args=`` log line, or a command line.
 
@@ -196,7 +210,7 @@ def read_args_file(path: Path) -> ServerArgs:
             return _from_mapping(doc, Evidence(str(path), None, "JSON server arguments"))
     for number, line in enumerate(text.splitlines(), start=1):
         if ARGS_MARK in line:
-            found = parse_args_text(line[line.index(ARGS_MARK) + len(ARGS_MARK):], str(path), number)
+            found = parse_args_text(line[line.index(ARGS_MARK) + len(ARGS_MARK) :], str(path), number)
             if found is not None:
                 return found
     if "--" in stripped:

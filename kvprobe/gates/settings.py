@@ -25,8 +25,9 @@ class Sources:
     unassigned: list[serverlog.ServerArgs]
 
 
-def collect_sources(logs: list[serverlog.WorkerLog],
-                    files: list[tuple[InputFile, str | None, serverlog.ServerArgs]]) -> Sources:
+def collect_sources(
+    logs: list[serverlog.WorkerLog], files: list[tuple[InputFile, str | None, serverlog.ServerArgs]]
+) -> Sources:
     args: dict[str, list[serverlog.ServerArgs]] = {"prefill": [], "decode": []}
     by_role: dict[str, list[serverlog.WorkerLog]] = {"prefill": [], "decode": []}
     unassigned = []
@@ -47,14 +48,23 @@ def marker_checks(tree: Tree | None, gate: int, findings_out: list) -> list[Chec
     from kvprobe.gates.fixmarkers import MARKERS
 
     if tree is None:
-        return [Check(f"#{m.pr} in code", Status.UNKNOWN, f"{m.title}: no code to read (pass --sglang)")
-                for m in MARKERS if m.gate == gate]
+        return [
+            Check(f"#{m.pr} in code", Status.UNKNOWN, f"{m.title}: no code to read (pass --sglang)")
+            for m in MARKERS
+            if m.gate == gate
+        ]
     checks = []
     for finding in find_all(tree, gate):
         findings_out.append(finding)
         status = {Presence.PRESENT: Status.PASS, Presence.ABSENT: Status.FAIL}.get(finding.presence, Status.UNKNOWN)
-        checks.append(Check(f"#{finding.marker.pr} in code", status,
-                            f"{finding.marker.title}: {finding.presence.value}", finding.evidence))
+        checks.append(
+            Check(
+                f"#{finding.marker.pr} in code",
+                status,
+                f"{finding.marker.title}: {finding.presence.value}",
+                finding.evidence,
+            )
+        )
     return checks
 
 
@@ -72,8 +82,10 @@ def checksum_state(args: serverlog.ServerArgs, code: CodeSettings | None) -> tup
         return Status.FAIL, "off"
     device = args.values.get("device")
     if device not in (None, "cuda"):
-        return Status.FAIL, (f"on, but device={device!r}: the checksum kernels run on CUDA only "
-                             "(KvChecksumComputer): does not count as a defence")
+        return Status.FAIL, (
+            f"on, but device={device!r}: the checksum kernels run on CUDA only "
+            "(KvChecksumComputer): does not count as a defence"
+        )
     if args.values.get("disaggregation_transfer_backend") == "fake":
         return Status.FAIL, "on, but transfer backend 'fake' moves no KV: does not count as a defence"
     return Status.PASS, "on"
@@ -88,7 +100,7 @@ def canary_state(role: str, sources: Sources) -> tuple[Status, str, str]:
         return Status.PASS, "active: install_canary logged", logs[0].canary.cite()
     if logs and any(log.pools for log in logs):  # a complete startup that never installed it
         missing = next(log for log in logs if log.canary is None)
-        why = (f"configured (kv_canary={'/'.join(sorted(modes))}) but" if configured else "off:")
+        why = f"configured (kv_canary={'/'.join(sorted(modes))}) but" if configured else "off:"
         return Status.FAIL, f"{why} no install_canary line in the startup log", missing.path
     if modes and not configured:
         return Status.FAIL, "off (kv_canary=none)", sources.args[role][0].evidence.cite()
@@ -125,10 +137,19 @@ def worker_args(role: str, sources: Sources) -> list[tuple[serverlog.ServerArgs,
         return [(a, []) for a in files]
     merged = []
     for args in from_logs:
-        notes = [f"--server-args says {k}={v!r}, the log {args.values[k]!r}: the log wins"
-                 for k, v in extra_values.items() if k in args.values and args.values[k] != v]
-        merged.append((serverlog.ServerArgs({**extra_values, **args.values}, {**extra_env, **args.env},
-                                            args.full_dump, args.evidence), notes))
+        notes = [
+            f"--server-args says {k}={v!r}, the log {args.values[k]!r}: the log wins"
+            for k, v in extra_values.items()
+            if k in args.values and args.values[k] != v
+        ]
+        merged.append(
+            (
+                serverlog.ServerArgs(
+                    {**extra_values, **args.values}, {**extra_env, **args.env}, args.full_dump, args.evidence
+                ),
+                notes,
+            )
+        )
     return merged
 
 
@@ -148,33 +169,48 @@ def gate3(sources: Sources, tree: Tree | None, code: CodeSettings | None, findin
         which = "checksum" if checksum_both is Status.PASS else "KV canary"
         defence = Check("read-integrity defence", Status.PASS, f"{which} active on prefill and decode")
     elif checksum_both is Status.FAIL and canary_both is Status.FAIL:
-        defence = Check("read-integrity defence", Status.FAIL, "neither the handoff checksum nor the KV canary "
-                        "is active on both sides: HTTP 200 or transfer-complete is no proof of what decode read")
+        defence = Check(
+            "read-integrity defence",
+            Status.FAIL,
+            "neither the handoff checksum nor the KV canary "
+            "is active on both sides: HTTP 200 or transfer-complete is no proof of what decode read",
+        )
     else:
-        defence = Check("read-integrity defence", Status.UNKNOWN,
-                        "could not establish that a checksum or canary is active on both sides")
-    return Gate(3, "transfer/read: what decode reads is verified (#39500; checksum or canary active)",
-                (*checks, defence))
+        defence = Check(
+            "read-integrity defence",
+            Status.UNKNOWN,
+            "could not establish that a checksum or canary is active on both sides",
+        )
+    return Gate(
+        3, "transfer/read: what decode reads is verified (#39500; checksum or canary active)", (*checks, defence)
+    )
 
 
 def deferred_state(args: serverlog.ServerArgs, code: CodeSettings | None) -> tuple[Status, str]:
     raw = args.env.get("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE")
     if raw is None:
-        default = "unknown" if code is None or code.deferred_default is None else (
-            "on" if code.deferred_default else "off")
-        return Status.UNKNOWN, (f"not observed: SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE not given "
-                                f"(release default: {default}); add an \"env\" object to the --server-args JSON")
+        default = (
+            "unknown" if code is None or code.deferred_default is None else ("on" if code.deferred_default else "off")
+        )
+        return Status.UNKNOWN, (
+            f"not observed: SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE not given "
+            f'(release default: {default}); add an "env" object to the --server-args JSON'
+        )
     if not serverlog.as_bool(raw):
         return Status.FAIL, f"off (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE={raw})"
     backend = args.values.get("disaggregation_transfer_backend", "mooncake" if args.full_dump else None)
     if code is None:
         return Status.UNKNOWN, f"on; whether backend {backend!r} supports it is unknown without --sglang"
     if not code.deferred_capability_flag:
-        return Status.UNKNOWN, (f"on; this release declares no per-backend support, so whether backend "
-                                f"{backend!r} acks drains cannot be read from the code")
+        return Status.UNKNOWN, (
+            f"on; this release declares no per-backend support, so whether backend "
+            f"{backend!r} acks drains cannot be read from the code"
+        )
     if backend not in code.deferred_backends:
-        return Status.FAIL, (f"on, but backend {backend!r} does not support it in this release (supported: "
-                             f"{', '.join(code.deferred_backends) or 'none'}): does not count as a defence")
+        return Status.FAIL, (
+            f"on, but backend {backend!r} does not support it in this release (supported: "
+            f"{', '.join(code.deferred_backends) or 'none'}): does not count as a defence"
+        )
     return Status.PASS, f"on, backend {backend!r} supports it"
 
 
@@ -184,11 +220,21 @@ def gate4(sources: Sources, tree: Tree | None, code: CodeSettings | None, findin
         status, detail, evidence = _role_args_state(role, sources, lambda a: deferred_state(a, code))
         checks.append(Check(f"{role}: deferred KV release", status, detail, evidence))
     checks += _unassigned(sources)
-    return Gate(4, "lifetime/ownership: pages outlive in-flight writes (#40645 #41402 #41404 #41023; deferred release)",
-                tuple(checks))
+    return Gate(
+        4,
+        "lifetime/ownership: pages outlive in-flight writes (#40645 #41402 #41404 #41023; deferred release)",
+        tuple(checks),
+    )
 
 
 def _unassigned(sources: Sources) -> list[Check]:
-    return [Check("server args (role?)", Status.INFO, "no disaggregation_mode in these arguments: "
-                  "use --server-args prefill=FILE or decode=FILE", a.evidence.cite(), decides=False)
-            for a in sources.unassigned]
+    return [
+        Check(
+            "server args (role?)",
+            Status.INFO,
+            "no disaggregation_mode in these arguments: use --server-args prefill=FILE or decode=FILE",
+            a.evidence.cite(),
+            decides=False,
+        )
+        for a in sources.unassigned
+    ]

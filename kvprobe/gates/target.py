@@ -51,8 +51,10 @@ def resolve_target(spec: str, work: Path, cache_root: Path, reporter: Reporter) 
     if VERSION_RE.match(spec):
         pins = release_pins()
         if spec not in pins:
-            raise UsageError(f"--sglang {spec}: no pinned wheel for this version (pinned: "
-                             f"{', '.join(sorted(pins))}); pass a wheel file or an installed package path")
+            raise UsageError(
+                f"--sglang {spec}: no pinned wheel for this version (pinned: "
+                f"{', '.join(sorted(pins))}); pass a wheel file or an installed package path"
+            )
         from kvprobe.sources.wheel import WheelSource
 
         tree = work / "target" / "tree"
@@ -75,8 +77,12 @@ def _target_from_dir(spec: str, path: Path, work: Path) -> Target:
     link_root = work / "target" / "import"
     link_root.mkdir(parents=True)
     (link_root / "sglang").symlink_to(root / "sglang", target_is_directory=True)
-    identity = {"kind": "path", "path": str(root), "version": _dist_version(root),
-                "tree_sha256": _tree_digest(root / "sglang")}
+    identity = {
+        "kind": "path",
+        "path": str(root),
+        "version": _dist_version(root),
+        "tree_sha256": _tree_digest(root / "sglang"),
+    }
     return Target(spec, "path", link_root, root, identity)
 
 
@@ -109,6 +115,9 @@ def _dist_version(root: Path) -> str | None:
 
 def _tree_digest(package: Path) -> str:
     """sha256 over (relative path, sha256) of every .py file: names the code that ran."""
-    lines = [f"{files.sha256_file(p)}  {p.relative_to(package).as_posix()}\n"
-             for p in sorted(package.rglob("*.py")) if p.is_file()]
+    lines = [
+        f"{files.sha256_file(p)}  {p.relative_to(package).as_posix()}\n"
+        for p in sorted(package.rglob("*.py"))
+        if p.is_file()
+    ]
     return manifest.sha256_bytes("".join(lines).encode())

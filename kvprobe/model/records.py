@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -93,8 +94,13 @@ class WheelPin:
             raise ValueError(f"wheel pin {self.filename!r}: not a wheel file name")
 
     def identity(self) -> dict[str, str]:
-        return {"kind": "wheel", "package": self.package, "version": self.version,
-                "filename": self.filename, "sha256": self.sha256}
+        return {
+            "kind": "wheel",
+            "package": self.package,
+            "version": self.version,
+            "filename": self.filename,
+            "sha256": self.sha256,
+        }
 
 
 @dataclass(frozen=True)

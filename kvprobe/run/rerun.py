@@ -11,17 +11,17 @@ from __future__ import annotations
 import functools
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kvprobe.defects import RerunDiffers
 from kvprobe.errors import ExperimentError, ObserveError, UsageError
 from kvprobe.evidence.reader import Bundle
+from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.verify.result import StepResult, step_result
-from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
-
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,12 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
         try:
             exp = _bundled_experiment(bundle, work)
         except ExperimentError as exc:
-            return StepResult(6, "fail", "the bundled experiment cannot be loaded",
-                              [RerunDiffers(bundle.receipt["experiment"]["file"], exc.message)])
+            return StepResult(
+                6,
+                "fail",
+                "the bundled experiment cannot be loaded",
+                [RerunDiffers(bundle.receipt["experiment"]["file"], exc.message)],
+            )
         try:
             fresh = _run(exp, bundle.receipt["pin_set"]["name"], opts, work, reporter)
         except (ObserveError, UsageError) as exc:
@@ -53,8 +57,9 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
         shutil.rmtree(work, ignore_errors=True)
     defects = diff_runs(bundle.receipt, fresh)
     notes = env_notes(bundle.receipt, fresh)
-    return step_result(6, defects, f"re-ran {exp.id} ({bundle.receipt['pin_set']['name']}): "
-                               f"verdict {fresh['verdict']!r}", notes)
+    return step_result(
+        6, defects, f"re-ran {exp.id} ({bundle.receipt['pin_set']['name']}): verdict {fresh['verdict']!r}", notes
+    )
 
 
 def _bundled_experiment(bundle: Bundle, work: Path):
@@ -65,7 +70,7 @@ def _bundled_experiment(bundle: Bundle, work: Path):
     prefix = f"{PROBES_DIR}/{exp_id}/"
     for rel in bundle.listed():
         if rel.startswith(prefix):
-            target = work / PROBES_DIR / rel[len(PROBES_DIR) + 1:]
+            target = work / PROBES_DIR / rel[len(PROBES_DIR) + 1 :]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(bundle.tree.read_bytes(rel, bundle.limits.max_file_bytes))
     return load_file(work / PROBES_DIR / exp_id / "experiment.toml")
@@ -74,8 +79,9 @@ def _bundled_experiment(bundle: Bundle, work: Path):
 def _run(exp, pin_set: str, opts: RerunOptions, work: Path, reporter: Reporter | None) -> dict[str, Any]:
     from kvprobe.run.runner import RunOptions, run_experiment
 
-    run_opts = RunOptions(pin_set=pin_set, out=work / "bundle", repo=opts.repo, torch_index=opts.torch_index,
-                          timeout_s=opts.timeout_s)
+    run_opts = RunOptions(
+        pin_set=pin_set, out=work / "bundle", repo=opts.repo, torch_index=opts.torch_index, timeout_s=opts.timeout_s
+    )
     if opts.cache_root is not None:
         run_opts.cache_root = opts.cache_root
     return run_experiment(exp, run_opts, reporter).receipt
@@ -88,8 +94,7 @@ def diff_runs(published: dict[str, Any], fresh: dict[str, Any]) -> list[RerunDif
     found += _observation_diffs(published, fresh, raw) + _case_diffs(published, fresh, raw)
     found += _test_diffs(published, fresh, raw)
     if published["verdict"] != fresh["verdict"]:
-        found.append(RerunDiffers(RECEIPT, f"verdict: published {published['verdict']!r}, "
-                                                  f"rerun {fresh['verdict']!r}"))
+        found.append(RerunDiffers(RECEIPT, f"verdict: published {published['verdict']!r}, rerun {fresh['verdict']!r}"))
     return found
 
 
@@ -97,14 +102,20 @@ def _problem_diffs(published, fresh, raw) -> list[RerunDiffers]:
     """A probe or test file that ran when published but could not run now, with why."""
     found = []
     for side in SIDES:
-        was = {c.get("name") or c.get("path"): c["problem"] for kind in ("probes", "tests")
-               for c in published["sides"][side][kind]}
+        was = {
+            c.get("name") or c.get("path"): c["problem"]
+            for kind in ("probes", "tests")
+            for c in published["sides"][side][kind]
+        }
         for kind in ("probes", "tests"):
             for check in fresh["sides"][side][kind]:
                 key = check.get("name") or check.get("path")
                 if check["problem"] and check["problem"] != was.get(key):
-                    found.append(RerunDiffers(_where(raw, side, key), f"{side} {key}: rerun could not run it: "
-                                                                      f"{check['problem']}"))
+                    found.append(
+                        RerunDiffers(
+                            _where(raw, side, key), f"{side} {key}: rerun could not run it: {check['problem']}"
+                        )
+                    )
     return found
 
 
@@ -134,8 +145,12 @@ def _observation_diffs(published, fresh, raw) -> list[RerunDiffers]:
             was = _value(row, side)
             now = _value(other, side) if other else "not recorded"
             if was != now:
-                found.append(RerunDiffers(_where(raw, side, row["case"].split("/")[0]),
-                                          f"{side} {row['case']} {row['observation']}: published {was}, rerun {now}"))
+                found.append(
+                    RerunDiffers(
+                        _where(raw, side, row["case"].split("/")[0]),
+                        f"{side} {row['case']} {row['observation']}: published {was}, rerun {now}",
+                    )
+                )
     for key in sorted(set(index) - seen):
         found.append(RerunDiffers(RECEIPT, f"{key[0]} {key[1]}: only in the rerun"))
     return found
@@ -155,8 +170,9 @@ def _case_diffs(published, fresh, raw) -> list[RerunDiffers]:
             a = (was.get(case) or {}).get("status"), (was.get(case) or {}).get("error_type")
             b = (now.get(case) or {}).get("status"), (now.get(case) or {}).get("error_type")
             if a != b:
-                found.append(RerunDiffers(_where(raw, side, case.split("/")[0]),
-                                          f"{side} case {case}: published {a}, rerun {b}"))
+                found.append(
+                    RerunDiffers(_where(raw, side, case.split("/")[0]), f"{side} case {case}: published {a}, rerun {b}")
+                )
     return found
 
 
@@ -169,10 +185,14 @@ def _test_diffs(published, fresh, raw) -> list[RerunDiffers]:
         other = index.get(key) or {}
         for side in SIDES:
             if row[side] != other.get(side) or row[f"{side}_exc_type"] != other.get(f"{side}_exc_type"):
-                found.append(RerunDiffers(_where(raw, side, row["file"]),
-                                          f"{side} {row['test']}: published {row[side]} "
-                                          f"({row[f'{side}_exc_type']}), rerun {other.get(side)} "
-                                          f"({other.get(f'{side}_exc_type')})"))
+                found.append(
+                    RerunDiffers(
+                        _where(raw, side, row["file"]),
+                        f"{side} {row['test']}: published {row[side]} "
+                        f"({row[f'{side}_exc_type']}), rerun {other.get(side)} "
+                        f"({other.get(f'{side}_exc_type')})",
+                    )
+                )
     for key in sorted(set(index) - seen):
         found.append(RerunDiffers(RECEIPT, f"test {key[1]} in {key[0]}: only in the rerun"))
     return found
@@ -184,7 +204,8 @@ def env_notes(published: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
     for key in ("profile", "lock_sha256", "python", "torch"):
         if published["env"].get(key) != fresh["env"].get(key):
             notes.append(f"env.{key}: published {published['env'].get(key)!r}, rerun {fresh['env'].get(key)!r}")
-    notes.append(f"host: {fresh['host'].get('system')} {fresh['host'].get('machine')} "
-                 f"(published on {published['host'].get('system')} {published['host'].get('machine')})")
+    notes.append(
+        f"host: {fresh['host'].get('system')} {fresh['host'].get('machine')} "
+        f"(published on {published['host'].get('system')} {published['host'].get('machine')})"
+    )
     return notes
-

@@ -11,7 +11,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,10 @@ from kvprobe.evidence import compare
 from kvprobe.evidence.bundle import file_ref, seal_bundle
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.model.records import Experiment, PinSet, Side, SourceKind
+from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.run.side import CheckContext, environment, run_side
 from kvprobe.verify.steps import verify
-from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
-
 
 
 @dataclass
@@ -52,7 +51,7 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
     """Run ``exp`` and write its bundle; raises only when no honest receipt can be written."""
     reporter = reporter or Reporter()
     pin_set = _pin_set(exp, opts.pin_set)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     run_id = f"{exp.id}-{pin_set.name}-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
     final = _final_path(opts, exp, pin_set, started)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -71,8 +70,10 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         head_tests = _head_test_files(exp, pin_set, sides)
         ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
         with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
-            futures = {side: pool.submit(run_side, ctx, side, sides[side], head_tests, reporter)
-                       for side in (Side.BASE, Side.HEAD)}
+            futures = {
+                side: pool.submit(run_side, ctx, side, sides[side], head_tests, reporter)
+                for side in (Side.BASE, Side.HEAD)
+            }
             checks = {side: f.result() for side, f in futures.items()}
         timings["checks_s"] = time.monotonic() - clock
         receipt = _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, staging, timings)
@@ -103,6 +104,7 @@ def _final_path(opts: RunOptions, exp: Experiment, pin_set: PinSet, started: dat
 
 # --- sources -----------------------------------------------------------------------------
 
+
 def _materialize(exp, pin_set, opts, work, reporter) -> dict[Side, dict[str, Any]]:
     """Each side's tree (its own directory, no .git) and resolved identity.
 
@@ -112,8 +114,10 @@ def _materialize(exp, pin_set, opts, work, reporter) -> dict[Side, dict[str, Any
     """
     source = _source(exp, pin_set, opts, reporter)
     with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
-        futures = {side: pool.submit(_materialize_side, source, pin_set, side, work, reporter)
-                   for side in (Side.BASE, Side.HEAD)}
+        futures = {
+            side: pool.submit(_materialize_side, source, pin_set, side, work, reporter)
+            for side in (Side.BASE, Side.HEAD)
+        }
         return {side: f.result() for side, f in futures.items()}
 
 
@@ -129,8 +133,12 @@ def _materialize_side(source, pin_set, side, work, reporter) -> dict[str, Any]:
             identity = source.materialize(pin, tree, pr=pin_set.pr)
         else:
             identity = source.materialize(pin, tree)
-    return {"tree": tree, "pin": pin.identity(), "source": identity, "git": source
-            if pin_set.kind is SourceKind.GIT else None}
+    return {
+        "tree": tree,
+        "pin": pin.identity(),
+        "source": identity,
+        "git": source if pin_set.kind is SourceKind.GIT else None,
+    }
 
 
 def _source(exp, pin_set, opts, reporter):
@@ -138,8 +146,10 @@ def _source(exp, pin_set, opts, reporter):
         from kvprobe.sources.git import validate_url
 
         validate_url(opts.repo)  # a hostile value is named as such, not just as misplaced
-        raise UsageError(f"--repo applies to git pin sets; {exp.id} pin set {pin_set.name!r} is "
-                         f"{pin_set.kind.value}" + _git_pin_sets_hint(exp))
+        raise UsageError(
+            f"--repo applies to git pin sets; {exp.id} pin set {pin_set.name!r} is "
+            f"{pin_set.kind.value}" + _git_pin_sets_hint(exp)
+        )
     if pin_set.kind is SourceKind.SYNTHETIC:
         return None
     if pin_set.kind is SourceKind.WHEEL:
@@ -184,6 +194,7 @@ def _describe_pin(pin_set: PinSet, side: Side) -> str:
 
 # --- checks ------------------------------------------------------------------------------
 
+
 def _head_test_files(exp, pin_set, sides) -> dict[str, bytes]:
     """Head's version of each listed test file; a path absent at head is bad input."""
     found = {}
@@ -199,6 +210,7 @@ def _head_test_files(exp, pin_set, sides) -> dict[str, bytes]:
 
 # --- receipt and bundle ------------------------------------------------------------------
 
+
 def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, staging, timings) -> dict[str, Any]:
     probe_dir = staging / PROBES_DIR / exp.id
     probe_dir.mkdir(parents=True)
@@ -209,13 +221,29 @@ def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, stagin
     for side in (Side.BASE, Side.HEAD):
         c = checks[side]
         side_blocks[side.value] = {
-            "pin": sides[side]["pin"], "source": sides[side]["source"],
-            "tests": [{"path": t["path"], "raw": file_ref(t["raw"], staging), "junit": file_ref(t["junit"], staging),
-                       "exit_code": t["doc"]["exit_code"], "overlay": t["doc"]["overlay"],
-                       "problem": t["doc"]["problem"]} for t in c["tests"]],
-            "probes": [{"name": p["name"], "source": file_ref(probe_dir / p["path"], staging),
-                        "raw": file_ref(p["raw"], staging), "exit_code": p["run"].exit_code,
-                        "problem": p["run"].problem} for p in c["probes"]],
+            "pin": sides[side]["pin"],
+            "source": sides[side]["source"],
+            "tests": [
+                {
+                    "path": t["path"],
+                    "raw": file_ref(t["raw"], staging),
+                    "junit": file_ref(t["junit"], staging),
+                    "exit_code": t["doc"]["exit_code"],
+                    "overlay": t["doc"]["overlay"],
+                    "problem": t["doc"]["problem"],
+                }
+                for t in c["tests"]
+            ],
+            "probes": [
+                {
+                    "name": p["name"],
+                    "source": file_ref(probe_dir / p["path"], staging),
+                    "raw": file_ref(p["raw"], staging),
+                    "exit_code": p["run"].exit_code,
+                    "problem": p["run"].problem,
+                }
+                for p in c["probes"]
+            ],
         }
         probe_docs[side.value] = {p["name"]: p["run"].output for p in c["probes"] if p["run"].ok}
         problems[side.value] = {p["name"]: p["run"].problem for p in c["probes"] if not p["run"].ok}
@@ -225,32 +253,53 @@ def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, stagin
             if p["run"].ok:
                 mocks.setdefault(p["name"], p["run"].output["mocks"])
         timings[f"{side.value}_checks_s"] = sum(t["duration_s"] for t in c["tests"]) + sum(
-            p["run"].duration_s for p in c["probes"])
+            p["run"].duration_s for p in c["probes"]
+        )
     expectations = {s: exp.expectations.get(s, {}) for s in SIDES}
-    comparison = compare.compare(expect=expectations, probe_docs=probe_docs, probe_problems=problems,
-                                 test_runs=test_runs)
+    comparison = compare.compare(
+        expect=expectations, probe_docs=probe_docs, probe_problems=problems, test_runs=test_runs
+    )
     receipt = {
         "schema": RECEIPT_SCHEMA,
         "tool": {"name": "kvprobe", "version": __version__},
         "run_id": run_id,
         "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "experiment": {"id": exp.id, "title": exp.title, "layer": exp.layer.value,
-                       "file": f"{PROBES_DIR}/{exp.id}/experiment.toml", "sha256": exp.file_sha256,
-                       "upstream": exp.upstream, "profile": exp.profile,
-                       "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary}},
-        "pin_set": {"name": pin_set.name, "kind": pin_set.kind.value, "pr": pin_set.pr,
-                    "python_path": list(pin_set.python_path)},
+        "experiment": {
+            "id": exp.id,
+            "title": exp.title,
+            "layer": exp.layer.value,
+            "file": f"{PROBES_DIR}/{exp.id}/experiment.toml",
+            "sha256": exp.file_sha256,
+            "upstream": exp.upstream,
+            "profile": exp.profile,
+            "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary},
+        },
+        "pin_set": {
+            "name": pin_set.name,
+            "kind": pin_set.kind.value,
+            "pr": pin_set.pr,
+            "python_path": list(pin_set.python_path),
+        },
         "sides": side_blocks,
         "env": env,
-        "host": {"system": platform.system(), "machine": platform.machine(), "release": platform.release(),
-                 "python": platform.python_version(), "cpus": os.cpu_count() or 0},
+        "host": {
+            "system": platform.system(),
+            "machine": platform.machine(),
+            "release": platform.release(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count() or 0,
+        },
         "settings": dict(sorted(env_vars.items())),
         "expectations": expectations,
         "comparison": comparison,
         "verdict": comparison["verdict"],
-        "evidence": {"layer": exp.layer.value, "shows": exp.scope.shows,
-                     "does_not_show": list(exp.scope.does_not_show), "mocks": mocks,
-                     "limits": _limits(exp, pin_set, env)},
+        "evidence": {
+            "layer": exp.layer.value,
+            "shows": exp.scope.shows,
+            "does_not_show": list(exp.scope.does_not_show),
+            "mocks": mocks,
+            "limits": _limits(exp, pin_set, env),
+        },
         "timings": {k: round(v, 3) for k, v in timings.items()},
     }
     return receipt
@@ -269,14 +318,15 @@ def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
         limits.append("release wheels carry no upstream tests: only the probes ran on these pins")
     if env.get("torch"):
         t = env["torch"]
-        limits.append(f"torch {t.get('version')} (cuda build {t.get('cuda')}, cuda available: "
-                      f"{t.get('cuda_available')}) from {env.get('torch_index')}")
+        limits.append(
+            f"torch {t.get('version')} (cuda build {t.get('cuda')}, cuda available: "
+            f"{t.get('cuda_available')}) from {env.get('torch_index')}"
+        )
     return limits
 
 
 def _write_bundle(exp, receipt, staging: Path, final: Path) -> RunResult:
-    digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final,
-                         check=_verify_on_write)
+    digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=_verify_on_write)
     return RunResult(final, receipt, digest)
 
 

@@ -18,9 +18,8 @@ from kvprobe import __version__
 from kvprobe.checks import probes, upstream
 from kvprobe.files import write_json
 from kvprobe.model.records import EnvInfo, Experiment, PinSet, Side, SourceKind
-from kvprobe.progress import Reporter
 from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
-
+from kvprobe.progress import Reporter
 
 
 def environment(exp, pin_set, opts, reporter: Reporter, held=None) -> tuple[dict[str, Any], str, dict[str, str]]:
@@ -28,19 +27,38 @@ def environment(exp, pin_set, opts, reporter: Reporter, held=None) -> tuple[dict
     if pin_set.kind is SourceKind.SYNTHETIC:
         import hypothesis
 
-        return ({"key": "kvprobe-interpreter", "python": platform.python_version(), "profile": exp.profile,
-                 "lock_name": None, "lock_sha256": None, "torch": None, "torch_index": None,
-                 "packages": {"hypothesis": hypothesis.__version__, "kvprobe": __version__},
-                 "shared_by_sides": True}, sys.executable, {})
+        return (
+            {
+                "key": "kvprobe-interpreter",
+                "python": platform.python_version(),
+                "profile": exp.profile,
+                "lock_name": None,
+                "lock_sha256": None,
+                "torch": None,
+                "torch_index": None,
+                "packages": {"hypothesis": hypothesis.__version__, "kvprobe": __version__},
+                "shared_by_sides": True,
+            },
+            sys.executable,
+            {},
+        )
     from kvprobe.env.venv import EnvManager, load_profile
 
     profile = load_profile(exp.profile)
     info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(
-        profile, torch_index=opts.torch_index, hold=held)
-    env = {"key": info.key, "python": info.python, "profile": profile.name, "lock_name": info.lock_name,
-           "lock_sha256": info.lock_sha256, "packages": dict(sorted(info.packages.items())),
-           "torch": info.build.get("torch"), "torch_index": info.build.get("torch_index"),
-           "shared_by_sides": True}
+        profile, torch_index=opts.torch_index, hold=held
+    )
+    env = {
+        "key": info.key,
+        "python": info.python,
+        "profile": profile.name,
+        "lock_name": info.lock_name,
+        "lock_sha256": info.lock_sha256,
+        "packages": dict(sorted(info.packages.items())),
+        "torch": info.build.get("torch"),
+        "torch_index": info.build.get("torch_index"),
+        "shared_by_sides": True,
+    }
     return env, str(info.path / "bin" / "python"), dict(profile.env)
 
 
@@ -77,8 +95,15 @@ def run_side(ctx: CheckContext, side: Side, materialized, head_tests, reporter) 
 def run_test(ctx, side, tree, python_path, rel, data, raw_dir, log_dir, scratch) -> dict[str, Any]:
     raw_dir.mkdir(parents=True, exist_ok=True)
     run = upstream.run_test_file(
-        python=Path(ctx.python), tree=tree, rootdir_hint=None, test_rel=rel, head_test_bytes=data,
-        python_path=python_path, out_dir=raw_dir, log_dir=log_dir, timeout_s=ctx.timeout_s,
+        python=Path(ctx.python),
+        tree=tree,
+        rootdir_hint=None,
+        test_rel=rel,
+        head_test_bytes=data,
+        python_path=python_path,
+        out_dir=raw_dir,
+        log_dir=log_dir,
+        timeout_s=ctx.timeout_s,
         env_extra=ctx.env_vars,
     )
     report = None
@@ -89,25 +114,46 @@ def run_test(ctx, side, tree, python_path, rel, data, raw_dir, log_dir, scratch)
     problem = None if report is not None else f"pytest left no report (exit {run.exit_code})"
     if run.exit_code == 5:
         problem = "pytest collected no tests (exit 5): nothing ran"
-    doc = {"schema": TEST_RUN_SCHEMA, "path": rel, "side": side.value, "exit_code": run.exit_code,
-           "timed_out": run.timed_out, "overlay": run.overlay, "problem": problem, "report": report}
+    doc = {
+        "schema": TEST_RUN_SCHEMA,
+        "path": rel,
+        "side": side.value,
+        "exit_code": run.exit_code,
+        "timed_out": run.timed_out,
+        "overlay": run.overlay,
+        "problem": problem,
+        "report": report,
+    }
     raw_path = raw_dir / f"{_safe_name(rel)}.json"
     write_json(raw_path, doc)
     junit = Path(run.junit_path) if run.junit_path else None
-    return {"path": rel, "doc": doc, "raw": raw_path, "junit": junit if junit and junit.is_file() else None,
-            "duration_s": run.duration_s}
+    return {
+        "path": rel,
+        "doc": doc,
+        "raw": raw_path,
+        "junit": junit if junit and junit.is_file() else None,
+        "duration_s": run.duration_s,
+    }
 
 
 def run_probe(ctx, side, python_path, check, raw_dir, log_dir, scratch) -> dict[str, Any]:
     raw_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     out = raw_dir / f"{check.name}.json"
-    side_config = {"side": side.value, **({"switches": dict(ctx.pin_set.pin(side).switches)}
-                                          if ctx.pin_set.kind is SourceKind.SYNTHETIC else {})}
+    side_config = {
+        "side": side.value,
+        **({"switches": dict(ctx.pin_set.pin(side).switches)} if ctx.pin_set.kind is SourceKind.SYNTHETIC else {}),
+    }
     run = probes.run_probe(
-        python=ctx.python, probe_file=ctx.exp.directory / check.path, python_path=python_path,
-        out_json=out, log_dir=log_dir, side_config=side_config, env_extra=ctx.env_vars,
-        scratch=scratch, timeout_s=ctx.timeout_s,
+        python=ctx.python,
+        probe_file=ctx.exp.directory / check.path,
+        python_path=python_path,
+        out_json=out,
+        log_dir=log_dir,
+        side_config=side_config,
+        env_extra=ctx.env_vars,
+        scratch=scratch,
+        timeout_s=ctx.timeout_s,
     )
     if not run.ok and out.exists():
         out.rename(out.with_suffix(".invalid.json"))

@@ -15,8 +15,9 @@ import re
 import shutil
 import tempfile
 import unicodedata
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import filelock
@@ -29,17 +30,28 @@ from kvprobe.model.records import GitPin
 # Safety switches on every git invocation. The store's own config can add to these but
 # cannot turn them off, because -c wins over repository config.
 GIT_CONFIG_ARGS: tuple[str, ...] = (
-    "-c", "core.hooksPath=/dev/null",
-    "-c", "protocol.allow=never",
-    "-c", "protocol.https.allow=always",
-    "-c", "protocol.file.allow=always",
-    "-c", "submodule.recurse=false",
-    "-c", "fetch.recurseSubmodules=false",
-    "-c", "core.fsmonitor=false",
-    "-c", "gc.auto=0",
-    "-c", "maintenance.auto=false",
-    "-c", "core.autocrlf=false",
-    "-c", "init.defaultBranch=main",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "protocol.allow=never",
+    "-c",
+    "protocol.https.allow=always",
+    "-c",
+    "protocol.file.allow=always",
+    "-c",
+    "submodule.recurse=false",
+    "-c",
+    "fetch.recurseSubmodules=false",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "gc.auto=0",
+    "-c",
+    "maintenance.auto=false",
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "init.defaultBranch=main",
 )
 GIT_ENV: Mapping[str, str] = {
     "GIT_TERMINAL_PROMPT": "0",
@@ -80,8 +92,9 @@ def validate_url(url: str) -> str:
     if url.startswith("-"):
         raise UsageError(f"repository URL {url!r} looks like an option")
     if _TRANSPORT_RE.match(url):
-        raise UsageError(f"repository URL {url!r} uses a '::' transport helper; "
-                         "only https://, file:// and local paths are allowed")
+        raise UsageError(
+            f"repository URL {url!r} uses a '::' transport helper; only https://, file:// and local paths are allowed"
+        )
     scheme = _SCHEME_RE.match(url)
     if scheme:
         return _validate_scheme_url(url, scheme.group(1))
@@ -91,8 +104,9 @@ def validate_url(url: str) -> str:
 def _validate_scheme_url(url: str, scheme: str) -> str:
     """https needs a host and no credentials; file needs an absolute path and no host."""
     if scheme not in _ALLOWED_SCHEMES:
-        raise UsageError(f"repository URL {url!r} uses scheme {scheme!r}; "
-                         "only https://, file:// and local paths are allowed")
+        raise UsageError(
+            f"repository URL {url!r} uses scheme {scheme!r}; only https://, file:// and local paths are allowed"
+        )
     if any(ch.isspace() for ch in url):
         raise UsageError(f"repository URL {url!r} contains whitespace")
     parts = urlsplit(url)
@@ -100,12 +114,10 @@ def _validate_scheme_url(url: str, scheme: str) -> str:
         if not parts.hostname:
             raise UsageError(f"repository URL {url!r} has no host")
         if "@" in parts.netloc:
-            raise UsageError(f"repository URL {url!r} carries credentials; "
-                             "credentials are never put in URLs")
+            raise UsageError(f"repository URL {url!r} carries credentials; credentials are never put in URLs")
         return url
     if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-        raise UsageError(f"repository URL {url!r}: a file:// URL needs an absolute "
-                         "local path (file:///path/to/repo)")
+        raise UsageError(f"repository URL {url!r}: a file:// URL needs an absolute local path (file:///path/to/repo)")
     return url
 
 
@@ -113,8 +125,9 @@ def _validate_local_path(url: str) -> str:
     """A path without a scheme must be an existing directory; returned absolute."""
     path = Path(url)
     if not path.is_dir():
-        raise UsageError(f"repository {url!r} is not an allowed URL (https://, file://) "
-                         "and not an existing local directory")
+        raise UsageError(
+            f"repository {url!r} is not an allowed URL (https://, file://) and not an existing local directory"
+        )
     # Absolute paths start with "/", so git can never read "host:path" (ssh) into them.
     return str(path.resolve())
 
@@ -126,8 +139,10 @@ def validate_sha(text: Any) -> str:
     hints = []
     if isinstance(text, str) and _FULL_SHA_RE.fullmatch(text.lower()):
         hints.append("write the SHA in lowercase")
-    raise PinError(f"pin {text!r} is not a full 40-hex lowercase commit SHA "
-                   "(branch names, tags and short SHAs are not pins)", hints=hints)
+    raise PinError(
+        f"pin {text!r} is not a full 40-hex lowercase commit SHA (branch names, tags and short SHAs are not pins)",
+        hints=hints,
+    )
 
 
 def validate_pr(pr: Any) -> int | None:
@@ -164,7 +179,8 @@ def compare_trees(sha: str, expected_tree: str, exported_tree: str, where: Path)
     if expected_tree != exported_tree:
         raise CheckoutError(
             f"exported tree at {where} hashes to {exported_tree}, but commit {sha} "
-            f"has tree {expected_tree}; the export is not the pinned commit")
+            f"has tree {expected_tree}; the export is not the pinned commit"
+        )
     return expected_tree
 
 
@@ -205,8 +221,14 @@ class GitSource:
         with self._locked():
             via, fetch_bytes = self._ensure_commit(sha, pr)
             tree = self._export(sha, dest)
-        return {"kind": "git", "url": self.url, "commit": sha, "tree": tree,
-                "fetched_via": via, "fetch_bytes": fetch_bytes}
+        return {
+            "kind": "git",
+            "url": self.url,
+            "commit": sha,
+            "tree": tree,
+            "fetched_via": via,
+            "fetch_bytes": fetch_bytes,
+        }
 
     def read_file(self, pin: GitPin, rel_path: str, *, pr: int | None = None) -> bytes | None:
         """The bytes of ``rel_path`` at the pinned commit, or None if it is not a file there.
@@ -237,8 +259,7 @@ class GitSource:
 
     def remote_answers(self) -> str | None:
         """None if the repository answers ``git ls-remote``, else git's last stderr line."""
-        result = self._git_capture(["ls-remote", self.url, "HEAD"], use_store=False,
-                                   timeout_s=self.timeout_s)
+        result = self._git_capture(["ls-remote", self.url, "HEAD"], use_store=False, timeout_s=self.timeout_s)
         return None if result.ok else result.summary(200)
 
     def has_commit(self, sha: str) -> bool:
@@ -265,8 +286,7 @@ class GitSource:
         try:
             lock.acquire()
         except filelock.Timeout as exc:
-            raise FetchError(f"git cache for {self.url} is locked by another process "
-                             f"({self.lock_path})") from exc
+            raise FetchError(f"git cache for {self.url} is locked by another process ({self.lock_path})") from exc
         try:
             yield
         finally:
@@ -280,8 +300,11 @@ class GitSource:
             return
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.key}.tmp-", dir=self.git_root))
         try:
-            self._git_checked(["init", "--bare", "--quiet", "--template=", str(tmp)],
-                              use_store=False, what=f"create a git store in {tmp}")
+            self._git_checked(
+                ["init", "--bare", "--quiet", "--template=", str(tmp)],
+                use_store=False,
+                what=f"create a git store in {tmp}",
+            )
             (tmp / URL_MARKER).write_text(self.url + "\n", encoding="utf-8")
             _write_attributes(tmp)
             os.replace(tmp, self.store)
@@ -294,8 +317,7 @@ class GitSource:
         marker = self.store / URL_MARKER
         named = marker.read_text(encoding="utf-8").strip() if marker.is_file() else None
         if named != self.url:
-            raise FetchError(f"git cache {self.store} belongs to {named!r}, not {self.url}; "
-                             "remove it and run again")
+            raise FetchError(f"git cache {self.store} belongs to {named!r}, not {self.url}; remove it and run again")
 
     # ---- fetch
 
@@ -324,22 +346,35 @@ class GitSource:
                 tried.append(f"{pull} depth {depth}")
                 reasons.append(result)
         why = "; ".join(dict.fromkeys(r for r in reasons if r != "ok")) or "no such commit"
-        raise FetchError(f"commit {sha} could not be fetched from {self.url} "
-                         f"(tried {', '.join(tried)}): {why}")
+        raise FetchError(f"commit {sha} could not be fetched from {self.url} (tried {', '.join(tried)}): {why}")
 
     def _fetch_refspec(self, refspec: str, *, depth: int) -> str:
         """One shallow fetch; returns git's last stderr line ('ok' on success)."""
-        argv = ["fetch", f"--depth={depth}", "--no-tags", "--no-recurse-submodules",
-                "--no-write-fetch-head", "--quiet", "--", self.url, refspec]
+        argv = [
+            "fetch",
+            f"--depth={depth}",
+            "--no-tags",
+            "--no-recurse-submodules",
+            "--no-write-fetch-head",
+            "--quiet",
+            "--",
+            self.url,
+            refspec,
+        ]
         with tempfile.TemporaryDirectory(prefix="kvprobe-git-") as scratch:
             result = proc.run(
-                self._argv(argv), timeout_s=self.timeout_s, env=self._env(),
-                stdout_path=Path(scratch, "stdout"), stderr_path=Path(scratch, "stderr"),
+                self._argv(argv),
+                timeout_s=self.timeout_s,
+                env=self._env(),
+                stdout_path=Path(scratch, "stdout"),
+                stderr_path=Path(scratch, "stderr"),
                 cwd=self.store,
             )
             if result.timed_out:
-                raise FetchError(f"fetching {refspec.split(':')[0].lstrip('+')} from "
-                                 f"{self.url} timed out after {self.timeout_s:.0f}s")
+                raise FetchError(
+                    f"fetching {refspec.split(':')[0].lstrip('+')} from "
+                    f"{self.url} timed out after {self.timeout_s:.0f}s"
+                )
             return "ok" if result.ok else result.summary(200)
 
     # ---- export and verification
@@ -348,8 +383,7 @@ class GitSource:
         """Write the commit's tree to a temp sibling, verify it, then rename it to dest."""
         kind = self._git_capture(["cat-file", "-t", sha])
         if kind.stdout.strip() != "commit":
-            raise CheckoutError(f"{sha} in {self.url} is a {kind.stdout.strip() or 'missing'} "
-                                "object, not a commit")
+            raise CheckoutError(f"{sha} in {self.url} is a {kind.stdout.strip() or 'missing'} object, not a commit")
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         try:
@@ -367,10 +401,14 @@ class GitSource:
             env = {"GIT_INDEX_FILE": str(Path(scratch, "index"))}
             what = f"export {sha} from {self.url}"
             self._git_checked(["read-tree", sha], env=env, what=what, error=CheckoutError)
-            self._git_checked(["--work-tree", str(target), "checkout-index", "-a", "-f",
-                               f"--prefix={target}/"],
-                              env=env, what=what, error=CheckoutError, cwd=target,
-                              timeout_s=self.timeout_s)
+            self._git_checked(
+                ["--work-tree", str(target), "checkout-index", "-a", "-f", f"--prefix={target}/"],
+                env=env,
+                what=what,
+                error=CheckoutError,
+                cwd=target,
+                timeout_s=self.timeout_s,
+            )
 
     def verify_export(self, sha: str, root: Path) -> str:
         """Hash the files under ``root`` as a git tree and compare with ``sha``'s tree.
@@ -379,17 +417,22 @@ class GitSource:
         symlink, extra or missing file).
         """
         sha = validate_sha(sha)
-        expected = self._git_checked(["rev-parse", "--verify", f"{sha}^{{tree}}"],
-                                     what=f"read the tree of {sha}", error=CheckoutError)
+        expected = self._git_checked(
+            ["rev-parse", "--verify", f"{sha}^{{tree}}"], what=f"read the tree of {sha}", error=CheckoutError
+        )
         with tempfile.TemporaryDirectory(prefix="kvprobe-index-") as scratch:
             env = {"GIT_INDEX_FILE": str(Path(scratch, "index"))}
             what = f"hash the exported tree at {root}"
-            self._git_checked(["--work-tree", str(root), "add", "-A", "-f", "--", "."],
-                              env=env, what=what, error=CheckoutError, cwd=root,
-                              timeout_s=self.timeout_s)
+            self._git_checked(
+                ["--work-tree", str(root), "add", "-A", "-f", "--", "."],
+                env=env,
+                what=what,
+                error=CheckoutError,
+                cwd=root,
+                timeout_s=self.timeout_s,
+            )
             self._add_gitlinks(sha, env)
-            exported = self._git_checked(["write-tree"], env=env, what=what,
-                                         error=CheckoutError)
+            exported = self._git_checked(["write-tree"], env=env, what=what, error=CheckoutError)
         return compare_trees(sha, expected, exported, root)
 
     def _add_gitlinks(self, sha: str, env: Mapping[str, str]) -> None:
@@ -405,9 +448,12 @@ class GitSource:
             mode, _kind, oid = meta.decode("ascii").split(" ")
             path = raw_path.decode("utf-8", errors="surrogateescape")
             if mode == "160000":
-                self._git_checked(["update-index", "--add", "--cacheinfo",
-                                   f"{mode},{oid},{path}"], env=env, error=CheckoutError,
-                                  what=f"record submodule {path!r} of {sha}")
+                self._git_checked(
+                    ["update-index", "--add", "--cacheinfo", f"{mode},{oid},{path}"],
+                    env=env,
+                    error=CheckoutError,
+                    what=f"record submodule {path!r} of {sha}",
+                )
 
     # ---- running git
 
@@ -420,35 +466,53 @@ class GitSource:
     def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         return proc.clean_env({**GIT_ENV, **(extra or {})}, network=True)
 
-    def _git_capture(self, args: list[str], *, env: Mapping[str, str] | None = None,
-                     cwd: Path | None = None, timeout_s: float | None = None,
-                     use_store: bool = True) -> proc.Captured:
-        return proc.capture(self._argv(args, use_store), env=self._env(env),
-                            timeout_s=timeout_s or _PLUMBING_TIMEOUT_S,
-                            cwd=cwd or self.git_root)
+    def _git_capture(
+        self,
+        args: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        timeout_s: float | None = None,
+        use_store: bool = True,
+    ) -> proc.Captured:
+        return proc.capture(
+            self._argv(args, use_store),
+            env=self._env(env),
+            timeout_s=timeout_s or _PLUMBING_TIMEOUT_S,
+            cwd=cwd or self.git_root,
+        )
 
-    def _git_checked(self, args: list[str], *, what: str, env: Mapping[str, str] | None = None,
-                     cwd: Path | None = None, timeout_s: float | None = None,
-                     use_store: bool = True,
-                     error: type[Exception] = FetchError) -> str:
+    def _git_checked(
+        self,
+        args: list[str],
+        *,
+        what: str,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        timeout_s: float | None = None,
+        use_store: bool = True,
+        error: type[Exception] = FetchError,
+    ) -> str:
         """Run git and return stripped stdout; raise ``error`` with git's last line."""
-        result = self._git_capture(args, env=env, cwd=cwd, timeout_s=timeout_s,
-                                   use_store=use_store)
+        result = self._git_capture(args, env=env, cwd=cwd, timeout_s=timeout_s, use_store=use_store)
         if not result.ok:
             raise error(f"could not {what}: {result.summary(200)}")
         return result.stdout.strip()
 
-    def _git_bytes(self, args: list[str], *,
-                   error: type[Exception] = FetchError) -> bytes:
+    def _git_bytes(self, args: list[str], *, error: type[Exception] = FetchError) -> bytes:
         """Run git and return raw stdout bytes (capture() decodes text; blobs are bytes)."""
         with tempfile.TemporaryDirectory(prefix="kvprobe-git-") as scratch:
             out = Path(scratch, "stdout")
-            result = proc.run(self._argv(args), timeout_s=_PLUMBING_TIMEOUT_S,
-                              env=self._env(), stdout_path=out,
-                              stderr_path=Path(scratch, "stderr"), cwd=self.git_root)
+            result = proc.run(
+                self._argv(args),
+                timeout_s=_PLUMBING_TIMEOUT_S,
+                env=self._env(),
+                stdout_path=out,
+                stderr_path=Path(scratch, "stderr"),
+                cwd=self.git_root,
+            )
             if not result.ok:
-                raise error(f"could not read {args[-1]} from {self.url}: "
-                                 f"{result.summary(200)}")
+                raise error(f"could not read {args[-1]} from {self.url}: {result.summary(200)}")
             return out.read_bytes()
 
 

@@ -12,19 +12,38 @@ from pathlib import Path, PurePosixPath
 from filelock import FileLock
 
 from kvprobe import proc
-from kvprobe.files import sha256_file
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError
+from kvprobe.files import sha256_file
 from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
+
 
 def pip_download(requirement: str, scratch: Path, flags: list[str], *, timeout_s: float, failure: str) -> list[Path]:
     """``pip download --no-deps`` of one requirement into ``scratch/out`` (pip's logs beside it);
     returns the files pip wrote. FetchError starting with ``failure`` when pip fails."""
     out = scratch / "out"
-    argv = [proc.python_executable(), "-m", "pip", "download", "--no-deps", "--no-cache-dir",
-            "--disable-pip-version-check", "--progress-bar", "off", *flags, "--dest", str(out), requirement]
-    result = proc.run(argv, timeout_s=timeout_s, stdout_path=scratch / "pip.out", stderr_path=scratch / "pip.err",
-                      env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)))
+    argv = [
+        proc.python_executable(),
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        *flags,
+        "--dest",
+        str(out),
+        requirement,
+    ]
+    result = proc.run(
+        argv,
+        timeout_s=timeout_s,
+        stdout_path=scratch / "pip.out",
+        stderr_path=scratch / "pip.err",
+        env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
+    )
     if not result.ok:
         raise FetchError(f"{failure}: {result.summary()}")
     return sorted(out.iterdir()) if out.is_dir() else []
@@ -48,8 +67,14 @@ def platform_args(filename: str) -> list[str]:
 class WheelSource:
     """Downloads a pinned wheel once per digest into the cache and unpacks it per side."""
 
-    def __init__(self, cache_root: Path, *, pip_args: list[str] | None = None,
-                 timeout_s: float = 900.0, reporter: Reporter | None = None) -> None:
+    def __init__(
+        self,
+        cache_root: Path,
+        *,
+        pip_args: list[str] | None = None,
+        timeout_s: float = 900.0,
+        reporter: Reporter | None = None,
+    ) -> None:
         self.store = cache_root / "wheels"
         self.pip_args = list(pip_args or [])
         self.timeout_s = timeout_s
@@ -73,8 +98,7 @@ class WheelSource:
             actual = sha256_file(downloaded)
             if actual != pin.sha256:
                 raise DigestMismatch(
-                    f"{pin.filename}: sha256 mismatch: pinned {pin.sha256}, downloaded {actual}; "
-                    "nothing was cached"
+                    f"{pin.filename}: sha256 mismatch: pinned {pin.sha256}, downloaded {actual}; nothing was cached"
                 )
             cached.parent.mkdir(parents=True, exist_ok=True)
             os.replace(downloaded, cached)
@@ -82,8 +106,13 @@ class WheelSource:
 
     def _download(self, pin: WheelPin, tmp: Path) -> Path:
         self.reporter.update(f"downloading {pin.filename}")
-        got = pip_download(f"{pin.package}=={pin.version}", tmp, [*platform_args(pin.filename), *self.pip_args],
-                           timeout_s=self.timeout_s, failure=f"could not download {pin.filename}")
+        got = pip_download(
+            f"{pin.package}=={pin.version}",
+            tmp,
+            [*platform_args(pin.filename), *self.pip_args],
+            timeout_s=self.timeout_s,
+            failure=f"could not download {pin.filename}",
+        )
         path = tmp / "out" / pin.filename
         if path not in got:
             names = ", ".join(sorted(p.name for p in got)) or "nothing"

@@ -13,17 +13,30 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from kvprobe.defects import (
-    BadPin, BundleDefect, CitationDigestMismatch, CitationMisplaced, CitationNotInManifest,
-    ComparisonAlgorithmUnknown, ComparisonMismatch, ExperimentDigestMismatch, ExperimentMismatch, ExpectationsMismatch, ForgedVerdict,
-    RawInvalid, RecomputeFailed, RecordMismatch, PinMismatch, RunIdMismatch,
+    BadPin,
+    BundleDefect,
+    CitationDigestMismatch,
+    CitationMisplaced,
+    CitationNotInManifest,
+    ComparisonAlgorithmUnknown,
+    ComparisonMismatch,
+    ExpectationsMismatch,
+    ExperimentDigestMismatch,
+    ExperimentMismatch,
+    ForgedVerdict,
+    PinMismatch,
+    RawInvalid,
+    RecomputeFailed,
+    RecordMismatch,
+    RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
 from kvprobe.evidence import compare
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
-from kvprobe.verify.result import StepResult, step_result
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
+from kvprobe.verify.result import StepResult, step_result
 
 _MAX_DIFFS = 8
 
@@ -43,6 +56,7 @@ def step_consistency(bundle: Bundle) -> StepResult:
 
 
 # --- diffs -------------------------------------------------------------------------------
+
 
 def json_diff(a: Any, b: Any, where: str = "", out: list[str] | None = None) -> list[str]:
     """Differences as 'path: receipt X, recomputed Y' (True and 1 are different)."""
@@ -89,6 +103,7 @@ def _summary(diffs: list[str]) -> str:
 
 # --- citations ---------------------------------------------------------------------------
 
+
 def citations(receipt: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
     """(where in the receipt, {path, sha256}) for every file the receipt cites."""
     exp = receipt["experiment"]
@@ -112,10 +127,16 @@ def citation_defects(cited: list[tuple[str, dict[str, str]]], listed: dict[str, 
     for where, ref in cited:
         entry = listed.get(ref["path"])
         if entry is None:
-            found.append(CitationNotInManifest(ref["path"], f"receipt {where} cites it; manifest.json does not list it"))
+            found.append(
+                CitationNotInManifest(ref["path"], f"receipt {where} cites it; manifest.json does not list it")
+            )
         elif entry["sha256"] != ref["sha256"]:
-            found.append(CitationDigestMismatch(ref["path"], f"receipt {where} records sha256 {ref['sha256']}, "
-                                                             f"manifest.json lists {entry['sha256']}"))
+            found.append(
+                CitationDigestMismatch(
+                    ref["path"],
+                    f"receipt {where} records sha256 {ref['sha256']}, manifest.json lists {entry['sha256']}",
+                )
+            )
     return found
 
 
@@ -138,8 +159,11 @@ def placement_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
 
 
 def _duplicates(names: list[str], where: str) -> list[BundleDefect]:
-    return [RecordMismatch(RECEIPT, f"{where}: {name!r} recorded twice")
-            for name in sorted(set(names)) if names.count(name) > 1]
+    return [
+        RecordMismatch(RECEIPT, f"{where}: {name!r} recorded twice")
+        for name in sorted(set(names))
+        if names.count(name) > 1
+    ]
 
 
 def _probe_placement(side: str, exp_id: str, probe: dict[str, Any]) -> list[BundleDefect]:
@@ -175,13 +199,17 @@ def _sides_share_probes(receipt: dict[str, Any]) -> list[BundleDefect]:
 
 # --- records vs raw outputs --------------------------------------------------------------
 
+
 def record_defects(bundle: Bundle) -> list[BundleDefect]:
     found: list[BundleDefect] = []
     for side in SIDES:
         for i, probe in enumerate(bundle.receipt["sides"][side]["probes"]):
             if probe["raw"] is None and not (isinstance(probe["problem"], str) and probe["problem"]):
-                found.append(RecordMismatch(RECEIPT, f"sides.{side}.probes[{i}] {probe['name']!r}: "
-                                                     "no output and no problem recorded"))
+                found.append(
+                    RecordMismatch(
+                        RECEIPT, f"sides.{side}.probes[{i}] {probe['name']!r}: no output and no problem recorded"
+                    )
+                )
     for side, kind, rel, record in cited_raw(bundle.receipt):
         doc = bundle.raw_docs.get(rel)
         if doc is not None:
@@ -195,7 +223,9 @@ def _probe_record(rel: str, doc: dict[str, Any], record: dict[str, Any]) -> list
 
     found: list[BundleDefect] = []
     if record["problem"] is not None:
-        found.append(RecordMismatch(rel, f"receipt records problem {record['problem']!r} for a probe whose output it cites"))
+        found.append(
+            RecordMismatch(rel, f"receipt records problem {record['problem']!r} for a probe whose output it cites")
+        )
     try:
         check_output(doc, record["name"])
     except SchemaError as exc:
@@ -206,8 +236,9 @@ def _probe_record(rel: str, doc: dict[str, Any], record: dict[str, Any]) -> list
 def _test_record(rel: str, doc: dict[str, Any], side: str, record: dict[str, Any]) -> list[BundleDefect]:
     found: list[BundleDefect] = []
     if doc["side"] != side or doc["path"] != record["path"]:
-        found.append(RawInvalid(rel, f"records side {doc['side']!r}, test {doc['path']!r}; cited as "
-                                     f"{side} {record['path']!r}"))
+        found.append(
+            RawInvalid(rel, f"records side {doc['side']!r}, test {doc['path']!r}; cited as {side} {record['path']!r}")
+        )
     for key in ("exit_code", "overlay", "problem"):
         if doc[key] != record[key]:
             found.append(RecordMismatch(rel, f"{key}: raw {doc[key]!r}, receipt {record[key]!r}"))
@@ -215,6 +246,7 @@ def _test_record(rel: str, doc: dict[str, Any], side: str, record: dict[str, Any
 
 
 # --- recompute ---------------------------------------------------------------------------
+
 
 def recompute_inputs(bundle: Bundle) -> tuple[dict, dict, dict] | None:
     """compare() inputs from the raw outputs; None when one of them is unusable."""
@@ -241,34 +273,53 @@ def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
     receipt = bundle.receipt
     made_by = receipt["comparison"].get("algorithm", "kvprobe.compare/1")
     if made_by != compare.ALGORITHM and made_by not in compare.PREDECESSORS:
-        return [ComparisonAlgorithmUnknown(RECEIPT, f"the comparison was made by {made_by!r} "
-                                                    f"(kvprobe {receipt['tool']['version']}); this kvprobe "
-                                                    f"computes {compare.ALGORITHM!r}: verify with a kvprobe "
-                                                    "that has that comparison")]
+        return [
+            ComparisonAlgorithmUnknown(
+                RECEIPT,
+                f"the comparison was made by {made_by!r} "
+                f"(kvprobe {receipt['tool']['version']}); this kvprobe "
+                f"computes {compare.ALGORITHM!r}: verify with a kvprobe "
+                "that has that comparison",
+            )
+        ]
     inputs = recompute_inputs(bundle)
     if inputs is None:
         return [RecomputeFailed(RECEIPT, "a cited raw output is unusable (step 2): comparison not recomputed")]
     docs, problems, runs = inputs
     try:
-        comp = compare.compare(expect=receipt["expectations"], probe_docs=docs, probe_problems=problems,
-                               test_runs=runs)
+        comp = compare.compare(expect=receipt["expectations"], probe_docs=docs, probe_problems=problems, test_runs=runs)
     except (KeyError, TypeError, ValueError, AttributeError, KvprobeError) as exc:
         return [RecomputeFailed(RECEIPT, f"raw outputs cannot be compared: {type(exc).__name__}: {exc}")]
     found: list[BundleDefect] = []
     for where, stated in (("verdict", receipt["verdict"]), ("comparison.verdict", receipt["comparison"]["verdict"])):
         if stated != comp["verdict"]:
-            found.append(ForgedVerdict(RECEIPT, f"{where} is {stated!r}, but the raw outputs and expectations "
-                                                f"give {comp['verdict']!r}"))
+            found.append(
+                ForgedVerdict(
+                    RECEIPT, f"{where} is {stated!r}, but the raw outputs and expectations give {comp['verdict']!r}"
+                )
+            )
     comp["algorithm"] = made_by  # a predecessor's bundle verifies where its output is the same
-    diffs = json_diff({k: v for k, v in receipt["comparison"].items() if k != "verdict"},
-                      {k: v for k, v in comp.items() if k != "verdict"}, "comparison")
+    diffs = json_diff(
+        {k: v for k, v in receipt["comparison"].items() if k != "verdict"},
+        {k: v for k, v in comp.items() if k != "verdict"},
+        "comparison",
+    )
     if diffs and made_by != compare.ALGORITHM:
-        found.append(ComparisonAlgorithmUnknown(RECEIPT, f"the comparison was made by {made_by!r}, which "
-                                                         f"{compare.PREDECESSORS[made_by]}; recomputed with "
-                                                         f"{compare.ALGORITHM!r} it differs: {_summary(diffs)}"))
+        found.append(
+            ComparisonAlgorithmUnknown(
+                RECEIPT,
+                f"the comparison was made by {made_by!r}, which "
+                f"{compare.PREDECESSORS[made_by]}; recomputed with "
+                f"{compare.ALGORITHM!r} it differs: {_summary(diffs)}",
+            )
+        )
     elif diffs:
-        found.append(ComparisonMismatch(RECEIPT, f"{len(diffs)} differences from the comparison recomputed "
-                                                 f"from the raw outputs: {_summary(diffs)}"))
+        found.append(
+            ComparisonMismatch(
+                RECEIPT,
+                f"{len(diffs)} differences from the comparison recomputed from the raw outputs: {_summary(diffs)}",
+            )
+        )
     found += _mocks_defects(receipt, docs)
     return found
 
@@ -284,14 +335,18 @@ def _mocks_defects(receipt: dict[str, Any], docs: dict[str, dict]) -> list[Bundl
 
 # --- the bundled experiment ---------------------------------------------------------------
 
+
 def experiment_defects(bundle: Bundle) -> list[BundleDefect]:
     receipt, data = bundle.receipt, bundle.experiment
     rel = receipt["experiment"]["file"]
     found: list[BundleDefect] = []
     digest = hashlib.sha256(bundle.experiment_bytes).hexdigest()
     if digest != receipt["experiment"]["sha256"]:
-        found.append(ExperimentDigestMismatch(rel, f"sha256 {digest}, receipt.experiment.sha256 "
-                                                   f"{receipt['experiment']['sha256']}"))
+        found.append(
+            ExperimentDigestMismatch(
+                rel, f"sha256 {digest}, receipt.experiment.sha256 {receipt['experiment']['sha256']}"
+            )
+        )
     expect = {side: data.get("expect", {}).get(side, {}) for side in SIDES}
     diffs = json_diff(receipt["expectations"], expect, "expectations")
     if diffs:
@@ -306,38 +361,62 @@ def experiment_defects(bundle: Bundle) -> list[BundleDefect]:
 def _receipt_view(receipt: dict[str, Any]) -> dict[str, Any]:
     exp = {k: v for k, v in receipt["experiment"].items() if k != "sha256"}
     ev = receipt["evidence"]
-    sides = {side: {"probes": [[p["name"], p["source"]["path"]] for p in receipt["sides"][side]["probes"]],
-                    "tests": [t["path"] for t in receipt["sides"][side]["tests"]]} for side in SIDES}
-    return {"experiment": exp, "evidence": {"layer": ev["layer"], "shows": ev["shows"],
-                                            "does_not_show": ev["does_not_show"]}, "sides": sides}
+    sides = {
+        side: {
+            "probes": [[p["name"], p["source"]["path"]] for p in receipt["sides"][side]["probes"]],
+            "tests": [t["path"] for t in receipt["sides"][side]["tests"]],
+        }
+        for side in SIDES
+    }
+    return {
+        "experiment": exp,
+        "evidence": {"layer": ev["layer"], "shows": ev["shows"], "does_not_show": ev["does_not_show"]},
+        "sides": sides,
+    }
 
 
 def _experiment_view(data: dict[str, Any], pin_set: str) -> dict[str, Any]:
     exp_id = data["id"]
     fix = data["fix"]
-    probes = [[PurePosixPath(p["path"]).stem, f"{PROBES_DIR}/{exp_id}/{p['path']}"] for p in data["checks"].get("probes", [])]
+    probes = [
+        [PurePosixPath(p["path"]).stem, f"{PROBES_DIR}/{exp_id}/{p['path']}"] for p in data["checks"].get("probes", [])
+    ]
     spec = data["pins"].get(pin_set, {})
-    tests = [t["path"] for t in data["checks"].get("tests", [])
-             if spec.get("kind") == "git" and ("pins" not in t or pin_set in t["pins"])]
-    return {"experiment": {"id": exp_id, "title": data["title"], "layer": data["layer"],
-                           "file": f"{PROBES_DIR}/{exp_id}/experiment.toml", "upstream": data.get("upstream"),
-                           "profile": data["profile"],
-                           "fix": {"prs": list(fix.get("prs", [])), "release": fix.get("release"),
-                                   "summary": fix["summary"]}},
-            "evidence": {"layer": data["layer"], "shows": data["scope"]["shows"],
-                         "does_not_show": list(data["scope"]["does_not_show"])},
-            "sides": {side: {"probes": probes, "tests": tests} for side in SIDES}}
+    tests = [
+        t["path"]
+        for t in data["checks"].get("tests", [])
+        if spec.get("kind") == "git" and ("pins" not in t or pin_set in t["pins"])
+    ]
+    return {
+        "experiment": {
+            "id": exp_id,
+            "title": data["title"],
+            "layer": data["layer"],
+            "file": f"{PROBES_DIR}/{exp_id}/experiment.toml",
+            "upstream": data.get("upstream"),
+            "profile": data["profile"],
+            "fix": {"prs": list(fix.get("prs", [])), "release": fix.get("release"), "summary": fix["summary"]},
+        },
+        "evidence": {
+            "layer": data["layer"],
+            "shows": data["scope"]["shows"],
+            "does_not_show": list(data["scope"]["does_not_show"]),
+        },
+        "sides": {side: {"probes": probes, "tests": tests} for side in SIDES},
+    }
 
 
 # --- pins and run id ---------------------------------------------------------------------
+
 
 def pin_identity(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     """The identity a well-formed pin of ``kind`` has; raises KeyError/TypeError/ValueError."""
     if kind == "git":
         return GitPin(spec["commit"]).identity()
     if kind == "wheel":
-        return WheelPin(spec["package"], spec["version"], spec.get("file") or spec["filename"],
-                        spec["sha256"]).identity()
+        return WheelPin(
+            spec["package"], spec["version"], spec.get("file") or spec["filename"], spec["sha256"]
+        ).identity()
     if kind == "synthetic" and isinstance(spec["switches"], dict):
         return ModelPin(spec["switches"]).identity()
     raise ValueError(f"unknown pin kind {kind!r}")
@@ -378,11 +457,19 @@ def spec_pin_defects(rel: str, data: dict[str, Any], receipt: dict[str, Any]) ->
     spec = data["pins"].get(ps["name"])
     if spec is None:
         return [PinMismatch(rel, f"the experiment has no pin set {ps['name']!r}")]
-    stated = {"kind": ps["kind"], "pr": ps["pr"], "python_path": ps["python_path"],
-              **{side: receipt["sides"][side]["pin"] for side in SIDES}}
+    stated = {
+        "kind": ps["kind"],
+        "pr": ps["pr"],
+        "python_path": ps["python_path"],
+        **{side: receipt["sides"][side]["pin"] for side in SIDES},
+    }
     try:
-        declared = {"kind": spec["kind"], "pr": spec.get("pr"), "python_path": list(spec.get("python_path", ["."])),
-                    **{side: pin_identity(spec["kind"], spec[side]) for side in SIDES}}
+        declared = {
+            "kind": spec["kind"],
+            "pr": spec.get("pr"),
+            "python_path": list(spec.get("python_path", ["."])),
+            **{side: pin_identity(spec["kind"], spec[side]) for side in SIDES},
+        }
     except (KeyError, TypeError, ValueError) as exc:
         return [BadPin(rel, f"pins.{ps['name']}: {type(exc).__name__}: {exc}")]
     diffs = json_diff(stated, declared, f"pins.{ps['name']}")
@@ -391,22 +478,32 @@ def spec_pin_defects(rel: str, data: dict[str, Any], receipt: dict[str, Any]) ->
 
 def run_id_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
     stamp = receipt["created_utc"].replace("-", "").replace(":", "")
-    want = (re.escape(f"{receipt['experiment']['id']}-{receipt['pin_set']['name']}-{stamp}-") + "[0-9a-f]{6}")
+    want = re.escape(f"{receipt['experiment']['id']}-{receipt['pin_set']['name']}-{stamp}-") + "[0-9a-f]{6}"
     if not re.fullmatch(want, receipt["run_id"]):
-        return [RunIdMismatch(RECEIPT, f"run_id {receipt['run_id']!r} does not name experiment "
-                                       f"{receipt['experiment']['id']!r}, pin set {receipt['pin_set']['name']!r} "
-                                       f"and created_utc {receipt['created_utc']!r}")]
+        return [
+            RunIdMismatch(
+                RECEIPT,
+                f"run_id {receipt['run_id']!r} does not name experiment "
+                f"{receipt['experiment']['id']!r}, pin set {receipt['pin_set']['name']!r} "
+                f"and created_utc {receipt['created_utc']!r}",
+            )
+        ]
     return []
 
 
 # --- gates receipts (layer deployment) -----------------------------------------------------
 
+
 def gates_citations(node: Any, where: str = "") -> list[tuple[str, dict[str, str]]]:
     """Every ``{"path", "sha256"}`` object anywhere in a gates receipt (files it cites)."""
     found: list[tuple[str, dict[str, str]]] = []
     if isinstance(node, dict):
-        if set(node) >= {"path", "sha256"} and isinstance(node.get("path"), str) \
-                and isinstance(node.get("sha256"), str) and not node["path"].startswith("/"):
+        if (
+            set(node) >= {"path", "sha256"}
+            and isinstance(node.get("path"), str)
+            and isinstance(node.get("sha256"), str)
+            and not node["path"].startswith("/")
+        ):
             found.append((where or "(top)", {"path": node["path"], "sha256": node["sha256"]}))
         for key, value in node.items():
             found += gates_citations(value, f"{where}.{key}" if where else key)
@@ -424,11 +521,20 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
     for gate in receipt["gates"]:
         status = combine(Status(c["status"]) for c in gate["checks"] if c["decides"])
         if status.value != gate["status"]:
-            defects.append(ForgedVerdict(RECEIPT, f"gate {gate['number']} states {gate['status']!r}; "
-                                                         f"its deciding checks give {status.value!r}"))
+            defects.append(
+                ForgedVerdict(
+                    RECEIPT,
+                    f"gate {gate['number']} states {gate['status']!r}; its deciding checks give {status.value!r}",
+                )
+            )
         gates.append(status)
     overall = combine(gates)
     if overall.value != receipt["overall"] or RECORDED_EXIT_CODE[overall] != receipt["exit_code"]:
-        defects.append(ForgedVerdict(RECEIPT, f"overall states {receipt['overall']!r} (exit "
-                                                     f"{receipt['exit_code']}); the gates give {overall.value!r}"))
+        defects.append(
+            ForgedVerdict(
+                RECEIPT,
+                f"overall states {receipt['overall']!r} (exit "
+                f"{receipt['exit_code']}); the gates give {overall.value!r}",
+            )
+        )
     return step_result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks")

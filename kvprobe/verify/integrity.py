@@ -6,16 +6,29 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvprobe.evidence import manifest as manifest_mod
 from kvprobe.defects import (
-    BundleDefect, DuplicateEntry, FileDigestMismatch, ManifestNotCanonical, MissingFile, NotRegular,
-    OversizedClaim, ReservedEntry, SizeMismatch, SumsBsdStyle, SumsCrlf, SumsMalformed, SumsMismatch,
-    SumsNotCanonical, SumsUppercaseHex, UnlistedFile, UnsafePath,
+    BundleDefect,
+    DuplicateEntry,
+    FileDigestMismatch,
+    ManifestNotCanonical,
+    MissingFile,
+    NotRegular,
+    OversizedClaim,
+    ReservedEntry,
+    SizeMismatch,
+    SumsBsdStyle,
+    SumsCrlf,
+    SumsMalformed,
+    SumsMismatch,
+    SumsNotCanonical,
+    SumsUppercaseHex,
+    UnlistedFile,
+    UnsafePath,
 )
+from kvprobe.evidence import manifest as manifest_mod
 from kvprobe.evidence.reader import Bundle, read_bytes
 from kvprobe.evidence.safetree import NotRegularFile, path_problem
 from kvprobe.names import MANIFEST, SUMS
-
 
 _SUMS_LINE = re.compile(r"([0-9A-Fa-f]{64}) ([ *])(.*)")
 _BSD_LINE = re.compile(r"SHA256 ?\((.*)\) ?= ?([0-9A-Fa-f]{64})")
@@ -34,8 +47,11 @@ def integrity_defects(bundle: Bundle) -> list[BundleDefect]:
 def manifest_form_defects(bundle: Bundle) -> list[BundleDefect]:
     found: list[BundleDefect] = []
     if manifest_mod.render_manifest(bundle.manifest) != bundle.manifest_bytes:
-        found.append(ManifestNotCanonical(MANIFEST, "not byte-identical to the writer's rendering "
-                                                    "(sorted keys, 2-space indent, final LF)"))
+        found.append(
+            ManifestNotCanonical(
+                MANIFEST, "not byte-identical to the writer's rendering (sorted keys, 2-space indent, final LF)"
+            )
+        )
     paths = [f["path"] for f in bundle.manifest["files"]]
     if paths != sorted(paths):
         found.append(ManifestNotCanonical(MANIFEST, "files are not sorted by path"))
@@ -55,15 +71,24 @@ def _checked_entries(bundle: Bundle, defects: list[BundleDefect]) -> list[dict[s
         elif rel in (MANIFEST, SUMS):
             defects.append(ReservedEntry(rel, f"{MANIFEST} must not list itself or {SUMS}"))
         elif entry["size"] > limits.max_file_bytes:
-            defects.append(OversizedClaim(rel, f"{MANIFEST} claims {entry['size']} bytes > cap "
-                                               f"{limits.max_file_bytes}; not read (raise with --max-file-bytes)"))
+            defects.append(
+                OversizedClaim(
+                    rel,
+                    f"{MANIFEST} claims {entry['size']} bytes > cap "
+                    f"{limits.max_file_bytes}; not read (raise with --max-file-bytes)",
+                )
+            )
         else:
             claimed += entry["size"]
             safe.append(entry)
         seen.add(rel)
     if claimed > limits.max_total_bytes:
-        defects.append(OversizedClaim(MANIFEST, f"claims {claimed} bytes in total > cap "
-                                                f"{limits.max_total_bytes}; not read (raise with --max-bytes)"))
+        defects.append(
+            OversizedClaim(
+                MANIFEST,
+                f"claims {claimed} bytes in total > cap {limits.max_total_bytes}; not read (raise with --max-bytes)",
+            )
+        )
         return []
     return safe
 
@@ -91,11 +116,15 @@ def file_defects(bundle: Bundle, entry: dict[str, Any]) -> list[BundleDefect]:
 
 def unlisted_defects(bundle: Bundle) -> list[BundleDefect]:
     listed = set(bundle.listed()) | {MANIFEST, SUMS}
-    return [UnlistedFile(rel, f"regular file not listed in {MANIFEST}")
-            for rel in sorted(bundle.scan.files()) if rel not in listed]
+    return [
+        UnlistedFile(rel, f"regular file not listed in {MANIFEST}")
+        for rel in sorted(bundle.scan.files())
+        if rel not in listed
+    ]
 
 
 # --- SHA256SUMS --------------------------------------------------------------------------
+
 
 def sums_defects(bundle: Bundle) -> list[BundleDefect]:
     """Byte-identical to the canonical render; when not, say exactly how it differs."""

@@ -34,6 +34,7 @@ class PackResult:
 
 # --- pack --------------------------------------------------------------------------------
 
+
 def default_output(bundle: Path) -> Path:
     return bundle.resolve().with_name(bundle.resolve().name + ".tar.gz")
 
@@ -47,8 +48,9 @@ def pack(bundle: Path, out: Path | None = None, limits: Limits = Limits()) -> Pa
         raise NotABundle(f"{bundle}: not a bundle directory")
     report = verify_dir(Path(bundle), VerifyOptions(limits=limits))
     if report.outcome != "verified":
-        raise UsageError(f"{bundle} does not verify; refusing to pack it",
-                         hints=[d.message for d in report.defects[:20]])
+        raise UsageError(
+            f"{bundle} does not verify; refusing to pack it", hints=[d.message for d in report.defects[:20]]
+        )
     top = report.run_id
     if not top or path_problem(top) or "/" in top:
         raise UsageError(f"{bundle}: run_id {top!r} cannot name the archive's top directory")
@@ -76,9 +78,11 @@ def _write_atomic(bundle: Path, out: Path, top: str, limits: Limits) -> str:
 
 
 def _write_archive(bundle: Path, raw: BinaryIO, top: str, limits: Limits) -> None:
-    with Tree(bundle) as tree, \
-            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
+    with (
+        Tree(bundle) as tree,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar,
+    ):
         tar.addfile(_info(top, tarfile.DIRTYPE, 0))
         for rel, entry in sorted(tree.scan(limits).entries.items()):
             if entry.kind == "dir":

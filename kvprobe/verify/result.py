@@ -23,8 +23,14 @@ class StepResult:
         return STEP_NAMES[self.number]
 
     def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "name": self.name, "status": self.status, "summary": self.summary,
-                "defects": [d.to_json() for d in self.defects], "notes": list(self.notes)}
+        return {
+            "number": self.number,
+            "name": self.name,
+            "status": self.status,
+            "summary": self.summary,
+            "defects": [d.to_json() for d in self.defects],
+            "notes": list(self.notes),
+        }
 
 
 def step_result(number: int, defects: list[BundleDefect], summary: str, notes: list[str] | None = None) -> StepResult:

@@ -11,23 +11,29 @@ from __future__ import annotations
 
 import hashlib
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kvprobe import schema
 from kvprobe.defects import (
-    BundleDefect, ManifestDigestMismatch, MissingRequired, NotABundle, SchemaViolation, TomlMalformed,
+    BundleDefect,
+    ManifestDigestMismatch,
+    MissingRequired,
+    NotABundle,
+    SchemaViolation,
+    TomlMalformed,
     UnknownSchemaVersion,
 )
 from kvprobe.errors import SchemaError, UsageError
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.reader import Bundle, cited_raw, parse_json, read_bytes, read_json
 from kvprobe.evidence.safetree import Limits, Tree
+from kvprobe.names import MANIFEST, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 from kvprobe.verify.consistency import step_consistency, step_gates_consistency
 from kvprobe.verify.integrity import integrity_defects
 from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
-from kvprobe.names import MANIFEST, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 
 REQUIRED = (RECEIPT, MANIFEST, SUMS)
 _MAX_SCHEMA_ERRORS = 20
@@ -70,14 +76,20 @@ class Report:
         return "verified"
 
     def to_json(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "bundle": self.bundle, "archive": self.archive,
-                "run_id": self.run_id, "manifest_sha256": self.manifest_sha256,
-                "expected_manifest_sha256": self.expected_manifest_sha256,
-                "steps": [s.to_json() for s in self.steps],
-                "defect_count": len(self.defects)}
+        return {
+            "outcome": self.outcome,
+            "bundle": self.bundle,
+            "archive": self.archive,
+            "run_id": self.run_id,
+            "manifest_sha256": self.manifest_sha256,
+            "expected_manifest_sha256": self.expected_manifest_sha256,
+            "steps": [s.to_json() for s in self.steps],
+            "defect_count": len(self.defects),
+        }
 
 
 # --- entry points ------------------------------------------------------------------------
+
 
 def parse_digest(text: str | None) -> str | None:
     """A user-given manifest digest (64 hex, optional 'sha256:'); raises UsageError."""
@@ -101,8 +113,11 @@ def verify(path: Path, opts: VerifyOptions = VerifyOptions()) -> Report:
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         with extracted(path, opts.limits) as (root, defects):
             if root is None:
-                report = Report(str(path), [StepResult(1, "fail", "archive members rejected; nothing extracted",
-                                                       defects)] + _skipped(range(2, 7), 1, opts))
+                report = Report(
+                    str(path),
+                    [StepResult(1, "fail", "archive members rejected; nothing extracted", defects)]
+                    + _skipped(range(2, 7), 1, opts),
+                )
             else:
                 report = verify_dir(root, opts)
             report.archive, report.bundle = str(path), str(path)
@@ -115,17 +130,23 @@ def verify_dir(root: Path, opts: VerifyOptions) -> Report:
         bundle = Bundle(tree, opts.limits)
         steps = [step_layout(bundle)]
         steps.append(step_documents(bundle) if _usable(steps[0]) else _skip(2, 1))
-        steps.append(step_integrity(bundle) if bundle.manifest is not None and bundle.scan.complete
-                     else _skip(3, 2 if bundle.scan.complete else 1))
+        steps.append(
+            step_integrity(bundle)
+            if bundle.manifest is not None and bundle.scan.complete
+            else _skip(3, 2 if bundle.scan.complete else 1)
+        )
         consistency = step_gates_consistency if bundle.receipt_family != "kvprobe.receipt" else step_consistency
-        steps.append(consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None
-                     else _skip(4, 2))
+        steps.append(consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None else _skip(4, 2))
         steps.append(step_authenticity(bundle, opts.expect_manifest_sha256))
         if opts.rerun is not None:
             steps.append(_rerun_step(bundle, steps, opts.rerun))
-        return Report(str(root), steps, manifest_sha256=_digest(bundle.manifest_bytes),
-                      expected_manifest_sha256=opts.expect_manifest_sha256,
-                      run_id=(bundle.receipt or {}).get("run_id") if isinstance(bundle.receipt, dict) else None)
+        return Report(
+            str(root),
+            steps,
+            manifest_sha256=_digest(bundle.manifest_bytes),
+            expected_manifest_sha256=opts.expect_manifest_sha256,
+            run_id=(bundle.receipt or {}).get("run_id") if isinstance(bundle.receipt, dict) else None,
+        )
 
 
 def _usable(layout: StepResult) -> bool:
@@ -146,6 +167,7 @@ def _digest(data: bytes | None) -> str | None:
 
 # --- step 1: layout ----------------------------------------------------------------------
 
+
 def step_layout(bundle: Bundle) -> StepResult:
     scan = bundle.tree.scan(bundle.limits)
     bundle.scan = scan
@@ -162,6 +184,7 @@ def step_layout(bundle: Bundle) -> StepResult:
 
 
 # --- step 2: documents -------------------------------------------------------------------
+
 
 def schema_defects(doc: Any, rel: str, family: str) -> list[BundleDefect]:
     """The document names a version of ``family`` kvprobe knows, and passes that schema."""
@@ -226,8 +249,11 @@ def test_run_defects(doc: Any, rel: str) -> list[BundleDefect]:
     if not isinstance(version, str) or not version.startswith("kvprobe.test-run/"):
         return [SchemaViolation(rel, f"schema: expected a kvprobe.test-run/N document, found {version!r}")]
     if version != TEST_RUN_SCHEMA:
-        return [UnknownSchemaVersion(rel, f"unknown schema version {version!r}: this kvprobe knows "
-                                          f"{TEST_RUN_SCHEMA}; upgrade kvprobe")]
+        return [
+            UnknownSchemaVersion(
+                rel, f"unknown schema version {version!r}: this kvprobe knows {TEST_RUN_SCHEMA}; upgrade kvprobe"
+            )
+        ]
     if set(doc) != _TEST_RUN_KEYS:
         return [SchemaViolation(rel, f"keys {sorted(doc)} != {sorted(_TEST_RUN_KEYS)}")]
     report = doc["report"]
@@ -253,6 +279,7 @@ def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
 
 # --- step 3: integrity -------------------------------------------------------------------
 
+
 def step_integrity(bundle: Bundle) -> StepResult:
     defects = integrity_defects(bundle)
     listed = bundle.listed()
@@ -261,27 +288,43 @@ def step_integrity(bundle: Bundle) -> StepResult:
 
 # --- step 5: authenticity ----------------------------------------------------------------
 
+
 def step_authenticity(bundle: Bundle, expected: str | None) -> StepResult:
     digest = _digest(bundle.manifest_bytes)
     if expected is None:
         if digest is None:
             return StepResult(5, "skipped", "manifest.json unreadable")
-        return StepResult(5, "self-consistent", f"manifest sha256 {digest}",
-                          notes=["a bundle that agrees with itself is not thereby authentic: pass "
-                                 "--expect-manifest-sha256 with a digest published elsewhere"])
+        return StepResult(
+            5,
+            "self-consistent",
+            f"manifest sha256 {digest}",
+            notes=[
+                "a bundle that agrees with itself is not thereby authentic: pass "
+                "--expect-manifest-sha256 with a digest published elsewhere"
+            ],
+        )
     if digest == expected:
         return StepResult(5, "pass", f"manifest sha256 {digest} matches --expect-manifest-sha256")
     found = digest or "unreadable"
-    return StepResult(5, "fail", "manifest digest does not match",
-                      [ManifestDigestMismatch(MANIFEST, f"sha256 {found} != expected {expected}")])
+    return StepResult(
+        5,
+        "fail",
+        "manifest digest does not match",
+        [ManifestDigestMismatch(MANIFEST, f"sha256 {found} != expected {expected}")],
+    )
 
 
 # --- step 6: rerun -----------------------------------------------------------------------
+
 
 def _rerun_step(bundle: Bundle, steps: list[StepResult], rerun: RerunStep) -> StepResult:
     if any(s.status != "pass" for s in steps[:4]):
         return StepResult(6, "skipped", "the bundle did not verify (steps 1-4); nothing to re-run")
     if bundle.receipt_family != "kvprobe.receipt":
-        return StepResult(6, "could-not-run", "a gates bundle holds digests of the operator's logs, not "
-                                              "the logs: run `kvprobe gates` again with the same inputs")
+        return StepResult(
+            6,
+            "could-not-run",
+            "a gates bundle holds digests of the operator's logs, not "
+            "the logs: run `kvprobe gates` again with the same inputs",
+        )
     return rerun(bundle)

@@ -49,8 +49,9 @@ def test_committed_bundle_verifies(bundle):
 @pytest.mark.parametrize("bundle", BUNDLES, ids=[b.name for b in BUNDLES])
 def test_committed_bundle_matches_the_digest_the_readme_publishes(bundle):
     digest = _readme_digests()[bundle.name]
-    result = CliRunner().invoke(main, ["verify", str(bundle), "--expect-manifest-sha256", digest],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["verify", str(bundle), "--expect-manifest-sha256", digest], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.stderr
 
 

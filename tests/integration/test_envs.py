@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
+from kvprobe.env.venv import MARKER, EnvManager, Profile, load_profile, split_lock
 from kvprobe.errors import EnvBuildError
 from kvprobe.progress import Reporter
-from kvprobe.env.venv import MARKER, EnvManager, Profile, load_profile, split_lock
 
 
 class Counting(Reporter):
@@ -54,8 +54,12 @@ def test_env_is_real_pinned_and_describes_itself(built):
     _, _, _, _, results = built
     info = results[0]
     assert info.packages["pytest"] == "9.2.0"
-    out = subprocess.run([str(info.path / "bin" / "python"), "-c", "import pytest; print(pytest.__version__)"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(info.path / "bin" / "python"), "-c", "import pytest; print(pytest.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "9.2.0"
     marker = json.loads((info.path / MARKER).read_text())
     assert marker["lock_sha256"] == info.lock_sha256

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from kvprobe.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_gates_logs import GLM_CONTEXT, RAISED_POOL, server_args_dict, startup_log  # noqa: E402
+from test_gates_logs import GLM_CONTEXT, RAISED_POOL, server_args_dict, startup_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
@@ -31,11 +31,17 @@ def deployment(tmp_path: Path, version: str) -> list[str]:
     for mode in ("prefill", "decode"):
         on = {"disaggregation_enable_kv_checksum": True} if version >= "0.5.21" else {}
         log = tmp_path / f"{mode}.log"
-        log.write_text(startup_log(version, mode, RAISED_POOL, GLM_CONTEXT,
-                                   args=server_args_dict(version, mode, **on)))
+        log.write_text(startup_log(version, mode, RAISED_POOL, GLM_CONTEXT, args=server_args_dict(version, mode, **on)))
         args = tmp_path / f"{mode}-args.json"
-        args.write_text(json.dumps({"disaggregation_mode": mode, "disaggregation_transfer_backend": "mooncake",
-                                    "env": {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"}}))
+        args.write_text(
+            json.dumps(
+                {
+                    "disaggregation_mode": mode,
+                    "disaggregation_transfer_backend": "mooncake",
+                    "env": {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"},
+                }
+            )
+        )
         argv += ["--log", str(log), "--server-args", f"{mode}={args}"]
     return argv
 
@@ -63,8 +69,10 @@ def test_gates_pass_on_0_5_22(tmp_path):
     assert markers == {39500: "present", 40645: "present", 41402: "present", 41404: "present", 41023: "present"}
     assert subprocess.run(["sha256sum", "-c", "--strict", "--quiet", "SHA256SUMS"], cwd=bundle).returncode == 0
     receipt = json.loads((bundle / "receipt.json").read_text())
-    assert {p["name"]: p["problem"] for p in receipt["probes"]} == {"admission_doors": None,
-                                                                   "prefill_result_cleanup": None}
+    assert {p["name"]: p["problem"] for p in receipt["probes"]} == {
+        "admission_doors": None,
+        "prefill_result_cleanup": None,
+    }
     assert receipt["target"]["identity"]["version"] == "0.5.22"
 
 

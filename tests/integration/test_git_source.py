@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import CheckoutError, FetchError, UsageError
-from kvprobe.sources.git import GitSource
 from kvprobe.model.records import GitPin
+from kvprobe.sources.git import GitSource
 from tests.fakeupstream import FakeUpstream, build_fake_upstream
 
 # The fake upstream's SHAs must be the same on every machine (fixed author, dates,
@@ -39,10 +39,13 @@ def source(upstream: FakeUpstream, tmp_path: Path) -> GitSource:
 
 
 def git_out(*args: str | Path) -> str:
-    env = {"PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": "/nonexistent"}
-    return subprocess.run(["git", *map(str, args)], check=True, capture_output=True,
-                          text=True, env=env).stdout.strip()
+    env = {
+        "PATH": os.environ["PATH"],
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "HOME": "/nonexistent",
+    }
+    return subprocess.run(["git", *map(str, args)], check=True, capture_output=True, text=True, env=env).stdout.strip()
 
 
 def git_ok(*args: str | Path) -> bool:
@@ -63,10 +66,12 @@ def all_paths(root: Path) -> set[str]:
 def test_fake_upstream_shas_are_stable(upstream: FakeUpstream, tmp_path: Path) -> None:
     again = build_fake_upstream(tmp_path)
     assert (again.base_sha, again.head_sha, again.nofix_sha) == (
-        upstream.base_sha, upstream.head_sha, upstream.nofix_sha)
+        upstream.base_sha,
+        upstream.head_sha,
+        upstream.nofix_sha,
+    )
     assert again.early_shas == upstream.early_shas
-    assert {"base": upstream.base_sha, "head": upstream.head_sha,
-            "nofix": upstream.nofix_sha} == KNOWN_SHAS
+    assert {"base": upstream.base_sha, "head": upstream.head_sha, "nofix": upstream.nofix_sha} == KNOWN_SHAS
 
 
 def test_fake_upstream_head_is_reachable_only_through_pull_refs(upstream: FakeUpstream) -> None:
@@ -80,11 +85,9 @@ def test_fake_upstream_head_is_reachable_only_through_pull_refs(upstream: FakeUp
 # --------------------------------------------------------------------------- materialize
 
 
-def test_materialize_base_and_head(upstream: FakeUpstream, source: GitSource,
-                                   tmp_path: Path) -> None:
+def test_materialize_base_and_head(upstream: FakeUpstream, source: GitSource, tmp_path: Path) -> None:
     base = source.materialize(GitPin(upstream.base_sha), tmp_path / "base")
-    head = source.materialize(GitPin(upstream.head_sha), tmp_path / "head",
-                              pr=upstream.fix_pr)
+    head = source.materialize(GitPin(upstream.head_sha), tmp_path / "head", pr=upstream.fix_pr)
 
     for identity, sha in ((base, upstream.base_sha), (head, upstream.head_sha)):
         assert identity["kind"] == "git"
@@ -111,7 +114,8 @@ def test_materialize_base_and_head(upstream: FakeUpstream, source: GitSource,
 
 
 def test_exported_files_are_the_blobs_with_modes_and_symlinks(
-        upstream: FakeUpstream, source: GitSource, tmp_path: Path) -> None:
+    upstream: FakeUpstream, source: GitSource, tmp_path: Path
+) -> None:
     root = tmp_path / "head"
     source.materialize(GitPin(upstream.head_sha), root, pr=upstream.fix_pr)
     copying = root / "COPYING"
@@ -122,8 +126,7 @@ def test_exported_files_are_the_blobs_with_modes_and_symlinks(
     assert (root / "minikv/pool.py").read_text().strip() == blob
 
 
-def test_second_materialize_comes_from_the_cache_without_the_upstream(
-        upstream: FakeUpstream, tmp_path: Path) -> None:
+def test_second_materialize_comes_from_the_cache_without_the_upstream(upstream: FakeUpstream, tmp_path: Path) -> None:
     mirror = tmp_path / "mirror"
     shutil.copytree(upstream.path, mirror, symlinks=True)
     source = GitSource(mirror.as_uri(), tmp_path / "cache", timeout_s=60)
@@ -141,16 +144,17 @@ def test_second_materialize_comes_from_the_cache_without_the_upstream(
     assert all_paths(tmp_path / "one") == all_paths(tmp_path / "two")
 
 
-def test_store_layout_marker_and_lock(upstream: FakeUpstream, source: GitSource,
-                                      tmp_path: Path) -> None:
+def test_store_layout_marker_and_lock(upstream: FakeUpstream, source: GitSource, tmp_path: Path) -> None:
     source.materialize(GitPin(upstream.base_sha), tmp_path / "base")
     git_root = tmp_path / "cache" / "git"
     assert (source.store / "kvprobe-url").read_text().strip() == upstream.url
     assert git_out("--git-dir", source.store, "rev-parse", "--is-bare-repository") == "true"
     assert (git_root / f"{source.key}.lock").exists()
     assert [p.name for p in git_root.iterdir() if p.name.startswith(".")] == []
-    assert git_out("--git-dir", source.store, "rev-parse",
-                   f"refs/kvprobe/commits/{upstream.base_sha}") == upstream.base_sha
+    assert (
+        git_out("--git-dir", source.store, "rev-parse", f"refs/kvprobe/commits/{upstream.base_sha}")
+        == upstream.base_sha
+    )
 
 
 def test_fetch_is_shallow(upstream: FakeUpstream, source: GitSource, tmp_path: Path) -> None:
@@ -166,7 +170,8 @@ def test_fetch_is_shallow(upstream: FakeUpstream, source: GitSource, tmp_path: P
 
 
 def test_missing_sha_is_a_fetch_error_naming_sha_and_url(
-        upstream: FakeUpstream, source: GitSource, tmp_path: Path) -> None:
+    upstream: FakeUpstream, source: GitSource, tmp_path: Path
+) -> None:
     with pytest.raises(FetchError) as info:
         source.materialize(GitPin(MISSING_SHA), tmp_path / "x")
     message = str(info.value)
@@ -216,11 +221,15 @@ def test_local_path_url(upstream: FakeUpstream, tmp_path: Path) -> None:
     assert (tmp_path / "head/minikv/pool.py").is_file()
 
 
-@pytest.mark.parametrize("make_url", [
-    lambda tmp: (tmp / "gone").as_uri(),
-    lambda tmp: str(tmp),  # a directory that is not a git repository
-    lambda tmp: "https://127.0.0.1:9/nothing-listens-here.git",  # https is allowed, fails
-], ids=["missing-file-url", "not-a-repository", "refused-https"])
+@pytest.mark.parametrize(
+    "make_url",
+    [
+        lambda tmp: (tmp / "gone").as_uri(),
+        lambda tmp: str(tmp),  # a directory that is not a git repository
+        lambda tmp: "https://127.0.0.1:9/nothing-listens-here.git",  # https is allowed, fails
+    ],
+    ids=["missing-file-url", "not-a-repository", "refused-https"],
+)
 def test_unreachable_upstream_is_a_fetch_error(make_url, tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -245,8 +254,7 @@ def test_fetch_timeout_is_a_fetch_error(tmp_path: Path) -> None:
     assert "timed out" in str(info.value) and url in str(info.value)
 
 
-def test_destination_that_is_not_empty_is_refused(upstream: FakeUpstream, source: GitSource,
-                                                  tmp_path: Path) -> None:
+def test_destination_that_is_not_empty_is_refused(upstream: FakeUpstream, source: GitSource, tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "keep.txt").write_text("mine")
@@ -268,7 +276,7 @@ def test_concurrent_materialize_shares_one_store(upstream: FakeUpstream, tmp_pat
         try:
             src = GitSource(upstream.url, tmp_path / "cache", timeout_s=60)
             results[i] = src.materialize(GitPin(upstream.head_sha), tmp_path / f"out{i}", pr=1)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
@@ -315,10 +323,10 @@ def _add_hidden(root: Path) -> None:
     (root / "tests" / ".hidden").write_text("dotfiles count too\n")
 
 
-@pytest.mark.parametrize("tamper", [_edit, _add, _remove, _chmod, _relink, _unlink_to_file,
-                                    _add_hidden], ids=lambda f: f.__name__.strip("_"))
-def test_verify_export_detects_tampering(tamper, upstream: FakeUpstream, source: GitSource,
-                                         tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "tamper", [_edit, _add, _remove, _chmod, _relink, _unlink_to_file, _add_hidden], ids=lambda f: f.__name__.strip("_")
+)
+def test_verify_export_detects_tampering(tamper, upstream: FakeUpstream, source: GitSource, tmp_path: Path) -> None:
     root = tmp_path / "head"
     identity = source.materialize(GitPin(upstream.head_sha), root, pr=1)
     assert source.verify_export(upstream.head_sha, root) == identity["tree"]
@@ -328,8 +336,7 @@ def test_verify_export_detects_tampering(tamper, upstream: FakeUpstream, source:
     assert upstream.head_sha in str(info.value)
 
 
-def test_verify_export_against_the_other_side_fails(upstream: FakeUpstream, source: GitSource,
-                                                    tmp_path: Path) -> None:
+def test_verify_export_against_the_other_side_fails(upstream: FakeUpstream, source: GitSource, tmp_path: Path) -> None:
     source.materialize(GitPin(upstream.base_sha), tmp_path / "base")
     source.materialize(GitPin(upstream.head_sha), tmp_path / "head", pr=1)
     with pytest.raises(CheckoutError):
@@ -365,12 +372,13 @@ def test_submodules_are_not_fetched_but_verify(tmp_path: Path) -> None:
     repo = _repo(tmp_path, "withsub")
     (repo / "main.py").write_text("print('hi')\n")
     (repo / ".gitmodules").write_text(
-        '[submodule "vendor"]\n\tpath = vendor\n\turl = ext::sh -c touch% /tmp/kvprobe-sub\n')
+        '[submodule "vendor"]\n\tpath = vendor\n\turl = ext::sh -c touch% /tmp/kvprobe-sub\n'
+    )
     git_out("-C", repo, "add", "-A")
-    git_out("-C", repo, "update-index", "--add", "--cacheinfo",
-            f"160000,{'1' * 40},vendor")
-    git_out("-C", repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid",
-            "commit", "-q", "-m", "with a submodule")
+    git_out("-C", repo, "update-index", "--add", "--cacheinfo", f"160000,{'1' * 40},vendor")
+    git_out(
+        "-C", repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", "with a submodule"
+    )
     sha = git_out("-C", repo, "rev-parse", "HEAD")
     assert git_out("-C", repo, "ls-tree", sha, "vendor").startswith("160000 commit")
     source = GitSource(repo.as_uri(), tmp_path / "cache", timeout_s=60)
@@ -391,8 +399,9 @@ def test_read_file_at_head_and_missing_paths(upstream: FakeUpstream, source: Git
     assert isinstance(head_test, bytes) and b"def test_scrub_clears_block" in head_test
     base_test = source.read_file(base, upstream.test_path)
     assert base_test is not None and b"test_scrub_clears_block" not in base_test
-    assert head_test == git_out("-C", upstream.path, "show",
-                                f"{upstream.head_sha}:{upstream.test_path}").encode() + b"\n"
+    assert (
+        head_test == git_out("-C", upstream.path, "show", f"{upstream.head_sha}:{upstream.test_path}").encode() + b"\n"
+    )
     assert source.read_file(head, "tests/test_nope.py") is None
     assert source.read_file(head, "minikv") is None  # a directory is not a file
     with pytest.raises(UsageError):

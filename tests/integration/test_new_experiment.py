@@ -76,8 +76,15 @@ def cli(world, probes_dir, tmp_path, monkeypatch):
 
 
 def new_args(fake, *extra: str, experiment_id: str = EXP_ID, **override: str) -> list[str]:
-    opts = {"--base": fake.base_sha, "--head": fake.head_sha, "--pr": str(fake.fix_pr),
-            "--repo": fake.url, "--package": "minikv", "--profile": "pytest-minimal", **override}
+    opts = {
+        "--base": fake.base_sha,
+        "--head": fake.head_sha,
+        "--pr": str(fake.fix_pr),
+        "--repo": fake.url,
+        "--package": "minikv",
+        "--profile": "pytest-minimal",
+        **override,
+    }
     return ["new", experiment_id, *[x for kv in opts.items() for x in kv], *extra]
 
 
@@ -134,8 +141,12 @@ def test_readme_walkthrough_new_run_record_run(world, cli, probes_dir, tmp_path)
     assert after.startswith(before)  # everything before the new [expect] tables, byte for byte
     expect = tomllib.loads(after.decode())["expect"]
     case = f"{PROBE_NAME}/reuse.after_free"
-    assert expect["base"][case] == {"same_block": True, "data_seen": [7, 7, 7, 7],
-                                    "previous_data_visible": True, "raised": False}
+    assert expect["base"][case] == {
+        "same_block": True,
+        "data_seen": [7, 7, 7, 7],
+        "previous_data_visible": True,
+        "raised": False,
+    }
     assert expect["head"][case]["previous_data_visible"] is False
     assert expect["base"][f"{PROBE_NAME}/scrub.exists"] == {"has_scrub": False, "raised": "AttributeError"}
     assert expect["head"][f"{PROBE_NAME}/scrub.exists"] == {"has_scrub": True, "raised": False}
@@ -215,16 +226,23 @@ def test_bad_id_message_names_the_characters(world, cli):
     assert "'O'" in result.stderr and "'_'" in result.stderr
 
 
-@pytest.mark.parametrize("url", ["ext::sh -c touch% /tmp/kvprobe-pwned", "-uhttps://x", "http://example.org/x",
-                                 "https://user:pw@example.org/x", "https://example.org/x\nmore"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ext::sh -c touch% /tmp/kvprobe-pwned",
+        "-uhttps://x",
+        "http://example.org/x",
+        "https://user:pw@example.org/x",
+        "https://example.org/x\nmore",
+    ],
+)
 def test_bad_url_is_exit_2_and_runs_no_git(world, cli, probes_dir, git_calls, url):
     result = cli(*new_args(world["fake"], **{"--repo": url}))
     assert result.exit_code == 2
     assert git_calls == [] and not (probes_dir / EXP_ID).exists()
 
 
-@pytest.mark.parametrize("flag,value", [("--base", "main"), ("--head", "f4d01a7"), ("--base", "A" * 40),
-                                        ("--pr", "0")])
+@pytest.mark.parametrize("flag,value", [("--base", "main"), ("--head", "f4d01a7"), ("--base", "A" * 40), ("--pr", "0")])
 def test_bad_pins_are_exit_2_and_run_no_git(world, cli, git_calls, flag, value):
     result = cli(*new_args(world["fake"], **{flag: value}))
     assert result.exit_code == 2, result.stderr
@@ -239,29 +257,36 @@ def test_release_pins_are_looked_up_exactly(world, cli, probes_dir, tmp_path, mo
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
     fake = world["fake"]
-    result = cli(*new_args(fake, "--test", fake.test_path, "--release-base", "1.0", "--release-head", "1.1",
-                           **{"--package": "minipkg"}))
+    result = cli(
+        *new_args(
+            fake, "--test", fake.test_path, "--release-base", "1.0", "--release-head", "1.1", **{"--package": "minipkg"}
+        )
+    )
     assert result.exit_code == 0, result.stderr
     data = tomllib.loads((probes_dir / EXP_ID / "experiment.toml").read_text())
     release = data["pins"]["release"]
     assert release["kind"] == "wheel"
     for side, wheel, version in (("base", base_wheel, "1.0"), ("head", head_wheel, "1.1")):
-        assert release[side] == {"package": "minipkg", "version": version, "file": wheel.name,
-                                 "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+        assert release[side] == {
+            "package": "minipkg",
+            "version": version,
+            "file": wheel.name,
+            "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        }
     assert data["checks"]["tests"] == [{"path": fake.test_path, "pins": ["commits"]}]
     assert data["fix"]["release"] == "1.1" and data["default_pins"] == "commits"
     exp = load_file(probes_dir / EXP_ID / "experiment.toml")
     assert exp.pin_sets["release"].head.filename == "minipkg-1.1-py3-none-any.whl"
 
 
-def test_release_version_that_does_not_exist_is_exit_3_and_writes_nothing(world, cli, probes_dir, tmp_path,
-                                                                          monkeypatch):
+def test_release_version_that_does_not_exist_is_exit_3_and_writes_nothing(
+    world, cli, probes_dir, tmp_path, monkeypatch
+):
     index = tmp_path / "index"
     build_wheel(index, "minipkg", "1.0")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
-    result = cli(*new_args(world["fake"], "--release-base", "1.0", "--release-head", "9.9",
-                           **{"--package": "minipkg"}))
+    result = cli(*new_args(world["fake"], "--release-base", "1.0", "--release-head", "9.9", **{"--package": "minipkg"}))
     assert result.exit_code == 3 and "9.9" in result.stderr
     assert not (probes_dir / EXP_ID).exists() and leftovers(probes_dir) == []
 
@@ -307,8 +332,10 @@ def wheel_index(world, tmp_path, monkeypatch) -> dict[str, Path]:
 
     EnvManager(world["cache"]).ensure(load_profile("pytest-minimal"))
     index = tmp_path / "wheel-index"
-    wheels = {"1.0": build_wheel(index, "minipkg", "1.0", files={"minipkg/__init__.py": BUGGY}),
-              "1.1": build_wheel(index, "minipkg", "1.1", files={"minipkg/__init__.py": FIXED})}
+    wheels = {
+        "1.0": build_wheel(index, "minipkg", "1.0", files={"minipkg/__init__.py": BUGGY}),
+        "1.1": build_wheel(index, "minipkg", "1.1", files={"minipkg/__init__.py": FIXED}),
+    }
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
     return wheels
@@ -322,8 +349,9 @@ def process_calls(monkeypatch):
     calls: list[list[str]] = []
     for name in ("run", "capture"):
         real = getattr(proc, name)
-        monkeypatch.setattr(proc, name, lambda argv, _real=real, **kw: (calls.append(list(map(str, argv))),
-                                                                         _real(argv, **kw))[1])
+        monkeypatch.setattr(
+            proc, name, lambda argv, _real=real, **kw: (calls.append(list(map(str, argv))), _real(argv, **kw))[1]
+        )
     return calls
 
 
@@ -332,8 +360,19 @@ def no_git(calls: list[list[str]]) -> bool:
 
 
 def wheel_args(*extra: str, experiment_id: str = WHEEL_ID) -> list[str]:
-    return ["new", experiment_id, "--release-base", "1.0", "--release-head", "1.1", "--package", "minipkg",
-            "--profile", "pytest-minimal", *extra]
+    return [
+        "new",
+        experiment_id,
+        "--release-base",
+        "1.0",
+        "--release-head",
+        "1.1",
+        "--package",
+        "minipkg",
+        "--profile",
+        "pytest-minimal",
+        *extra,
+    ]
 
 
 def test_wheel_only_walkthrough_new_run_record_run(world, cli, probes_dir, tmp_path, wheel_index, process_calls):
@@ -348,8 +387,11 @@ def test_wheel_only_walkthrough_new_run_record_run(world, cli, probes_dir, tmp_p
     for side, version in (("base", "1.0"), ("head", "1.1")):
         wheel = wheel_index[version]
         assert data["pins"]["release"][side] == {
-            "package": "minipkg", "version": version, "file": wheel.name,
-            "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+            "package": "minipkg",
+            "version": version,
+            "file": wheel.name,
+            "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        }
     assert "tests" not in data["checks"] and data["fix"]["release"] == "1.1"
     exp = load_file(toml_path)
     assert list(exp.pin_sets) == ["release"] and exp.tests == ()

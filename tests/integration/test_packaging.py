@@ -16,21 +16,26 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(ROOT)],
-                   check=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(ROOT)],
+        check=True,
+        timeout=600,
+    )
     (found,) = out.glob("kvprobe-*.whl")
     return found
 
 
 def test_wheel_carries_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for required in ("kvprobe/_data/schemas/receipt.schema.json",
-                     "kvprobe/_data/schemas/experiment.schema.json",
-                     "kvprobe/_data/probes/experiment-a/experiment.toml",
-                     "kvprobe/_data/probes/experiment-b/prefill_result_cleanup.py",
-                     "kvprobe/_data/probes/profiles/sglang-cpu.txt",
-                     "kvprobe/probe_api/kvprobe_probe.py",
-                     "kvprobe/probe_api/kvprobe_pytest_report.py"):
+    for required in (
+        "kvprobe/_data/schemas/receipt.schema.json",
+        "kvprobe/_data/schemas/experiment.schema.json",
+        "kvprobe/_data/probes/experiment-a/experiment.toml",
+        "kvprobe/_data/probes/experiment-b/prefill_result_cleanup.py",
+        "kvprobe/_data/probes/profiles/sglang-cpu.txt",
+        "kvprobe/probe_api/kvprobe_probe.py",
+        "kvprobe/probe_api/kvprobe_pytest_report.py",
+    ):
         assert required in names, required
     assert not any(n.startswith("bundles/") or "/bundles/" in n for n in names)
 
@@ -42,10 +47,22 @@ def test_installed_tree_lists_experiments_from_anywhere(wheel, tmp_path):
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
     env.pop("KVPROBE_PROBES_PATH", None)
-    result = subprocess.run([sys.executable, "-m", "kvprobe", "list", "--json"], cwd=elsewhere, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "kvprobe", "list", "--json"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert {"experiment-a", "experiment-b", "model"} <= {e["id"] for e in __import__("json").loads(result.stdout)}
-    where = subprocess.run([sys.executable, "-c", "import kvprobe.resources as r; print(r.schemas_dir())"],
-                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
+    where = subprocess.run(
+        [sys.executable, "-c", "import kvprobe.resources as r; print(r.schemas_dir())"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert where.stdout.strip() == str(site / "kvprobe" / "_data" / "schemas")

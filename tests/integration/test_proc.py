@@ -18,8 +18,13 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
         "time.sleep(60)\n"
     )
     started = time.monotonic()
-    result = proc.run([sys.executable, "-c", script], timeout_s=2, env=proc.clean_env(),
-                      stdout_path=tmp_path / "o", stderr_path=tmp_path / "e")
+    result = proc.run(
+        [sys.executable, "-c", script],
+        timeout_s=2,
+        env=proc.clean_env(),
+        stdout_path=tmp_path / "o",
+        stderr_path=tmp_path / "e",
+    )
     assert result.timed_out and not result.ok
     assert time.monotonic() - started < 15
     child = int(pidfile.read_text())
@@ -36,8 +41,9 @@ def test_environment_is_allow_listed_and_home_is_scratch(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_x")
     env = proc.clean_env({"EXTRA": "1"}, home=tmp_path)
-    result = proc.capture([sys.executable, "-c", "import os, json; print(json.dumps(dict(os.environ)))"],
-                          timeout_s=30, env=env)
+    result = proc.capture(
+        [sys.executable, "-c", "import os, json; print(json.dumps(dict(os.environ)))"], timeout_s=30, env=env
+    )
     import json
 
     seen = json.loads(result.stdout)
@@ -46,8 +52,11 @@ def test_environment_is_allow_listed_and_home_is_scratch(tmp_path, monkeypatch):
 
 
 def test_stdin_is_closed_and_exit_codes_are_results(tmp_path):
-    result = proc.capture([sys.executable, "-c", "import sys; d = sys.stdin.read(); sys.exit(7 if d == '' else 0)"],
-                          timeout_s=30, env=proc.clean_env())
+    result = proc.capture(
+        [sys.executable, "-c", "import sys; d = sys.stdin.read(); sys.exit(7 if d == '' else 0)"],
+        timeout_s=30,
+        env=proc.clean_env(),
+    )
     assert result.returncode == 7 and not result.timed_out and not result.ok
 
 

@@ -91,8 +91,10 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("world")
     fake = build_fake_upstream(root)
     missing = "0123456789abcdef0123456789abcdef01234567"
-    extra = f'[pins.missing]\nkind = "git"\n[pins.missing.base]\ncommit = "{fake.base_sha}"\n' \
-            f'[pins.missing.head]\ncommit = "{missing}"\n'
+    extra = (
+        f'[pins.missing]\nkind = "git"\n[pins.missing.base]\ncommit = "{fake.base_sha}"\n'
+        f'[pins.missing.head]\ncommit = "{missing}"\n'
+    )
     folder = root / "probes" / "fake-fix"
     folder.mkdir(parents=True)
     (folder / "experiment.toml").write_text(experiment_toml(fake, extra))
@@ -140,8 +142,7 @@ def test_run_reproduces_and_writes_a_checkable_bundle(world, cli, tmp_path):
     assert rows["tests/test_minikv.py::test_alloc_write_read_roundtrip"]["transition"] == "PASS_TO_PASS"
     subtests = [r for r in summary["tests"] if "[" in r["test"]]
     assert len(subtests) == 4
-    assert sorted(r["transition"] for r in subtests) == ["FAIL_TO_PASS", "FAIL_TO_PASS",
-                                                          "PASS_TO_PASS", "PASS_TO_PASS"]
+    assert sorted(r["transition"] for r in subtests) == ["FAIL_TO_PASS", "FAIL_TO_PASS", "PASS_TO_PASS", "PASS_TO_PASS"]
     kinds = summary["test_summary"][fake.test_path]["base"]["failure_kinds"]
     assert kinds["AttributeError"] == 1 and kinds["assertion"] >= 1
     # the bundle carries the probe and the experiment byte for byte, and raw outputs per side
@@ -167,8 +168,10 @@ def test_missing_sha_is_exit_3_with_a_clear_message(cli, tmp_path):
     assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.parametrize("url", ["ext::sh -c touch% /tmp/kvprobe-pwned", "-uhttps://x", "http://example.org/x",
-                                 "https://example.org/x\nmore"])
+@pytest.mark.parametrize(
+    "url",
+    ["ext::sh -c touch% /tmp/kvprobe-pwned", "-uhttps://x", "http://example.org/x", "https://example.org/x\nmore"],
+)
 def test_bad_repo_url_is_exit_2_and_runs_no_git(cli, tmp_path, url, monkeypatch):
     import kvprobe.proc as proc
 
@@ -212,7 +215,7 @@ def test_repo_with_a_non_git_pin_set_is_refused(cli, tmp_path, monkeypatch):
     folder = tmp_path / "probes" / "synthetic-only"
     folder.mkdir(parents=True)
     (folder / "minikv_probe.py").write_text(PROBE)
-    (folder / "experiment.toml").write_text('''
+    (folder / "experiment.toml").write_text("""
 schema = "kvprobe.experiment/1"
 id = "synthetic-only"
 title = "t"
@@ -231,7 +234,7 @@ probes = [{ path = "minikv_probe.py" }]
 [scope]
 shows = "s"
 does_not_show = ["x"]
-''')
+""")
     monkeypatch.setenv("KVPROBE_PROBES_PATH", str(tmp_path / "probes"))
     result = cli("run", "synthetic-only", "--repo", str(tmp_path))
     assert result.exit_code == 2 and "--repo applies to git pin sets" in result.stderr

@@ -42,8 +42,13 @@ def test_experiment_a_release_reproduces_on_real_sglang(tmp_path):
     assert rejected["finished_before_add"] == (False, False)
     decode = observed(summary, "admission_doors/decode.rejected_new")
     assert decode["receiver_created"] == (True, False)
-    for case in ("prefill.valid", "prefill.reentry_metadata", "decode.valid",
-                 "decode.reentry_retracted", "decode.reentry_rebootstrap"):
+    for case in (
+        "prefill.valid",
+        "prefill.reentry_metadata",
+        "decode.valid",
+        "decode.reentry_retracted",
+        "decode.reentry_rebootstrap",
+    ):
         kept = observed(summary, f"admission_doors/{case}")
         assert kept["enqueued"] == (True, True) and kept["retired"] == (False, False), case
     receipt = json.loads((bundle / "receipt.json").read_text())
@@ -82,9 +87,20 @@ def test_head_side_probes_hold_on_sglang_0_5_22(tmp_path, exp_id):
 
 def test_unreachable_commit_pins_fail_fast_and_name_the_way_out(tmp_path):
     # a refused connection stands in for GitHub, which these machines cannot reach
-    result = CliRunner().invoke(main, ["run", "experiment-a", "--pins", "commits", "--repo",
-                                       "https://127.0.0.1:9/sglang.git", "--out", str(tmp_path / "x")],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "experiment-a",
+            "--pins",
+            "commits",
+            "--repo",
+            "https://127.0.0.1:9/sglang.git",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 3
     assert "--repo" in result.stderr and "--pins release" in result.stderr
     assert not (tmp_path / "x").exists()

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from kvprobe import proc
-from kvprobe.errors import CheckRunError, UsageError
-from kvprobe.model.records import FailureKind, Outcome, Transition
 from kvprobe.checks.results import results_from_report, transitions
 from kvprobe.checks.upstream import Overlay, TestFileRun, load_report, overlay_test_file, run_test_file
+from kvprobe.errors import CheckRunError, UsageError
+from kvprobe.model.records import FailureKind, Outcome, Transition
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
@@ -24,12 +24,19 @@ TARGETS = {"pytest-9.2.0": "pytest==9.2.0", "pytest-8": "pytest>=8.2,<9", "syste
 def _build_venv(root: Path, requirement: str) -> Path:
     """A venv with ``requirement`` installed; pytest.fail with pip's last line if it fails."""
     logs = root.parent / f"{root.name}-logs"
-    steps = ([sys.executable, "-m", "venv", str(root)],
-             [str(root / "bin" / "python"), "-m", "pip", "install", "-q", requirement])
+    steps = (
+        [sys.executable, "-m", "venv", str(root)],
+        [str(root / "bin" / "python"), "-m", "pip", "install", "-q", requirement],
+    )
     for argv in steps:
-        result = proc.run(argv, timeout_s=600, cwd=root.parent,
-                          env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
-                          stdout_path=logs / "stdout", stderr_path=logs / "stderr")
+        result = proc.run(
+            argv,
+            timeout_s=600,
+            cwd=root.parent,
+            env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
+            stdout_path=logs / "stdout",
+            stderr_path=logs / "stderr",
+        )
         if not result.ok:
             pytest.fail(f"cannot build {root.name}: {result.summary()}")
     return root / "bin" / "python"
@@ -107,12 +114,19 @@ def make_tree(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def run(python: Path, tree: Path, test_rel: str, source: str, tmp: Path, *,
-        timeout_s: float = 120, hint: str | None = None) -> TestFileRun:
+def run(
+    python: Path, tree: Path, test_rel: str, source: str, tmp: Path, *, timeout_s: float = 120, hint: str | None = None
+) -> TestFileRun:
     result = run_test_file(
-        python=python, tree=tree, rootdir_hint=hint, test_rel=test_rel,
-        head_test_bytes=textwrap.dedent(source).encode(), python_path=[tree],
-        out_dir=tmp / "raw", log_dir=tmp / "logs", timeout_s=timeout_s,
+        python=python,
+        tree=tree,
+        rootdir_hint=hint,
+        test_rel=test_rel,
+        head_test_bytes=textwrap.dedent(source).encode(),
+        python_path=[tree],
+        out_dir=tmp / "raw",
+        log_dir=tmp / "logs",
+        timeout_s=timeout_s,
         env_extra={"KVPROBE_SIDE": "x"},
     )
     # the bundle verifier's path: the raw report alone gives the same results
@@ -134,23 +148,20 @@ def test_failure_kinds_walk_the_exception_chain(target_python, tmp_path):
     got = by_name(result)
     assert result.exit_code == 1 and not result.timed_out
     assert result.overlay == Overlay.ADDED
-    assert (got["test_attribute"].kind, got["test_attribute"].exc_type) == \
-        (FailureKind.EXCEPTION, "AttributeError")
-    assert (got["test_assertion"].kind, got["test_assertion"].exc_type) == \
-        (FailureKind.ASSERTION, "AssertionError")
+    assert (got["test_attribute"].kind, got["test_attribute"].exc_type) == (FailureKind.EXCEPTION, "AttributeError")
+    assert (got["test_assertion"].kind, got["test_assertion"].exc_type) == (FailureKind.ASSERTION, "AssertionError")
     retry = got["TestMixed::test_retry_attribute"]
-    assert (retry.outcome, retry.kind, retry.exc_type) == \
-        (Outcome.FAILED, FailureKind.EXCEPTION, "AttributeError")
+    assert (retry.outcome, retry.kind, retry.exc_type) == (Outcome.FAILED, FailureKind.EXCEPTION, "AttributeError")
     assert "helper" in retry.message
     assert got["TestMixed::test_retry_assertion"].kind is FailureKind.ASSERTION
     setup = got["test_setup_error"]
-    assert (setup.outcome, setup.kind, setup.exc_type) == \
-        (Outcome.ERROR, FailureKind.EXCEPTION, "AttributeError")
+    assert (setup.outcome, setup.kind, setup.exc_type) == (Outcome.ERROR, FailureKind.EXCEPTION, "AttributeError")
     assert got["test_env"].outcome is Outcome.PASSED
     assert result.env_pinned["SGLANG_TEST_MAX_RETRY"] == "0"
     raw = load_report(result.report_path)
-    chains = [t["exception"]["chain"] for t in raw["tests"]
-              if t["nodeid"].endswith("test_retry_attribute") and t["exception"]]
+    chains = [
+        t["exception"]["chain"] for t in raw["tests"] if t["nodeid"].endswith("test_retry_attribute") and t["exception"]
+    ]
     assert chains == [["Exception", "AttributeError"]]
     assert result.junit_path is not None and result.junit_path.exists()
     assert result.stdout_path.read_text().strip()
@@ -163,8 +174,7 @@ def test_unittest_subtests_are_counted_apart(target_python, tmp_path):
     if pytest_major(result) >= 9:
         # pytest 9: one SubtestReport per subTest; the parent itself passes
         failed = got["TestMixed::test_subtests [case, i=1]"]
-        assert (failed.outcome, failed.kind, failed.subtest) == \
-            (Outcome.FAILED, FailureKind.ASSERTION, "case, i=1")
+        assert (failed.outcome, failed.kind, failed.subtest) == (Outcome.FAILED, FailureKind.ASSERTION, "case, i=1")
         assert got["TestMixed::test_subtests [case, i=0]"].outcome is Outcome.PASSED
         assert (result.counts["subtests_passed"], result.counts["subtests_failed"]) == (2, 1)
         assert result.failure_kinds() == {"assertion": 3, "AttributeError": 3}
@@ -180,8 +190,7 @@ def test_unittest_subtests_are_counted_apart(target_python, tmp_path):
 
 
 def test_base_to_head_transitions(target_python, tmp_path):
-    base = make_tree(tmp_path / "base", {"pkg/__init__.py": PKG_BASE,
-                                         "tests/test_mixed.py": "def test_old(): pass\n"})
+    base = make_tree(tmp_path / "base", {"pkg/__init__.py": PKG_BASE, "tests/test_mixed.py": "def test_old(): pass\n"})
     head = make_tree(tmp_path / "head", {"pkg/__init__.py": PKG_HEAD, "tests/test_mixed.py": MIXED})
     base_run = run(target_python, base, "tests/test_mixed.py", MIXED, tmp_path / "b")
     head_run = run(target_python, head, "tests/test_mixed.py", MIXED, tmp_path / "h")
@@ -205,8 +214,12 @@ def test_a_base_that_cannot_import_is_a_collection_result(target_python, tmp_pat
     head_run = run(target_python, head, "tests/test_new.py", source, tmp_path / "h")
     [error] = base_run.results
     assert base_run.exit_code == 2
-    assert (error.nodeid, error.outcome, error.kind, error.exc_type) == \
-        ("tests/test_new.py", Outcome.ERROR, FailureKind.COLLECTION, "ImportError")
+    assert (error.nodeid, error.outcome, error.kind, error.exc_type) == (
+        "tests/test_new.py",
+        Outcome.ERROR,
+        FailureKind.COLLECTION,
+        "ImportError",
+    )
     assert base_run.failure_kinds() == {"assertion": 0, "collection": 1}
     assert transitions(base_run.results, head_run.results) == {
         "tests/test_new.py": Transition.ERROR,
@@ -245,12 +258,15 @@ def test_timeout_kills_the_run_and_keeps_finished_tests(target_python, tmp_path)
 
 
 def test_upstream_pytest_ini_in_a_subdirectory_sets_the_rootdir(target_python, tmp_path):
-    tree = make_tree(tmp_path / "t", {
-        "pkg/__init__.py": PKG_BASE,
-        "pyproject.toml": "[project]\nname = 'upstream'\n",
-        # only applies if test/ is the rootdir: checks are named check_*
-        "test/pytest.ini": "[pytest]\npython_functions = check_*\nasyncio_mode = auto\n",
-    })
+    tree = make_tree(
+        tmp_path / "t",
+        {
+            "pkg/__init__.py": PKG_BASE,
+            "pyproject.toml": "[project]\nname = 'upstream'\n",
+            # only applies if test/ is the rootdir: checks are named check_*
+            "test/pytest.ini": "[pytest]\npython_functions = check_*\nasyncio_mode = auto\n",
+        },
+    )
     source = """
         import pkg
 
@@ -265,8 +281,7 @@ def test_upstream_pytest_ini_in_a_subdirectory_sets_the_rootdir(target_python, t
     [passed] = result.results
     assert (passed.nodeid, passed.outcome) == ("registered/unit/sched/test_x.py::check_answer", Outcome.PASSED)
     assert 'classname="registered.unit.sched.test_x"' in result.junit_path.read_text()
-    hinted = run(target_python, tree, "test/registered/unit/sched/test_x.py", source,
-                 tmp_path / "hint", hint=".")
+    hinted = run(target_python, tree, "test/registered/unit/sched/test_x.py", source, tmp_path / "hint", hint=".")
     assert hinted.rootdir == tree and hinted.inifile is None
     assert {r.nodeid.split("::")[1] for r in hinted.results} == {"test_ignored"}
 
@@ -280,6 +295,7 @@ def test_no_config_in_the_tree_ignores_configs_above_it(target_python, tmp_path)
 
 
 # ------------------------------------------------------------------ overlay (no pytest run)
+
 
 def test_overlay_states(tmp_path):
     tree = make_tree(tmp_path / "t", {"tests/test_a.py": "old\n"})
@@ -317,8 +333,7 @@ def test_pytest_usage_error_is_infrastructure(target_python, tmp_path):
     result = run(target_python, tree, "test/test_a.py", "def test_a():\n    pass\n", tmp_path)
     [error] = result.results
     assert result.exit_code == 4
-    assert (error.nodeid, error.outcome, error.kind) == \
-        ("test_a.py", Outcome.ERROR, FailureKind.INFRASTRUCTURE)
+    assert (error.nodeid, error.outcome, error.kind) == ("test_a.py", Outcome.ERROR, FailureKind.INFRASTRUCTURE)
 
 
 def test_fixture_subtests_parent_is_a_rollup(target_python, tmp_path):
@@ -341,8 +356,16 @@ def test_fixture_subtests_parent_is_a_rollup(target_python, tmp_path):
 
 def test_env_extra_may_not_override_what_the_runner_owns(tmp_path):
     with pytest.raises(UsageError, match="PYTHONPATH"):
-        run_test_file(python=Path(sys.executable), tree=tmp_path, rootdir_hint=None,
-                      test_rel="test_a.py", head_test_bytes=b"", python_path=[],
-                      out_dir=tmp_path / "o", log_dir=tmp_path / "l", timeout_s=5,
-                      env_extra={"PYTHONPATH": "/elsewhere"})
+        run_test_file(
+            python=Path(sys.executable),
+            tree=tmp_path,
+            rootdir_hint=None,
+            test_rel="test_a.py",
+            head_test_bytes=b"",
+            python_path=[],
+            out_dir=tmp_path / "o",
+            log_dir=tmp_path / "l",
+            timeout_s=5,
+            env_extra={"PYTHONPATH": "/elsewhere"},
+        )
     assert not (tmp_path / "test_a.py").exists()

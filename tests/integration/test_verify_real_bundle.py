@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprobe.experiments import experiment
 from kvprobe.cli import main
+from kvprobe.experiments import experiment
 from kvprobe.run.runner import RunOptions, run_experiment
 
-TOML = '''schema = "kvprobe.experiment/1"
+TOML = """schema = "kvprobe.experiment/1"
 id = "verify-synth"
 title = "A tiny synthetic experiment for the verifier"
 layer = "synthetic-model"
@@ -42,9 +42,9 @@ does_not_show = ["anything about real code"]
 enqueued = true
 [expect.head."switch/door"]
 enqueued = false
-'''
+"""
 
-PROBE = '''import kvprobe_probe as kp
+PROBE = """import kvprobe_probe as kp
 
 probe = kp.Probe("switch", mocks={"door": "a boolean standing in for the admission door"})
 
@@ -56,7 +56,7 @@ def _(obs):
 
 if __name__ == "__main__":
     probe.main()
-'''
+"""
 
 
 @pytest.fixture
@@ -95,6 +95,11 @@ def test_runner_bundle_verifies_packs_and_reruns(real_bundle, tmp_path):
 
 @pytest.mark.skipif(shutil.which("sha256sum") is None, reason="needs coreutils sha256sum")
 def test_runner_bundle_passes_sha256sum_strict(real_bundle):
-    done = subprocess.run(["sha256sum", "-c", "--strict", "--quiet", "SHA256SUMS"], cwd=real_bundle,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["sha256sum", "-c", "--strict", "--quiet", "SHA256SUMS"],
+        cwd=real_bundle,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -118,6 +118,15 @@ def test_record_mismatch_is_refused(tmp_path, index):
 
 def test_platform_args_select_the_pinned_file():
     args = platform_args("sglang-0.5.21-cp311-cp311-manylinux_2_34_x86_64.whl")
-    assert args == ["--only-binary=:all:", "--platform", "manylinux_2_34_x86_64",
-                    "--python-version", "311", "--implementation", "cp", "--abi", "cp311"]
+    assert args == [
+        "--only-binary=:all:",
+        "--platform",
+        "manylinux_2_34_x86_64",
+        "--python-version",
+        "311",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp311",
+    ]
     assert platform_args("minipkg-1.0-py3-none-any.whl") == ["--only-binary=:all:"]

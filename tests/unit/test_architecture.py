@@ -39,8 +39,8 @@ LAYERS: list[set[str]] = [
 
 @dataclass(frozen=True)
 class Import:
-    source: str   # importing module, dotted
-    target: str   # imported module, dotted
+    source: str  # importing module, dotted
+    target: str  # imported module, dotted
     names: tuple[str, ...]  # names taken from it ("from target import names")
     line: int
 
@@ -70,8 +70,7 @@ def imports_of(source: str, tree: ast.AST, known: set[str], is_package: bool = F
     found: list[Import] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [Import(source, a.name, (), node.lineno) for a in node.names
-                      if a.name.split(".")[0] == "kvprobe"]
+            found += [Import(source, a.name, (), node.lineno) for a in node.names if a.name.split(".")[0] == "kvprobe"]
         elif isinstance(node, ast.ImportFrom):
             target = _resolve(source, is_package, node)
             if target.split(".")[0] != "kvprobe":
@@ -102,8 +101,13 @@ def private_attribute_uses(source: str, tree: ast.AST, known: set[str]) -> list[
                     bound[a.asname or a.name] = f"{node.module}.{a.name}"
     uses = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                and node.value.id in bound and _private(node.attr) and bound[node.value.id] != source:
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in bound
+            and _private(node.attr)
+            and bound[node.value.id] != source
+        ):
             uses.append(f"{source}:{node.lineno} uses {bound[node.value.id]}.{node.attr}")
     return uses
 
@@ -187,14 +191,20 @@ def layer_violations(found: list[Import]) -> list[str]:
         if src == dst:
             continue
         if layer_of(imp.target) >= layer_of(imp.source):
-            bad.append(f"{imp.source}:{imp.line} imports {imp.target} "
-                       f"(layer {layer_of(imp.source)} -> {layer_of(imp.target)})")
+            bad.append(
+                f"{imp.source}:{imp.line} imports {imp.target} (layer {layer_of(imp.source)} -> {layer_of(imp.target)})"
+            )
     return bad
 
 
 def private_imports(found: list[Import]) -> list[str]:
-    return [f"{imp.source}:{imp.line} imports {name} from {imp.target}"
-            for imp in found if imp.target != imp.source for name in imp.names if _private(name)]
+    return [
+        f"{imp.source}:{imp.line} imports {name} from {imp.target}"
+        for imp in found
+        if imp.target != imp.source
+        for name in imp.names
+        if _private(name)
+    ]
 
 
 def scan(root: Path = PACKAGE) -> tuple[list[Import], list[str]]:
@@ -241,6 +251,7 @@ def test_every_sub_package_says_what_it_is():
 
 # --- the checks themselves can fail ------------------------------------------------------
 
+
 def test_cycles_finds_a_planted_cycle():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert cycles(edges) == [["a", "b", "c"]]
@@ -257,13 +268,16 @@ def _scan_source(tmp_path: Path, files: dict[str, str]) -> tuple[list[Import], l
 
 
 def test_scan_sees_function_level_cycles_private_names_and_upward_imports(tmp_path):
-    found, attrs = _scan_source(tmp_path, {
-        "__init__.py": "",
-        "run/__init__.py": '"""run."""\n',
-        "run/runner.py": "def f():\n    from kvprobe.verify.steps import _result\n",
-        "verify/__init__.py": '"""verify."""\n',
-        "verify/steps.py": "from kvprobe.run import runner\nrunner._secret\n",
-    })
+    found, attrs = _scan_source(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "run/__init__.py": '"""run."""\n',
+            "run/runner.py": "def f():\n    from kvprobe.verify.steps import _result\n",
+            "verify/__init__.py": '"""verify."""\n',
+            "verify/steps.py": "from kvprobe.run import runner\nrunner._secret\n",
+        },
+    )
     assert cycles(graph(found)) == [["kvprobe.run.runner", "kvprobe.verify.steps"]]
     assert private_imports(found) == ["kvprobe.run.runner:2 imports _result from kvprobe.verify.steps"]
     assert attrs == ["kvprobe.verify.steps:2 uses kvprobe.run.runner._secret"]
@@ -271,9 +285,17 @@ def test_scan_sees_function_level_cycles_private_names_and_upward_imports(tmp_pa
 
 
 def test_relative_imports_resolve(tmp_path):
-    found, _ = _scan_source(tmp_path, {
-        "__init__.py": "", "errors.py": "",
-        "env/__init__.py": '"""env."""\n', "env/cache.py": "", "env/venv.py": "from . import cache\nfrom ..errors import X\n",
-    })
-    assert {(i.source, i.target) for i in found} == {("kvprobe.env.venv", "kvprobe.env.cache"),
-                                                    ("kvprobe.env.venv", "kvprobe.errors")}
+    found, _ = _scan_source(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "errors.py": "",
+            "env/__init__.py": '"""env."""\n',
+            "env/cache.py": "",
+            "env/venv.py": "from . import cache\nfrom ..errors import X\n",
+        },
+    )
+    assert {(i.source, i.target) for i in found} == {
+        ("kvprobe.env.venv", "kvprobe.env.cache"),
+        ("kvprobe.env.venv", "kvprobe.errors"),
+    }

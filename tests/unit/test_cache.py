@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from filelock import FileLock
 
-from kvprobe.env import cache
 from kvprobe.cli import main
+from kvprobe.env import cache
 from kvprobe.errors import UsageError
 
 NOW = time.time()
@@ -115,8 +115,7 @@ def test_without_options_only_leftovers_go(tmp_path):
 
 
 def test_dry_run_deletes_nothing(tmp_path):
-    paths = [_git(tmp_path, days=90), _wheel(tmp_path, days=90), _env(tmp_path, days=90),
-             _partial(tmp_path, hours=48)]
+    paths = [_git(tmp_path, days=90), _wheel(tmp_path, days=90), _env(tmp_path, days=90), _partial(tmp_path, hours=48)]
     done = cache.prune(tmp_path, everything=True, dry_run=True, now=NOW)
     assert len(done) == 4 and {o.action for o in done} == {"would-delete"}
     assert all(p.exists() for p in paths)
@@ -198,6 +197,7 @@ def test_human_size():
 
 
 # --- the CLI -----------------------------------------------------------------------------
+
 
 def _cli(root: Path, *args: str):
     runner = CliRunner()

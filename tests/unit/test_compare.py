@@ -7,15 +7,27 @@ from kvprobe.evidence.compare import compare
 
 def doc(name: str, cases: dict, raised: dict | None = None) -> dict:
     raised = raised or {}
-    return {"probe": name, "cases": [
-        {"name": case, "status": "raised" if case in raised else "ok", "observations": obs,
-         "error": {"type": raised[case], "root_type": raised[case]} if case in raised else None}
-        for case, obs in cases.items()]}
+    return {
+        "probe": name,
+        "cases": [
+            {
+                "name": case,
+                "status": "raised" if case in raised else "ok",
+                "observations": obs,
+                "error": {"type": raised[case], "root_type": raised[case]} if case in raised else None,
+            }
+            for case, obs in cases.items()
+        ],
+    }
 
 
 def run(expect, base, head, problems=None, tests=None):
-    return compare(expect=expect, probe_docs={"base": {"p": base}, "head": {"p": head}},
-                   probe_problems=problems or {}, test_runs=tests or {})
+    return compare(
+        expect=expect,
+        probe_docs={"base": {"p": base}, "head": {"p": head}},
+        probe_problems=problems or {},
+        test_runs=tests or {},
+    )
 
 
 EXPECT = {"base": {"p/c": {"enqueued": True}}, "head": {"p/c": {"enqueued": False}}}
@@ -54,8 +66,9 @@ def test_raised_can_be_expected():
 
 
 def test_probe_problem_is_an_error_not_a_result():
-    result = run(EXPECT, doc("p", {"c": {"enqueued": True}}), None,
-                 problems={"head": {"p": "probe p exited 1 without output"}})
+    result = run(
+        EXPECT, doc("p", {"c": {"enqueued": True}}), None, problems={"head": {"p": "probe p exited 1 without output"}}
+    )
     assert result["verdict"] == "error"
     assert "head: probe p exited 1 without output" in result["reasons"]
 
@@ -76,19 +89,54 @@ def _subtest_rollup_run(side: str) -> dict:
     node = "t/test_x.py::T::test_s"
 
     def entry(when="call", outcome="passed", exception=None, subtest=None):
-        return {"nodeid": node, "when": when, "outcome": outcome, "duration": 0.01, "exception": exception,
-                "subtest": subtest, "xfail": None, "wasxfail": None, "longrepr": ""}
+        return {
+            "nodeid": node,
+            "when": when,
+            "outcome": outcome,
+            "duration": 0.01,
+            "exception": exception,
+            "subtest": subtest,
+            "xfail": None,
+            "wasxfail": None,
+            "longrepr": "",
+        }
 
-    error = {"top_type": "AttributeError", "root_type": "AttributeError", "root_module": "builtins",
-             "root_message": "no scrub", "chain": ["AttributeError"], "assertion": False}
-    tests = [entry("setup"), entry(subtest={"msg": None, "kwargs": {"i": "0"}}),
-             entry("call", "failed", error, {"msg": None, "kwargs": {"i": "1"}}),
-             entry("call", "failed"), entry("teardown")]
-    report = {"schema": "kvprobe.pytest-report/1", "complete": True, "exitstatus": 1, "pytest_version": "9.2.0",
-              "collected": 1, "tests": tests, "collection_errors": [], "running": None,
-              "runner": {"file_nodeid": "t/test_x.py", "returncode": 1, "timed_out": False, "timeout_s": 60}}
-    return {"schema": "kvprobe.test-run/1", "path": "t/test_x.py", "side": side, "exit_code": 1,
-            "timed_out": False, "overlay": "identical", "problem": None, "report": report}
+    error = {
+        "top_type": "AttributeError",
+        "root_type": "AttributeError",
+        "root_module": "builtins",
+        "root_message": "no scrub",
+        "chain": ["AttributeError"],
+        "assertion": False,
+    }
+    tests = [
+        entry("setup"),
+        entry(subtest={"msg": None, "kwargs": {"i": "0"}}),
+        entry("call", "failed", error, {"msg": None, "kwargs": {"i": "1"}}),
+        entry("call", "failed"),
+        entry("teardown"),
+    ]
+    report = {
+        "schema": "kvprobe.pytest-report/1",
+        "complete": True,
+        "exitstatus": 1,
+        "pytest_version": "9.2.0",
+        "collected": 1,
+        "tests": tests,
+        "collection_errors": [],
+        "running": None,
+        "runner": {"file_nodeid": "t/test_x.py", "returncode": 1, "timed_out": False, "timeout_s": 60},
+    }
+    return {
+        "schema": "kvprobe.test-run/1",
+        "path": "t/test_x.py",
+        "side": side,
+        "exit_code": 1,
+        "timed_out": False,
+        "overlay": "identical",
+        "problem": None,
+        "report": report,
+    }
 
 
 def test_failure_kinds_of_a_subtest_rollup_are_its_subtests_root_causes():

@@ -32,20 +32,35 @@ def test_replacing_keeps_the_rest_of_a_real_experiment(name):
 
 
 def test_interleaved_tables_and_comments_outside_are_kept():
-    text = ('id = "x"  # keep\n\n[expect.base."p/a"]\nv = 1\n\n# about scope\n[scope]\nshows = "s"\n'
-            '[expect.head."p/a"]\nv = 2\n# trailing\n')
+    text = (
+        'id = "x"  # keep\n\n[expect.base."p/a"]\nv = 1\n\n# about scope\n[scope]\nshows = "s"\n'
+        '[expect.head."p/a"]\nv = 2\n# trailing\n'
+    )
     new = replace_section(text, '[expect.base."p/b"]\nw = true\n')
-    assert new == ('id = "x"  # keep\n\n[expect.base."p/b"]\nw = true\n\n# about scope\n[scope]\n'
-                   'shows = "s"\n# trailing\n')
+    assert new == (
+        'id = "x"  # keep\n\n[expect.base."p/b"]\nw = true\n\n# about scope\n[scope]\nshows = "s"\n# trailing\n'
+    )
 
 
 def test_appended_when_there_are_none():
-    assert replace_section('id = "x"', "[expect.base.\"p/a\"]\nv = 1\n") == \
-        'id = "x"\n\n[expect.base."p/a"]\nv = 1\n'
+    assert replace_section('id = "x"', '[expect.base."p/a"]\nv = 1\n') == 'id = "x"\n\n[expect.base."p/a"]\nv = 1\n'
 
 
-@pytest.mark.parametrize("value", ["quote \" back \\ tab \t nl \n del \x7f é 😀", True, False, 0, -(1 << 63),
-                                   1.5, 1e-300, [1, "a", [True]], {"k.e y": [1.0, {}]}, []])
+@pytest.mark.parametrize(
+    "value",
+    [
+        'quote " back \\ tab \t nl \n del \x7f é 😀',
+        True,
+        False,
+        0,
+        -(1 << 63),
+        1.5,
+        1e-300,
+        [1, "a", [True]],
+        {"k.e y": [1.0, {}]},
+        [],
+    ],
+)
 def test_values_read_back_exactly(value):
     text = f"{tomltext.key('a.b')} = {tomltext.value(value)}\n"
     got = tomllib.loads(text)["a.b"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.experiments import experiment
 from kvprobe.errors import ExperimentError
+from kvprobe.experiments import experiment
 from kvprobe.model.records import Layer, SourceKind
 
 GOOD = """
@@ -57,16 +57,23 @@ def test_good_file_loads(tmp_path):
     assert len(exp.file_sha256) == 64
 
 
-@pytest.mark.parametrize("old,new,field", [
-    ('commit = "1111111111111111111111111111111111111111"', 'commit = "main"', "pins.commits.base.commit"),
-    ('commit = "1111111111111111111111111111111111111111"', 'commit = "ABCDEF1111111111111111111111111111111111"', "pins.commits.base.commit"),
-    ('commit = "1111111111111111111111111111111111111111"', 'commit = "1111111"', "pins.commits.base.commit"),
-    ('layer = "diff-probe"', 'layer = "vibes"', "layer"),
-    ('title = "demo"\n', '', "title"),
-    ('path = "tests/test_x.py"', 'path = "../escape.py"', "checks.tests.0.path"),
-    ('kind = "git"', 'kind = "svn"', "pins.commits.kind"),
-    ('does_not_show = ["a leak"]', 'does_not_show = []', "scope.does_not_show"),
-])
+@pytest.mark.parametrize(
+    "old,new,field",
+    [
+        ('commit = "1111111111111111111111111111111111111111"', 'commit = "main"', "pins.commits.base.commit"),
+        (
+            'commit = "1111111111111111111111111111111111111111"',
+            'commit = "ABCDEF1111111111111111111111111111111111"',
+            "pins.commits.base.commit",
+        ),
+        ('commit = "1111111111111111111111111111111111111111"', 'commit = "1111111"', "pins.commits.base.commit"),
+        ('layer = "diff-probe"', 'layer = "vibes"', "layer"),
+        ('title = "demo"\n', "", "title"),
+        ('path = "tests/test_x.py"', 'path = "../escape.py"', "checks.tests.0.path"),
+        ('kind = "git"', 'kind = "svn"', "pins.commits.kind"),
+        ('does_not_show = ["a leak"]', "does_not_show = []", "scope.does_not_show"),
+    ],
+)
 def test_schema_errors_name_file_and_field(tmp_path, old, new, field):
     path = write(tmp_path, GOOD.replace(old, new))
     with pytest.raises(ExperimentError) as caught:

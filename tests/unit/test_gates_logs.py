@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprobe.gates import pool, settings
-from kvprobe.gates import serverlog
 from kvprobe.cli import main
-from kvprobe.gates.fixmarkers import MARKERS, Presence, Tree, code_settings, find, find_all
 from kvprobe.evidence.gate_status import Status
+from kvprobe.gates import pool, serverlog, settings
+from kvprobe.gates.fixmarkers import MARKERS, Presence, Tree, code_settings, find, find_all
 
 GLM_CONTEXT = 1_048_576
 INCIDENT_POOL = 681_280
@@ -27,15 +26,30 @@ RAISED_POOL = 2_040_000
 
 # Field sets of resolved_dict() as far as the gates care, per release (engine.py logs all of them).
 _BASE_FIELDS = {
-    "model_path": "zai-org/GLM-5.3", "tokenizer_path": "zai-org/GLM-5.3", "host": "0.0.0.0", "port": 30000,
-    "device": "cuda", "tp_size": 8, "dp_size": 1, "context_length": None, "page_size": 64,
-    "mem_fraction_static": 0.88, "chunked_prefill_size": 16384, "kv_canary": "none",
-    "kv_canary_real_data": "none", "kv_canary_sweep_interval": 0, "api_key": "sk-live-SECRET",
-    "disaggregation_transfer_backend": "mooncake", "disaggregation_bootstrap_port": 8998,
-    "disaggregation_ib_device": None, "num_reserved_decode_tokens": 512,
+    "model_path": "zai-org/GLM-5.3",
+    "tokenizer_path": "zai-org/GLM-5.3",
+    "host": "0.0.0.0",
+    "port": 30000,
+    "device": "cuda",
+    "tp_size": 8,
+    "dp_size": 1,
+    "context_length": None,
+    "page_size": 64,
+    "mem_fraction_static": 0.88,
+    "chunked_prefill_size": 16384,
+    "kv_canary": "none",
+    "kv_canary_real_data": "none",
+    "kv_canary_sweep_interval": 0,
+    "api_key": "sk-live-SECRET",
+    "disaggregation_transfer_backend": "mooncake",
+    "disaggregation_bootstrap_port": 8998,
+    "disaggregation_ib_device": None,
+    "num_reserved_decode_tokens": 512,
 }
-_NEW_IN = {"0.5.21": {"disaggregation_enable_kv_checksum": False},
-           "0.5.22": {"disaggregation_enable_kv_checksum": False, "disaggregation_decode_allocation_policy": "early"}}
+_NEW_IN = {
+    "0.5.21": {"disaggregation_enable_kv_checksum": False},
+    "0.5.22": {"disaggregation_enable_kv_checksum": False, "disaggregation_decode_allocation_policy": "early"},
+}
 
 
 def server_args_dict(version: str, mode: str, **overrides) -> dict:
@@ -46,9 +60,20 @@ def server_args_dict(version: str, mode: str, **overrides) -> dict:
     return fields
 
 
-def startup_log(version: str, mode: str, pool: int, context: int, *, kv: str = "kv", tp: int = 8,
-                dp: int = 1, canary: bool = False, args: dict | None = None, stop_after: str | None = None,
-                ms: bool = False) -> str:
+def startup_log(
+    version: str,
+    mode: str,
+    pool: int,
+    context: int,
+    *,
+    kv: str = "kv",
+    tp: int = 8,
+    dp: int = 1,
+    canary: bool = False,
+    args: dict | None = None,
+    stop_after: str | None = None,
+    ms: bool = False,
+) -> str:
     """A worker's startup log in SGLang's formats; ``stop_after`` truncates after a line kind."""
     stamp = "2026-08-27 10:00:0{}" + (".123" if ms else "")
     lines: list[tuple[str, str]] = []
@@ -59,28 +84,47 @@ def startup_log(version: str, mode: str, pool: int, context: int, *, kv: str = "
     add("args", "server_args=" + repr(args if args is not None else server_args_dict(version, mode)))
     for dp_rank in range(dp):
         ranks = (f" DP{dp_rank}" if dp > 1 else "") + (" TP0" if tp > 1 else "")
-        add("weights", "Load weight end. elapsed=512.31 s, type=Glm5ForCausalLM, avail mem=31.20 GB, "
-            "mem usage=44.10 GB.", ranks)
+        add(
+            "weights",
+            "Load weight end. elapsed=512.31 s, type=Glm5ForCausalLM, avail mem=31.20 GB, mem usage=44.10 GB.",
+            ranks,
+        )
         if kv == "kv":
             add("kv", f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {pool}, KV size: 27.31 GB", ranks)
         elif kv == "kv_split":
-            add("kv", f"KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: {pool}, K size: 13.66 GB, "
-                "V size: 13.66 GB", ranks)
+            add(
+                "kv",
+                f"KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: {pool}, K size: 13.66 GB, "
+                "V size: 13.66 GB",
+                ranks,
+            )
         elif kv == "swa":
             add("kv", f"Full KV Cache is allocated. dtype: torch.bfloat16, #tokens: {pool}, KV size: 20.00 GB", ranks)
             add("kv", "SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: 65536, KV size: 2.00 GB", ranks)
         elif kv == "post_capture":
             add("kv", f"KV Cache VA upper bound. dtype: torch.bfloat16, #tokens: {pool * 2}, KV size: 54.62 GB", ranks)
             add("kv", f"Post-capture KV sizing: full_layer_tokens={pool}, swa_layer_tokens=0", ranks)
-            add("kv", f"Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: {pool}, "
-                "KV size: 27.31 GB, avail mem=3.02 GB", ranks)
+            add(
+                "kv",
+                f"Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: {pool}, "
+                "KV size: 27.31 GB, avail mem=3.02 GB",
+                ranks,
+            )
         add("pool_end", "Memory pool end. avail mem=3.02 GB", ranks)
         if canary:
-            add("canary", f"install_canary: disaggregation_mode={mode} config=CanaryConfig(mode=<CanaryMode.LOG: "
+            add(
+                "canary",
+                f"install_canary: disaggregation_mode={mode} config=CanaryConfig(mode=<CanaryMode.LOG: "
                 "'log'>) perturb_config=None launch_capacities=... n_buffer_groups=1 buffer_group_kinds=['MHA'] "
-                "swa_window_size=0 speculative_num_steps=1", ranks)
-        add("scheduler", f"max_total_num_tokens={pool}, chunked_prefill_size=16384, max_prefill_tokens=16384, "
-            f"max_running_requests=128, context_len={context}, available_gpu_mem=3.02 GB", ranks)
+                "swa_window_size=0 speculative_num_steps=1",
+                ranks,
+            )
+        add(
+            "scheduler",
+            f"max_total_num_tokens={pool}, chunked_prefill_size=16384, max_prefill_tokens=16384, "
+            f"max_running_requests=128, context_len={context}, available_gpu_mem=3.02 GB",
+            ranks,
+        )
     add("ready", "The server is fired up and ready to roll!")
     out = []
     for kind, text in lines:
@@ -101,6 +145,7 @@ def parse(text: str, role: str | None = None) -> serverlog.WorkerLog:
 
 
 # --- log parsing --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("version", ["0.5.19", "0.5.20", "0.5.21", "0.5.22"])
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
@@ -135,7 +180,8 @@ def test_the_incident_pool_fails_gate_1_with_both_numbers():
 
 def test_a_kv_allocation_smaller_than_the_scheduler_number_decides():
     text = startup_log("0.5.21", "decode", RAISED_POOL, GLM_CONTEXT).replace(
-        f"#tokens: {RAISED_POOL}", f"#tokens: {INCIDENT_POOL}")
+        f"#tokens: {RAISED_POOL}", f"#tokens: {INCIDENT_POOL}"
+    )
     check = pool.pool_check(parse(text))
     assert check.status is Status.FAIL and "KV Cache is allocated" in check.evidence
 
@@ -201,9 +247,15 @@ def test_gate_1_needs_both_sides_and_fails_on_the_mismatch():
 
 # --- server arguments ---------------------------------------------------------------------------
 
+
 def test_server_args_formats(tmp_path):
-    as_json = write(tmp_path, "p.json", json.dumps({**server_args_dict("0.5.22", "prefill"),
-                                                    "env": {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"}}))
+    as_json = write(
+        tmp_path,
+        "p.json",
+        json.dumps(
+            {**server_args_dict("0.5.22", "prefill"), "env": {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"}}
+        ),
+    )
     parsed = serverlog.read_args_file(as_json)
     assert parsed.role == "prefill" and parsed.env == {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"}
 
@@ -213,14 +265,22 @@ def test_server_args_formats(tmp_path):
     assert "disaggregation_enable_kv_checksum" not in parsed.values
     assert "SECRET" not in parsed.evidence.text and "api_key" not in parsed.values
 
-    older = write(tmp_path, "old.txt", "server_args=ServerArgs(model_path='m', disaggregation_mode='prefill', "
-                  "kv_canary='log', attention_backend=<AttentionBackend.FA3: 'fa3'>, device='cuda')")
+    older = write(
+        tmp_path,
+        "old.txt",
+        "server_args=ServerArgs(model_path='m', disaggregation_mode='prefill', "
+        "kv_canary='log', attention_backend=<AttentionBackend.FA3: 'fa3'>, device='cuda')",
+    )
     parsed = serverlog.read_args_file(older)
     assert parsed.values == {"model_path": "m", "disaggregation_mode": "prefill", "kv_canary": "log", "device": "cuda"}
 
-    cmd = write(tmp_path, "cmd.sh", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0 python -m sglang.launch_server "
-                "--model-path m --disaggregation-mode decode --disaggregation-enable-kv-checksum "
-                "--disaggregation-transfer-backend=nixl\n")
+    cmd = write(
+        tmp_path,
+        "cmd.sh",
+        "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0 python -m sglang.launch_server "
+        "--model-path m --disaggregation-mode decode --disaggregation-enable-kv-checksum "
+        "--disaggregation-transfer-backend=nixl\n",
+    )
     parsed = serverlog.read_args_file(cmd)
     assert parsed.values["disaggregation_enable_kv_checksum"] is True
     assert parsed.values["disaggregation_transfer_backend"] == "nixl"
@@ -239,8 +299,9 @@ def test_a_non_literal_args_dump_falls_back_to_the_keys_that_matter():
 def test_redaction_keeps_only_gate_keys_and_masks_secrets_in_quoted_lines():
     assert "api_key" not in serverlog.KEYS  # only the gate keys are ever extracted
     assert serverlog.redacted({"hf_token": "t", "device": "cuda"}) == {"device": "cuda", "hf_token": "<redacted>"}
-    line = serverlog.parse_args_text("{'api_key': 'sk-1', 'hf_token': 'hf_x', 'tokenizer_path': 'tok', "
-                                     "'disaggregation_mode': 'prefill'}", "x.log", 1)
+    line = serverlog.parse_args_text(
+        "{'api_key': 'sk-1', 'hf_token': 'hf_x', 'tokenizer_path': 'tok', 'disaggregation_mode': 'prefill'}", "x.log", 1
+    )
     assert "sk-1" not in line.evidence.text and "hf_x" not in line.evidence.text
     assert "'tokenizer_path': 'tok'" in line.evidence.text
 
@@ -255,17 +316,22 @@ def fake_tree(root: Path, *, fixed: bool, deferred_backends=("mooncake", "nixl")
     checksum_flag = fixed if checksum_flag is None else checksum_flag
     files = {
         f"{D}/decode.py": "class DecodePreallocQueue:\n    pass\n\ndef _defer_release(self):\n    pass\n"
-                          + ("def _verify_kv_checksums(self, batch):\n    pass\n"
-                             "x.kv_receiver.ensure_abort_notified(force_arm=True)\n" if fixed else ""),
+        + (
+            "def _verify_kv_checksums(self, batch):\n    pass\nx.kv_receiver.ensure_abort_notified(force_arm=True)\n"
+            if fixed
+            else ""
+        ),
         f"{D}/common/conn.py": "def _maybe_ack_drained_abort(self, room):\n    pass\n"
-                               + ("self.kv_mgr._maybe_ack_drained_abort(self.bootstrap_room)\n"
-                                  "def _send_abort_acks(self, room, targets):\n    pass\n" if fixed
-                                  else "self.kv_mgr._deferred_ack_targets.pop(self.bootstrap_room, None)\n"),
+        + (
+            "self.kv_mgr._maybe_ack_drained_abort(self.bootstrap_room)\n"
+            "def _send_abort_acks(self, room, targets):\n    pass\n"
+            if fixed
+            else "self.kv_mgr._deferred_ack_targets.pop(self.bootstrap_room, None)\n"
+        ),
         "sglang/srt/environ.py": "    SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE = EnvBool("
-                                 f"{'True' if fixed else 'False'})\n",
+        f"{'True' if fixed else 'False'})\n",
         "sglang/srt/arg_groups/fields/disagg.py": "class Disagg:\n    disaggregation_mode: str = 'null'\n"
-                                                  + ("    disaggregation_enable_kv_checksum: A[bool, 'x'] = False\n"
-                                                     if checksum_flag else ""),
+        + ("    disaggregation_enable_kv_checksum: A[bool, 'x'] = False\n" if checksum_flag else ""),
         "sglang/srt/server_args.py": "    kv_canary: A[str, Arg(choices=['none', 'log', 'raise'])] = 'none'\n",
     }
     if fixed:
@@ -291,8 +357,11 @@ def test_markers_absent_before_present_after(tmp_path):
 def test_a_marker_survives_reformatting_and_an_unrecognisable_tree_is_unknown(tmp_path):
     root = fake_tree(tmp_path / "t", fixed=True)
     conn = root / D / "decode.py"
-    conn.write_text(conn.read_text().replace("ensure_abort_notified(force_arm=True)",
-                                             "ensure_abort_notified(\n        force_arm=True\n    )"))
+    conn.write_text(
+        conn.read_text().replace(
+            "ensure_abort_notified(force_arm=True)", "ensure_abort_notified(\n        force_arm=True\n    )"
+        )
+    )
     marker = next(m for m in MARKERS if m.pr == 41404)
     assert find(Tree(root), marker).presence is Presence.PRESENT
     empty = tmp_path / "empty" / "sglang" / "srt"
@@ -313,8 +382,10 @@ def test_code_settings_read_from_the_tree(tmp_path):
 
 # --- gates 3 and 4 ------------------------------------------------------------------------------
 
-def sources_for(prefill_args: dict | None, decode_args: dict | None, *, canary=(False, False),
-                version="0.5.22") -> settings.Sources:
+
+def sources_for(
+    prefill_args: dict | None, decode_args: dict | None, *, canary=(False, False), version="0.5.22"
+) -> settings.Sources:
     logs = []
     for mode, args, can in (("prefill", prefill_args, canary[0]), ("decode", decode_args, canary[1])):
         if args is not None:
@@ -365,11 +436,13 @@ def test_gate_3_unsupported_device_does_not_count(tmp_path):
 def test_gate_3_canary_counts_only_when_the_log_shows_it(tmp_path):
     tree = Tree(fake_tree(tmp_path / "t", fixed=True))
     args = {m: server_args_dict("0.5.22", m, kv_canary="log") for m in ("prefill", "decode")}
-    shown = settings.gate3(sources_for(args["prefill"], args["decode"], canary=(True, True)), tree,
-                        code_settings(tree), [])
+    shown = settings.gate3(
+        sources_for(args["prefill"], args["decode"], canary=(True, True)), tree, code_settings(tree), []
+    )
     assert shown.status is Status.PASS
-    not_shown = settings.gate3(sources_for(args["prefill"], args["decode"], canary=(True, False)), tree,
-                            code_settings(tree), [])
+    not_shown = settings.gate3(
+        sources_for(args["prefill"], args["decode"], canary=(True, False)), tree, code_settings(tree), []
+    )
     row = next(c for c in not_shown.checks if c.name == "decode: KV canary")
     assert row.status is Status.FAIL and "configured (kv_canary=log)" in row.detail
 
@@ -385,9 +458,16 @@ def test_gate_4_deferred_release(tmp_path):
     def with_env(value, backend="mooncake"):
         found = {}
         for mode in ("prefill", "decode"):
-            path = write(tmp_path, f"{mode}-{value}-{backend}.json", json.dumps({
-                **server_args_dict("0.5.22", mode, disaggregation_transfer_backend=backend),
-                "env": {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": value}}))
+            path = write(
+                tmp_path,
+                f"{mode}-{value}-{backend}.json",
+                json.dumps(
+                    {
+                        **server_args_dict("0.5.22", mode, disaggregation_transfer_backend=backend),
+                        "env": {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": value},
+                    }
+                ),
+            )
             found[mode] = serverlog.read_args_file(path)
         return settings.collect_sources([], [(None, found[m].role, found[m]) for m in found])
 
@@ -410,12 +490,14 @@ def test_gates_3_and_4_without_code_are_unknown():
 
 # --- the command, without gate 2 (no --sglang: gate 2 is unknown) -------------------------------
 
+
 def test_cli_writes_a_receipt_and_exits_1_on_the_incident_pool(tmp_path):
     p = write(tmp_path, "prefill.log", startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
     d = write(tmp_path, "decode.log", startup_log("0.5.22", "decode", RAISED_POOL, GLM_CONTEXT))
     out = tmp_path / "bundle"
-    result = CliRunner().invoke(main, ["gates", "--log", str(p), "--log", f"decode={d}", "--out", str(out),
-                                       "--json"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["gates", "--log", str(p), "--log", f"decode={d}", "--out", str(out), "--json"], catch_exceptions=False
+    )
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
     assert [g["status"] for g in doc["gates"]] == ["fail", "unknown", "fail", "unknown"]
@@ -434,8 +516,9 @@ def test_gates_bundle_verifies_and_a_forged_gate_fails(tmp_path):
     p = write(tmp_path, "prefill.log", startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
     d = write(tmp_path, "decode.log", startup_log("0.5.22", "decode", RAISED_POOL, GLM_CONTEXT))
     out = tmp_path / "bundle"
-    CliRunner().invoke(main, ["gates", "--log", str(p), "--log", f"decode={d}", "--out", str(out)],
-                       catch_exceptions=False)
+    CliRunner().invoke(
+        main, ["gates", "--log", str(p), "--log", f"decode={d}", "--out", str(out)], catch_exceptions=False
+    )
     verified = CliRunner().invoke(main, ["verify", str(out), "--json"], catch_exceptions=False)
     assert verified.exit_code == 0, verified.stdout
     receipt = json.loads((out / "receipt.json").read_text())
@@ -449,10 +532,10 @@ def test_gates_bundle_verifies_and_a_forged_gate_fails(tmp_path):
 
 def test_cli_exits_3_when_nothing_failed_but_something_is_unknown(tmp_path):
     args = server_args_dict("0.5.22", "prefill", disaggregation_enable_kv_checksum=True)
-    p = write(tmp_path, "prefill.log", startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT,
-                                                   stop_after="kv", args=args))
-    result = CliRunner().invoke(main, ["gates", "--log", str(p), "--out", str(tmp_path / "b")],
-                                catch_exceptions=False)
+    p = write(
+        tmp_path, "prefill.log", startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT, stop_after="kv", args=args)
+    )
+    result = CliRunner().invoke(main, ["gates", "--log", str(p), "--out", str(tmp_path / "b")], catch_exceptions=False)
     assert result.exit_code == 3, result.stderr
     receipt = json.loads((tmp_path / "b" / "receipt.json").read_text())
     assert [g["status"] for g in receipt["gates"]] == ["unknown"] * 4 and receipt["overall"] == "unknown"
@@ -461,10 +544,10 @@ def test_cli_exits_3_when_nothing_failed_but_something_is_unknown(tmp_path):
 def test_cli_usage_errors_exit_2(tmp_path):
     runner = CliRunner()
     assert runner.invoke(main, ["gates"], catch_exceptions=False).exit_code == 2
-    assert runner.invoke(main, ["gates", "--log", str(tmp_path / "missing.log")],
-                         catch_exceptions=False).exit_code == 2
+    assert runner.invoke(main, ["gates", "--log", str(tmp_path / "missing.log")], catch_exceptions=False).exit_code == 2
     log = write(tmp_path, "x.log", startup_log("0.5.22", "prefill", RAISED_POOL, GLM_CONTEXT))
-    result = runner.invoke(main, ["gates", "--log", str(log), "--sglang", "9.9.9", "--out", str(tmp_path / "o")],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        main, ["gates", "--log", str(log), "--sglang", "9.9.9", "--out", str(tmp_path / "o")], catch_exceptions=False
+    )
     assert result.exit_code == 2 and "no pinned wheel" in result.stderr
     assert not (tmp_path / "o").exists()

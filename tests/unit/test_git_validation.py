@@ -8,10 +8,15 @@ from pathlib import Path
 import pytest
 
 from kvprobe import proc
-from kvprobe.sources import git
 from kvprobe.errors import CheckoutError, PinError, UsageError
+from kvprobe.sources import git
 from kvprobe.sources.git import (
-    GitSource, compare_trees, store_key, validate_pr, validate_rel_path, validate_sha,
+    GitSource,
+    compare_trees,
+    store_key,
+    validate_pr,
+    validate_rel_path,
+    validate_sha,
     validate_url,
 )
 
@@ -56,13 +61,16 @@ def test_validate_url_rejects(url: str, why: str) -> None:
     assert info.value.exit_code == 2
 
 
-@pytest.mark.parametrize("url", [
-    "https://github.com/sgl-project/sglang",
-    "https://github.com/sgl-project/sglang.git",
-    "https://mirror.example.com:8443/git/sglang.git",
-    "file:///srv/mirrors/sglang.git",
-    "file://localhost/srv/mirrors/sglang.git",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://github.com/sgl-project/sglang",
+        "https://github.com/sgl-project/sglang.git",
+        "https://mirror.example.com:8443/git/sglang.git",
+        "file:///srv/mirrors/sglang.git",
+        "file://localhost/srv/mirrors/sglang.git",
+    ],
+)
 def test_validate_url_accepts_allowed_schemes(url: str) -> None:
     assert validate_url(url) == url
 
@@ -76,8 +84,7 @@ def test_validate_url_local_paths_become_absolute(tmp_path: Path, monkeypatch) -
     assert validate_url("./clone") == str(repo.resolve())
 
 
-def test_validate_url_local_path_that_looks_like_scp_is_made_unambiguous(
-        tmp_path: Path, monkeypatch) -> None:
+def test_validate_url_local_path_that_looks_like_scp_is_made_unambiguous(tmp_path: Path, monkeypatch) -> None:
     # git would read "host:path" as ssh; an absolute path cannot be read that way.
     (tmp_path / "host:repo").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -91,23 +98,26 @@ def test_validate_url_rejects_a_file_that_is_not_a_directory(tmp_path: Path) -> 
         validate_url(str(target))
 
 
-@pytest.mark.parametrize("text", [
-    SHA.upper(),
-    "0123456789ABCDEF0123456789abcdef01234567",
-    SHA[:7],
-    SHA[:39],
-    SHA + "0",
-    "main",
-    "v0.5.21",
-    "refs/pull/1/head",
-    "HEAD",
-    "",
-    " " + SHA,
-    SHA + "\n",
-    "g" * 40,
-    None,
-    12345,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        SHA.upper(),
+        "0123456789ABCDEF0123456789abcdef01234567",
+        SHA[:7],
+        SHA[:39],
+        SHA + "0",
+        "main",
+        "v0.5.21",
+        "refs/pull/1/head",
+        "HEAD",
+        "",
+        " " + SHA,
+        SHA + "\n",
+        "g" * 40,
+        None,
+        12345,
+    ],
+)
 def test_validate_sha_rejects(text) -> None:
     with pytest.raises(PinError) as info:
         validate_sha(text)
@@ -136,8 +146,7 @@ def test_validate_pr_accepts() -> None:
     assert validate_pr(23085) == 23085
 
 
-@pytest.mark.parametrize("path", ["", "/etc/passwd", "../x", "a/../../b", "a/./b",
-                                  "a\\b", "a\nb"])
+@pytest.mark.parametrize("path", ["", "/etc/passwd", "../x", "a/../../b", "a/./b", "a\\b", "a\nb"])
 def test_validate_rel_path_rejects(path: str) -> None:
     with pytest.raises(UsageError):
         validate_rel_path(path)
@@ -168,8 +177,10 @@ def test_compare_trees_names_both_trees_on_mismatch(tmp_path: Path) -> None:
 @pytest.fixture
 def no_processes(monkeypatch):
     """Any attempt to start a process fails the test."""
+
     def forbidden(*args, **kwargs):
         raise AssertionError(f"a process was started: {args!r}")
+
     monkeypatch.setattr(proc, "run", forbidden)
     monkeypatch.setattr(proc, "capture", forbidden)
     monkeypatch.setattr(subprocess, "Popen", forbidden)
@@ -198,10 +209,16 @@ def test_constructing_a_source_runs_no_git(tmp_path: Path, no_processes) -> None
 def test_every_git_invocation_carries_the_safety_switches() -> None:
     assert set(git.GIT_CONFIG_ARGS[0::2]) == {"-c"}
     flags = set(git.GIT_CONFIG_ARGS[1::2])
-    for setting in ("core.hooksPath=/dev/null", "protocol.allow=never",
-                    "protocol.https.allow=always", "protocol.file.allow=always",
-                    "submodule.recurse=false", "fetch.recurseSubmodules=false",
-                    "core.fsmonitor=false", "gc.auto=0"):
+    for setting in (
+        "core.hooksPath=/dev/null",
+        "protocol.allow=never",
+        "protocol.https.allow=always",
+        "protocol.file.allow=always",
+        "submodule.recurse=false",
+        "fetch.recurseSubmodules=false",
+        "core.fsmonitor=false",
+        "gc.auto=0",
+    ):
         assert setting in flags
     assert git.GIT_ENV["GIT_TERMINAL_PROMPT"] == "0"
     assert git.GIT_ENV["GIT_CONFIG_NOSYSTEM"] == "1"

@@ -18,8 +18,7 @@ def test_manifest_and_sums_cover_every_other_file(tmp_path):
     assert digest == hashlib.sha256(data).hexdigest()
     doc = json.loads(data)
     assert [f["path"] for f in doc["files"]] == ["raw/base/p.json", "receipt.json"]
-    assert doc["files"][0] == {"path": "raw/base/p.json", "size": 3,
-                               "sha256": hashlib.sha256(b"{}\n").hexdigest()}
+    assert doc["files"][0] == {"path": "raw/base/p.json", "size": 3, "sha256": hashlib.sha256(b"{}\n").hexdigest()}
     sums = (tmp_path / "SHA256SUMS").read_text()
     assert sums == "".join(f"{f['sha256']}  {f['path']}\n" for f in doc["files"])
 

@@ -32,108 +32,230 @@ def both(**obs):
 # ---------------------------------------------------------------- expectations
 # "<probe>/<case>" -> side -> observations that must be recorded exactly so.
 
-HANDOFF_OK = dict(status=200, retired_at_door=False, foreign_canary_seen=False,
-                  checksum_mismatch_detected=False, double_frees=[], leaks=[])
+HANDOFF_OK = dict(
+    status=200,
+    retired_at_door=False,
+    foreign_canary_seen=False,
+    checksum_mismatch_detected=False,
+    double_frees=[],
+    leaks=[],
+)
 
 EXPECTED = {
-    "handoff/normal": both(**HANDOFF_OK, handoff_objects=4, decode_pages_reserved=7,
-                           pages_read=7, pages_written_by_self=7, stale_pages_read=0),
+    "handoff/normal": both(
+        **HANDOFF_OK,
+        handoff_objects=4,
+        decode_pages_reserved=7,
+        pages_read=7,
+        pages_written_by_self=7,
+        stale_pages_read=0,
+    ),
     "handoff/over_pool.buggy_door": {
-        "base": dict(status=200, rejected_by_length_check=True, retired_at_door=False,
-                     handoff_objects=4, decode_pages_reserved=50, pages_written_by_prefill=1,
-                     pages_read=50, pages_written_by_self=1, stale_pages_read=49,
-                     foreign_canary_seen=True, foreign_tenants=["b", "c"],
-                     checksum_mismatch_detected=False, double_frees=["metadata_buffer:r2"], leaks=[]),
-        "head": dict(status=504, rejected_by_length_check=True, retired_at_door=False,
-                     handoff_objects=4, decode_pages_reserved=50, pages_read=0,
-                     foreign_canary_seen=False, decode_waited_s=300, double_frees=[], leaks=[]),
+        "base": dict(
+            status=200,
+            rejected_by_length_check=True,
+            retired_at_door=False,
+            handoff_objects=4,
+            decode_pages_reserved=50,
+            pages_written_by_prefill=1,
+            pages_read=50,
+            pages_written_by_self=1,
+            stale_pages_read=49,
+            foreign_canary_seen=True,
+            foreign_tenants=["b", "c"],
+            checksum_mismatch_detected=False,
+            double_frees=["metadata_buffer:r2"],
+            leaks=[],
+        ),
+        "head": dict(
+            status=504,
+            rejected_by_length_check=True,
+            retired_at_door=False,
+            handoff_objects=4,
+            decode_pages_reserved=50,
+            pages_read=0,
+            foreign_canary_seen=False,
+            decode_waited_s=300,
+            double_frees=[],
+            leaks=[],
+        ),
     },
-    "handoff/over_pool.fixed_door": both(status=400, rejected_by_length_check=True, retired_at_door=True,
-                                         handoff_objects=0, decode_pages_reserved=0, pages_read=0,
-                                         foreign_canary_seen=False, double_frees=[], leaks=[]),
-    "handoff/pool_covers_context": both(**HANDOFF_OK, rejected_by_length_check=False,
-                                        decode_pages_reserved=50, pages_read=50,
-                                        pages_written_by_self=50, stale_pages_read=0),
-    "handoff/over_pool.checksum_on": both(status=500, checksum_mismatch_detected=True,
-                                          foreign_canary_seen=False, pages_read=0,
-                                          pages_written_by_prefill=1, decode_pages_reserved=50,
-                                          double_frees=["metadata_buffer:r2"]),
+    "handoff/over_pool.fixed_door": both(
+        status=400,
+        rejected_by_length_check=True,
+        retired_at_door=True,
+        handoff_objects=0,
+        decode_pages_reserved=0,
+        pages_read=0,
+        foreign_canary_seen=False,
+        double_frees=[],
+        leaks=[],
+    ),
+    "handoff/pool_covers_context": both(
+        **HANDOFF_OK,
+        rejected_by_length_check=False,
+        decode_pages_reserved=50,
+        pages_read=50,
+        pages_written_by_self=50,
+        stale_pages_read=0,
+    ),
+    "handoff/over_pool.checksum_on": both(
+        status=500,
+        checksum_mismatch_detected=True,
+        foreign_canary_seen=False,
+        pages_read=0,
+        pages_written_by_prefill=1,
+        decode_pages_reserved=50,
+        double_frees=["metadata_buffer:r2"],
+    ),
     "handoff/inflight_write.no_deferred_release": both(
-        status=200, foreign_canary_seen=True, foreign_tenants=["a"], pages_read=19,
-        pages_written_by_self=0, stale_pages_read=19, aborted_request_status=499,
-        aborted_pages_reused_before_write_landed=19, double_frees=[], leaks=[]),
+        status=200,
+        foreign_canary_seen=True,
+        foreign_tenants=["a"],
+        pages_read=19,
+        pages_written_by_self=0,
+        stale_pages_read=19,
+        aborted_request_status=499,
+        aborted_pages_reused_before_write_landed=19,
+        double_frees=[],
+        leaks=[],
+    ),
     "handoff/inflight_write.deferred_release": both(
-        status=200, foreign_canary_seen=False, pages_read=19, pages_written_by_self=19,
-        stale_pages_read=0, aborted_request_status=499,
-        aborted_pages_reused_before_write_landed=0, double_frees=[], leaks=[]),
+        status=200,
+        foreign_canary_seen=False,
+        pages_read=19,
+        pages_written_by_self=19,
+        stale_pages_read=0,
+        aborted_request_status=499,
+        aborted_pages_reused_before_write_landed=0,
+        double_frees=[],
+        leaks=[],
+    ),
     "handoff/late_result.after_abort": {
-        "base": dict(status=200, late_result="acted", foreign_canary_seen=True, foreign_tenants=["a"],
-                     pages_written_by_self=18, stale_pages_read=1, double_frees=["prefill_kv:r0"]),
-        "head": dict(status=200, late_result="ignored", foreign_canary_seen=False,
-                     pages_written_by_self=19, stale_pages_read=0, double_frees=[], leaks=[]),
+        "base": dict(
+            status=200,
+            late_result="acted",
+            foreign_canary_seen=True,
+            foreign_tenants=["a"],
+            pages_written_by_self=18,
+            stale_pages_read=1,
+            double_frees=["prefill_kv:r0"],
+        ),
+        "head": dict(
+            status=200,
+            late_result="ignored",
+            foreign_canary_seen=False,
+            pages_written_by_self=19,
+            stale_pages_read=0,
+            double_frees=[],
+            leaks=[],
+        ),
     },
 }
 
 KEPT = dict(retired_at_door=False, enqueued=True, handoff_created=True, stub_forward_passes=0)
-RETIRED = dict(retired_at_door=True, enqueued=False, handoff_created=False, stub_forward_passes=0,
-               status=400, resources_freed_count=0, double_frees=[], leaks=[])
-EXPECTED.update({
-    "admission/prefill.rejected_new": {
-        "base": dict(retired_at_door=False, enqueued=True, handoff_created=True, stub_forward_passes=1,
-                     resources_freed_count=2, double_frees=["metadata_buffer:r0"], leaks=[]),
-        "head": RETIRED,
-    },
-    "admission/decode.rejected_new": {
-        "base": dict(KEPT, resources_freed_count=2, double_frees=[], leaks=[]),
-        "head": RETIRED,
-    },
-    "admission/prefill.valid_new": both(**KEPT, resources_freed_count=2, double_frees=[], leaks=[],
-                                        finished_reason_set=False),
-    "admission/prefill.preempted_reentry": {
-        "base": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3,
-                     double_frees=["metadata_buffer:r0"], leaks=[]),
-        "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=[], leaks=[]),
-    },
-    "admission/decode.retracted_reentry": both(**KEPT, resources_freed_count=2, double_frees=[], leaks=[]),
-    "admission/decode.rebootstrapped_reentry": both(**KEPT, resources_freed_count=2, double_frees=[],
-                                                    leaks=[]),
-    "admission/prefill.holding_kv": {
-        "base": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3,
-                     double_frees=["metadata_buffer:r0"], leaks=[]),
-        "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=[], leaks=[]),
-    },
-    "admission/prefill.holding_mamba": {
-        "base": dict(KEPT, resources_held_at_entry=1, resources_freed_count=2,
-                     double_frees=["metadata_buffer:r0"], leaks=["mamba:r0"]),
-        "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=[], leaks=[]),
-    },
-    "admission/prefill.holding_metadata": {
-        "base": dict(KEPT, resources_held_at_entry=1, resources_freed_count=2,
-                     double_frees=["metadata_buffer:r0"], leaks=[]),
-        "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=2, double_frees=[], leaks=[]),
-    },
-    "admission/null_mode.rejected": both(retired_at_door=False, enqueued=True, handoff_created=False,
-                                         stub_forward_passes=1, status=400, resources_freed_count=0),
-    "admission/session.streaming_detach": {
-        "base": dict(retired_at_door=False, enqueued=True, handoff_created=True,
-                     session_detached_at_door=False, session_attached_after_door=True,
-                     session_detached_in_the_end=True),
-        "head": dict(retired_at_door=True, enqueued=False, handoff_created=False, status=400,
-                     session_detached_at_door=True, session_attached_after_door=False,
-                     session_detached_in_the_end=True),
-    },
-})
+RETIRED = dict(
+    retired_at_door=True,
+    enqueued=False,
+    handoff_created=False,
+    stub_forward_passes=0,
+    status=400,
+    resources_freed_count=0,
+    double_frees=[],
+    leaks=[],
+)
+EXPECTED.update(
+    {
+        "admission/prefill.rejected_new": {
+            "base": dict(
+                retired_at_door=False,
+                enqueued=True,
+                handoff_created=True,
+                stub_forward_passes=1,
+                resources_freed_count=2,
+                double_frees=["metadata_buffer:r0"],
+                leaks=[],
+            ),
+            "head": RETIRED,
+        },
+        "admission/decode.rejected_new": {
+            "base": dict(KEPT, resources_freed_count=2, double_frees=[], leaks=[]),
+            "head": RETIRED,
+        },
+        "admission/prefill.valid_new": both(
+            **KEPT, resources_freed_count=2, double_frees=[], leaks=[], finished_reason_set=False
+        ),
+        "admission/prefill.preempted_reentry": {
+            "base": dict(
+                KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=["metadata_buffer:r0"], leaks=[]
+            ),
+            "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=[], leaks=[]),
+        },
+        "admission/decode.retracted_reentry": both(**KEPT, resources_freed_count=2, double_frees=[], leaks=[]),
+        "admission/decode.rebootstrapped_reentry": both(**KEPT, resources_freed_count=2, double_frees=[], leaks=[]),
+        "admission/prefill.holding_kv": {
+            "base": dict(
+                KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=["metadata_buffer:r0"], leaks=[]
+            ),
+            "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=[], leaks=[]),
+        },
+        "admission/prefill.holding_mamba": {
+            "base": dict(
+                KEPT,
+                resources_held_at_entry=1,
+                resources_freed_count=2,
+                double_frees=["metadata_buffer:r0"],
+                leaks=["mamba:r0"],
+            ),
+            "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=[], leaks=[]),
+        },
+        "admission/prefill.holding_metadata": {
+            "base": dict(
+                KEPT, resources_held_at_entry=1, resources_freed_count=2, double_frees=["metadata_buffer:r0"], leaks=[]
+            ),
+            "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=2, double_frees=[], leaks=[]),
+        },
+        "admission/null_mode.rejected": both(
+            retired_at_door=False,
+            enqueued=True,
+            handoff_created=False,
+            stub_forward_passes=1,
+            status=400,
+            resources_freed_count=0,
+        ),
+        "admission/session.streaming_detach": {
+            "base": dict(
+                retired_at_door=False,
+                enqueued=True,
+                handoff_created=True,
+                session_detached_at_door=False,
+                session_attached_after_door=True,
+                session_detached_in_the_end=True,
+            ),
+            "head": dict(
+                retired_at_door=True,
+                enqueued=False,
+                handoff_created=False,
+                status=400,
+                session_detached_at_door=True,
+                session_attached_after_door=False,
+                session_detached_in_the_end=True,
+            ),
+        },
+    }
+)
 
-BUDGET = dict(seed=invariants.SEED, max_examples=invariants.MAX_EXAMPLES,
-              stateful_step_count=invariants.STEPS)
+BUDGET = dict(seed=invariants.SEED, max_examples=invariants.MAX_EXAMPLES, stateful_step_count=invariants.STEPS)
 FOUND, NONE = dict(counterexample_found=True, **BUDGET), dict(counterexample_found=False, **BUDGET)
-EXPECTED.update({
-    "invariants/decode_reads_own_pages": {"base": FOUND, "head": NONE},
-    "invariants/resources_freed_once": {"base": FOUND, "head": NONE},
-    "invariants/rejected_no_handoff": {"base": FOUND, "head": NONE},
-    "invariants/decode_reads_own_pages.no_deferred_release": both(**FOUND),
-    "invariants/resources_freed_once.fixed_door_pre_36988": both(**FOUND),
-})
+EXPECTED.update(
+    {
+        "invariants/decode_reads_own_pages": {"base": FOUND, "head": NONE},
+        "invariants/resources_freed_once": {"base": FOUND, "head": NONE},
+        "invariants/rejected_no_handoff": {"base": FOUND, "head": NONE},
+        "invariants/decode_reads_own_pages.no_deferred_release": both(**FOUND),
+        "invariants/resources_freed_once.fixed_door_pre_36988": both(**FOUND),
+    }
+)
 
 # which invariant a case searches (for replaying its trace)
 CASE_INVARIANT = {name: name.split(".")[0] for name in invariants.CASES}
@@ -144,6 +266,7 @@ def _subset(observed: dict, expected: dict) -> dict:
 
 
 # ---------------------------------------------------------------- coverage of the table
+
 
 def test_every_case_has_expectations_for_both_sides():
     registered = {f"{p}/{c}" for p, mod in MODULES.items() for c in mod.CASES}
@@ -161,10 +284,15 @@ def test_case_names_and_docstrings():
 
 # ---------------------------------------------------------------- the model's pieces
 
+
 def test_switches_round_trip_and_are_strict():
     assert m.Switches.from_dict(m.BASE.to_dict()) == m.BASE
-    assert m.HEAD.to_dict() == {"door": "pending_reject", "result_cleanup": "post_36988",
-                                "kv_checksum": False, "deferred_release": True}
+    assert m.HEAD.to_dict() == {
+        "door": "pending_reject",
+        "result_cleanup": "post_36988",
+        "kv_checksum": False,
+        "deferred_release": True,
+    }
     with pytest.raises(ValueError, match="missing"):
         m.Switches.from_dict({"door": "finished"})
     with pytest.raises(ValueError, match="unknown"):
@@ -188,16 +316,21 @@ def test_rejection_hides_in_to_finish_until_update_finish_state():
     req.set_finish_with_abort(m.ABORT_TOO_LONG)
     assert req.origin_input_ids == [0] and req.to_finish == m.ABORT_TOO_LONG
     assert not req.finished()
-    assert m.door_admits(req, "finished")           # the pre-#38935 door lets it in
+    assert m.door_admits(req, "finished")  # the pre-#38935 door lets it in
     assert not m.door_admits(req, "pending_reject")  # the #38935 door does not
     req.update_finish_state()
     assert req.finished() and req.to_finish is None
 
 
 def test_door_keeps_reentry():
-    for flags, holds in (({"is_retracted": True}, None), ({"is_rebootstrap": True}, None),
-                         ({}, "metadata_buffer_index"), ({}, "kv_retraction_backup"),
-                         ({}, "holds_kv"), ({}, "holds_mamba")):
+    for flags, holds in (
+        ({"is_retracted": True}, None),
+        ({"is_rebootstrap": True}, None),
+        ({}, "metadata_buffer_index"),
+        ({}, "kv_retraction_backup"),
+        ({}, "holds_kv"),
+        ({}, "holds_mamba"),
+    ):
         req = m.Req("r0", "a", [1])
         req.to_finish = "abort"
         if holds:
@@ -233,8 +366,7 @@ def test_released_pages_keep_their_contents():
 HANDOFF_ADMISSION = [(p, c, s) for p in ("handoff", "admission") for c in MODULES[p].CASES for s in SIDES]
 
 
-@pytest.mark.parametrize("probe,case,side", HANDOFF_ADMISSION,
-                         ids=[f"{p}/{c}[{s}]" for p, c, s in HANDOFF_ADMISSION])
+@pytest.mark.parametrize("probe,case,side", HANDOFF_ADMISSION, ids=[f"{p}/{c}[{s}]" for p, c, s in HANDOFF_ADMISSION])
 def test_case(probe, case, side):
     observed = MODULES[probe].CASES[case](SIDES[side])
     expected = EXPECTED[f"{probe}/{case}"][side]
@@ -244,8 +376,12 @@ def test_case(probe, case, side):
 
 def test_base_and_head_differ_where_the_fixes_act():
     """A guard against a model that always passes: the headline cases must differ."""
-    for key in ("handoff/over_pool.buggy_door", "handoff/late_result.after_abort",
-                "admission/prefill.rejected_new", "admission/session.streaming_detach"):
+    for key in (
+        "handoff/over_pool.buggy_door",
+        "handoff/late_result.after_abort",
+        "admission/prefill.rejected_new",
+        "admission/session.streaming_detach",
+    ):
         probe, case = key.split("/")
         fn = MODULES[probe].CASES[case]
         assert fn(m.BASE) != fn(m.HEAD), key
@@ -280,13 +416,20 @@ def test_head_is_clean_on_every_example_the_search_generates():
 
 # ---------------------------------------------------------------- run like the runner
 
+
 def _run_probe(stem: str, side: str, tmp_path: Path, config: str | None = "side") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "KVPROBE_SIDE_CONFIG"}
     env["PYTHONPATH"] = f"{MODEL_DIR}:{PROBE_API}"
     if config == "side":
         env["KVPROBE_SIDE_CONFIG"] = json.dumps({"side": side, "switches": SIDES[side].to_dict()})
-    return subprocess.run([sys.executable, str(MODEL_DIR / f"{stem}.py"), "--out", str(tmp_path / "out.json")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(MODEL_DIR / f"{stem}.py"), "--out", str(tmp_path / "out.json")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 RUNS = [(stem, side) for stem in MODULES for side in SIDES]

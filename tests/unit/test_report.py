@@ -13,66 +13,108 @@ from click.testing import CliRunner
 from jsonschema import Draft202012Validator, FormatChecker
 
 from kvprobe import files, schema
-from kvprobe.exports import bundle_view, intoto, markdown, openvex, render
-from kvprobe.evidence import compare
-from kvprobe.evidence import manifest
 from kvprobe.cli import main
 from kvprobe.errors import SchemaError, UsageError, VerificationFailed
-from kvprobe.resources import schemas_dir
+from kvprobe.evidence import compare, manifest
+from kvprobe.exports import bundle_view, intoto, markdown, openvex, render
 from kvprobe.names import PYTEST_REPORT_SCHEMA
+from kvprobe.resources import schemas_dir
 
 TEST_FILE = "test/unit/test_door.py"
 HOSTILE = "a|b\nc\\|d `tick` <b>x</b> | end"
 WHEELS = {
-    "base": {"kind": "wheel", "package": "sglang", "version": "0.5.19",
-             "filename": "sglang-0.5.19-cp311-cp311-manylinux_2_34_x86_64.whl", "sha256": "1" * 64},
-    "head": {"kind": "wheel", "package": "sglang", "version": "0.5.20",
-             "filename": "sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl", "sha256": "2" * 64},
+    "base": {
+        "kind": "wheel",
+        "package": "sglang",
+        "version": "0.5.19",
+        "filename": "sglang-0.5.19-cp311-cp311-manylinux_2_34_x86_64.whl",
+        "sha256": "1" * 64,
+    },
+    "head": {
+        "kind": "wheel",
+        "package": "sglang",
+        "version": "0.5.20",
+        "filename": "sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl",
+        "sha256": "2" * 64,
+    },
 }
 COMMITS = {"base": {"kind": "git", "commit": "a" * 40}, "head": {"kind": "git", "commit": "b" * 40}}
-MODEL = {"base": {"kind": "synthetic", "switches": {"guard": False}},
-         "head": {"kind": "synthetic", "switches": {"guard": True}}}
+MODEL = {
+    "base": {"kind": "synthetic", "switches": {"guard": False}},
+    "head": {"kind": "synthetic", "switches": {"guard": True}},
+}
 DOES_NOT_SHOW = ["a cross-tenant leak: no tenant data", "anything on a GPU\nor over RDMA"]
 
 
 # --------------------------------------------------------------------------- builders
 
+
 def _case(name, observations, error=None):
-    return {"name": name, "status": "raised" if error else "ok", "observations": observations,
-            "error": {"type": error, "root_type": error} if error else None}
+    return {
+        "name": name,
+        "status": "raised" if error else "ok",
+        "observations": observations,
+        "error": {"type": error, "root_type": error} if error else None,
+    }
 
 
 def _probe_docs():
     return {
-        "base": {"door": {"cases": [
-            _case("door.rejected", {"queued": True, "senders": 1, "note": HOSTILE}),
-            _case("door.crash", {"partial": 1}, error="AttributeError"),
-        ]}},
-        "head": {"door": {"cases": [
-            _case("door.rejected", {"queued": False, "senders": 0, "note": "fixed"}),
-            _case("door.crash", {"partial": 1, "retired": True}),
-        ]}},
+        "base": {
+            "door": {
+                "cases": [
+                    _case("door.rejected", {"queued": True, "senders": 1, "note": HOSTILE}),
+                    _case("door.crash", {"partial": 1}, error="AttributeError"),
+                ]
+            }
+        },
+        "head": {
+            "door": {
+                "cases": [
+                    _case("door.rejected", {"queued": False, "senders": 0, "note": "fixed"}),
+                    _case("door.crash", {"partial": 1, "retired": True}),
+                ]
+            }
+        },
     }
 
 
 def _expectations(*, reproduce: bool = True):
     return {
-        "base": {"door/door.rejected": {"queued": True, "senders": 1},
-                 "door/door.crash": {"raised": "AttributeError"}},
-        "head": {"door/door.rejected": {"queued": not reproduce, "senders": 0},
-                 "door/door.crash": {"raised": False, "retired": True}},
+        "base": {"door/door.rejected": {"queued": True, "senders": 1}, "door/door.crash": {"raised": "AttributeError"}},
+        "head": {
+            "door/door.rejected": {"queued": not reproduce, "senders": 0},
+            "door/door.crash": {"raised": False, "retired": True},
+        },
     }
 
 
 def _entry(name, when="call", outcome="passed", exception=None):
-    return {"nodeid": f"{TEST_FILE}::{name}", "when": when, "outcome": outcome, "duration": 0.01,
-            "exception": exception, "subtest": None, "xfail": None, "wasxfail": None, "longrepr": ""}
+    return {
+        "nodeid": f"{TEST_FILE}::{name}",
+        "when": when,
+        "outcome": outcome,
+        "duration": 0.01,
+        "exception": exception,
+        "subtest": None,
+        "xfail": None,
+        "wasxfail": None,
+        "longrepr": "",
+    }
 
 
 def _report_doc(tests, exitstatus):
-    return {"schema": PYTEST_REPORT_SCHEMA, "complete": True, "exitstatus": exitstatus, "pytest_version": "9.2.0",
-            "collected": 7, "tests": tests, "collection_errors": [], "running": None,
-            "runner": {"file_nodeid": TEST_FILE, "returncode": exitstatus, "timed_out": False, "timeout_s": 60}}
+    return {
+        "schema": PYTEST_REPORT_SCHEMA,
+        "complete": True,
+        "exitstatus": exitstatus,
+        "pytest_version": "9.2.0",
+        "collected": 7,
+        "tests": tests,
+        "collection_errors": [],
+        "running": None,
+        "runner": {"file_nodeid": TEST_FILE, "returncode": exitstatus, "timed_out": False, "timeout_s": 60},
+    }
 
 
 def _test_runs():
@@ -81,43 +123,73 @@ def _test_runs():
     for i in range(7):
         name = f"test_{i}"
         root = "ValueError" if i == 6 else "AttributeError"
-        exc = {"top_type": "Exception", "root_type": root, "root_module": "builtins", "root_message": "stub",
-               "chain": ["Exception", root], "assertion": False}
+        exc = {
+            "top_type": "Exception",
+            "root_type": root,
+            "root_module": "builtins",
+            "root_message": "stub",
+            "chain": ["Exception", root],
+            "assertion": False,
+        }
         base += [_entry(name, "setup"), _entry(name, "call", "failed", exc), _entry(name, "teardown")]
         head += [_entry(name, "setup"), _entry(name), _entry(name, "teardown")]
-    return {TEST_FILE: {"base": {"report": _report_doc(base, 1), "problem": None, "exit_code": 1},
-                        "head": {"report": _report_doc(head, 0), "problem": None, "exit_code": 0}}}
+    return {
+        TEST_FILE: {
+            "base": {"report": _report_doc(base, 1), "problem": None, "exit_code": 1},
+            "head": {"report": _report_doc(head, 0), "problem": None, "exit_code": 0},
+        }
+    }
 
 
 def make_receipt(pins=WHEELS, *, reproduce=True, tests=True):
     kind = pins["base"]["kind"]
     expect = _expectations(reproduce=reproduce)
-    comparison = compare.compare(expect=expect, probe_docs=_probe_docs(), probe_problems={},
-                                 test_runs=_test_runs() if tests else {})
+    comparison = compare.compare(
+        expect=expect, probe_docs=_probe_docs(), probe_problems={}, test_runs=_test_runs() if tests else {}
+    )
     receipt = {
         "schema": "kvprobe.receipt/1",
         "tool": {"name": "kvprobe", "version": "0.1.0"},
         "run_id": "exp-x-set-20260101T000000Z-abcdef",
         "created_utc": "2026-01-01T00:00:00Z",
-        "experiment": {"id": "exp-x", "title": "PR #123: retire | rejected\nrequests", "layer": "diff-probe",
-                       "file": "probes/exp-x/experiment.toml", "sha256": "3" * 64,
-                       "upstream": "https://github.com/sgl-project/sglang", "profile": "sglang-cpu",
-                       "fix": {"prs": [123], "release": "0.5.20", "summary": "Retires rejected\nrequests at the door."}},
+        "experiment": {
+            "id": "exp-x",
+            "title": "PR #123: retire | rejected\nrequests",
+            "layer": "diff-probe",
+            "file": "probes/exp-x/experiment.toml",
+            "sha256": "3" * 64,
+            "upstream": "https://github.com/sgl-project/sglang",
+            "profile": "sglang-cpu",
+            "fix": {"prs": [123], "release": "0.5.20", "summary": "Retires rejected\nrequests at the door."},
+        },
         "pin_set": {"name": "set", "kind": kind, "pr": 123 if kind == "git" else None, "python_path": ["."]},
-        "sides": {side: {"pin": pins[side], "source": dict(pins[side]), "tests": [], "probes": []}
-                  for side in ("base", "head")},
-        "env": {"key": "k", "python": "3.11.7", "profile": "sglang-cpu", "lock_name": "sglang-cpu.txt",
-                "lock_sha256": "4" * 64, "packages": {}, "torch": None, "torch_index": None,
-                "shared_by_sides": True},
+        "sides": {
+            side: {"pin": pins[side], "source": dict(pins[side]), "tests": [], "probes": []}
+            for side in ("base", "head")
+        },
+        "env": {
+            "key": "k",
+            "python": "3.11.7",
+            "profile": "sglang-cpu",
+            "lock_name": "sglang-cpu.txt",
+            "lock_sha256": "4" * 64,
+            "packages": {},
+            "torch": None,
+            "torch_index": None,
+            "shared_by_sides": True,
+        },
         "host": {"system": "Linux", "machine": "x86_64"},
         "settings": {},
         "expectations": expect,
         "comparison": comparison,
         "verdict": comparison["verdict"],
-        "evidence": {"layer": "diff-probe", "shows": "A code-path difference\nbetween pins.",
-                     "does_not_show": list(DOES_NOT_SHOW),
-                     "mocks": {"door": {"kv|sender": "MagicMock: counts sends\nline | two <script>"}},
-                     "limits": ["CPU only"]},
+        "evidence": {
+            "layer": "diff-probe",
+            "shows": "A code-path difference\nbetween pins.",
+            "does_not_show": list(DOES_NOT_SHOW),
+            "mocks": {"door": {"kv|sender": "MagicMock: counts sends\nline | two <script>"}},
+            "limits": ["CPU only"],
+        },
         "timings": {"checks_s": 1.0},
     }
     schema.validate(receipt, "kvprobe.receipt/1", source="test receipt")
@@ -135,8 +207,10 @@ def make_bundle(root: Path, receipt: dict) -> str:
 
 
 def view_of(receipt, digest="5" * 64, name="exp-x-bundle"):
-    files = [{"path": "receipt.json", "size": 1, "sha256": "6" * 64},
-             {"path": "raw/base/door.json", "size": 1, "sha256": "7" * 64}]
+    files = [
+        {"path": "receipt.json", "size": 1, "sha256": "6" * 64},
+        {"path": "raw/base/door.json", "size": 1, "sha256": "7" * 64},
+    ]
     return bundle_view.BundleView(receipt, {"schema": "kvprobe.manifest/1", "files": files}, digest, name)
 
 
@@ -154,13 +228,14 @@ def assert_valid(doc, name):
 
 # --------------------------------------------------------------- Markdown parsed back
 
+
 def split_row(line: str) -> list[str]:
     """Cells of a GFM table row: a backslash takes the next character with it (cmark-gfm)."""
     assert line.startswith("|") and line.endswith("|"), line
     cells, current, i = [], "", 0
     while i < len(line):
         if line[i] == "\\":
-            current += line[i:i + 2]
+            current += line[i : i + 2]
             i += 2
         elif line[i] == "|":
             cells.append(current)
@@ -196,8 +271,11 @@ def tables(md: str) -> list[dict]:
 
 
 def table_with(md, first_header, second_header=None):
-    return [t for t in tables(md) if t["header"][0] == first_header
-            and (second_header is None or t["header"][1] == second_header)]
+    return [
+        t
+        for t in tables(md)
+        if t["header"][0] == first_header and (second_header is None or t["header"][1] == second_header)
+    ]
 
 
 def test_markdown_has_verdict_pins_digest_verify_command_and_scope():
@@ -272,13 +350,19 @@ def test_markdown_pipes_newlines_and_html_in_values_do_not_break_tables():
     assert "## kvprobe evidence: exp-x: PR #123: retire | rejected requests" in md.split("\n")
 
 
-@pytest.mark.parametrize(("kinds", "text"), [
-    ({"assertion": 0, "AttributeError": 6, "ValueError": 1}, "6 AttributeError + 1 ValueError, 0 assertion failures"),
-    ({"assertion": 3}, "3 assertion failures"),
-    ({"assertion": 1}, "1 assertion failure"),
-    ({}, "0 assertion failures"),
-    ({"assertion": 0, "collection": 2, "timeout": 1}, "2 collection errors + 1 timeout, 0 assertion failures"),
-])
+@pytest.mark.parametrize(
+    ("kinds", "text"),
+    [
+        (
+            {"assertion": 0, "AttributeError": 6, "ValueError": 1},
+            "6 AttributeError + 1 ValueError, 0 assertion failures",
+        ),
+        ({"assertion": 3}, "3 assertion failures"),
+        ({"assertion": 1}, "1 assertion failure"),
+        ({}, "0 assertion failures"),
+        ({"assertion": 0, "collection": 2, "timeout": 1}, "2 collection errors + 1 timeout, 0 assertion failures"),
+    ],
+)
 def test_failure_kinds_text(kinds, text):
     assert bundle_view.failure_kinds_text(kinds) == text
 
@@ -297,6 +381,7 @@ def test_cell_escaping_round_trips_for_any_text(text):
 
 # --------------------------------------------------------------------------- OpenVEX
 
+
 def test_openvex_reproduced_wheels():
     receipt = make_receipt()
     view = view_of(receipt)
@@ -306,8 +391,13 @@ def test_openvex_reproduced_wheels():
     assert doc["timestamp"] == receipt["created_utc"] and doc["version"] == 1
     base, head = doc["statements"]
     assert (base["status"], head["status"]) == ("affected", "fixed")
-    assert base["products"] == [{"@id": "pkg:pypi/sglang@0.5.19", "identifiers": {"purl": "pkg:pypi/sglang@0.5.19"},
-                                 "hashes": {"sha-256": "1" * 64}}]
+    assert base["products"] == [
+        {
+            "@id": "pkg:pypi/sglang@0.5.19",
+            "identifiers": {"purl": "pkg:pypi/sglang@0.5.19"},
+            "hashes": {"sha-256": "1" * 64},
+        }
+    ]
     assert head["products"][0]["@id"] == "pkg:pypi/sglang@0.5.20"
     assert head["products"][0]["hashes"] == {"sha-256": "2" * 64}
     assert "Upgrade sglang to 0.5.20 or later" in base["action_statement"]
@@ -334,8 +424,12 @@ def test_openvex_git_pins_are_github_purls():
     doc = openvex.openvex(view_of(make_receipt(COMMITS)))
     assert_valid(doc, "openvex-0.2.0.schema.json")
     base, head = doc["statements"]
-    assert base["products"] == [{"@id": f"pkg:github/sgl-project/sglang@{'a' * 40}",
-                                 "identifiers": {"purl": f"pkg:github/sgl-project/sglang@{'a' * 40}"}}]
+    assert base["products"] == [
+        {
+            "@id": f"pkg:github/sgl-project/sglang@{'a' * 40}",
+            "identifiers": {"purl": f"pkg:github/sgl-project/sglang@{'a' * 40}"},
+        }
+    ]
     assert head["products"][0]["@id"] == f"pkg:github/sgl-project/sglang@{'b' * 40}"
     assert "Backport #123" in base["action_statement"]
 
@@ -353,6 +447,7 @@ def test_render_validates_and_serializes():
 
 
 # ----------------------------------------------------------------------------- in-toto
+
 
 def test_intoto_wheels_subjects_and_predicate():
     receipt = make_receipt()
@@ -399,6 +494,7 @@ def test_synthetic_receipt_still_renders_markdown_and_intoto():
 
 # -------------------------------------------------------------------- bundles and CLI
 
+
 def test_load_reads_a_bundle(tmp_path):
     receipt = make_receipt()
     digest = make_bundle(tmp_path / "b", receipt)
@@ -413,8 +509,10 @@ def test_load_refuses_duplicate_keys_and_tampering(tmp_path):
     receipt = make_receipt()
     make_bundle(tmp_path / "dup", receipt)
     path = tmp_path / "dup" / "receipt.json"
-    path.write_text(path.read_text(encoding="utf-8").replace('{\n  "comparison"', '{\n  "verdict": "x",\n  "comparison"', 1),
-                    encoding="utf-8")
+    path.write_text(
+        path.read_text(encoding="utf-8").replace('{\n  "comparison"', '{\n  "verdict": "x",\n  "comparison"', 1),
+        encoding="utf-8",
+    )
     with pytest.raises(SchemaError, match="duplicate key"):
         bundle_view.load(tmp_path / "dup")
     make_bundle(tmp_path / "tampered", receipt)
@@ -466,8 +564,9 @@ def test_cli_tampered_bundle_exits_1_and_writes_nothing(tmp_path):
     make_bundle(bundle, make_receipt())
     (bundle / "raw" / "base" / "door.json").write_text('{"cases": [1]}\n', encoding="utf-8")
     out = tmp_path / "vex.json"
-    result = CliRunner().invoke(main, ["report", str(bundle), "--format", "openvex", "-o", str(out)],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["report", str(bundle), "--format", "openvex", "-o", str(out)], catch_exceptions=False
+    )
     assert result.exit_code == 1
     assert "raw/base/door.json" in result.output
     assert not out.exists()
@@ -488,7 +587,8 @@ def test_git_pins_outside_github_are_generic_purls_with_vcs_url():
     doc = openvex.openvex(view_of(receipt))
     assert_valid(doc, "openvex-0.2.0.schema.json")
     assert doc["statements"][0]["products"][0]["@id"] == (
-        f"pkg:generic/sglang@{'a' * 40}?vcs_url=git%2Bhttps%3A%2F%2Fgit.example.org%2Fmirror%2Fsglang.git%40{'a' * 40}")
+        f"pkg:generic/sglang@{'a' * 40}?vcs_url=git%2Bhttps%3A%2F%2Fgit.example.org%2Fmirror%2Fsglang.git%40{'a' * 40}"
+    )
     receipt["experiment"]["upstream"] = None
     with pytest.raises(UsageError, match="names no upstream"):
         openvex.openvex(view_of(receipt))

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvprobe.evidence import compare, manifest
 from kvprobe.cli import main
+from kvprobe.evidence import compare, manifest
 from tests import forge
 
 
@@ -74,6 +74,7 @@ B = "raw/base/probes/doors.json"
 
 # --- the valid bundle --------------------------------------------------------------------
 
+
 def test_pristine_forge_verifies(env):
     doc = verify(env, env["bundle"], code=0)
     assert doc["outcome"] == "verified" and defects(doc) == []
@@ -89,6 +90,7 @@ def test_pristine_forge_passes_its_own_sha256sums_format(env):
 
 
 # --- step 1: layout ----------------------------------------------------------------------
+
 
 def test_symlink_to_outside(env):
     target = env["bundle"] / "logs/base/probes/doors.stderr"
@@ -176,10 +178,14 @@ def test_bundle_over_total_cap(env):
 
 # --- step 2: documents -------------------------------------------------------------------
 
+
 def test_duplicate_key(env):
     path = env["bundle"] / "receipt.json"
-    path.write_bytes(path.read_bytes().replace(b'"verdict": "reproduced"\n}',
-                                               b'"verdict": "reproduced",\n  "verdict": "reproduced"\n}'))
+    path.write_bytes(
+        path.read_bytes().replace(
+            b'"verdict": "reproduced"\n}', b'"verdict": "reproduced",\n  "verdict": "reproduced"\n}'
+        )
+    )
     forge.rehash(env["bundle"])
     doc = verify(env, env["bundle"], code=1)
     assert_defect(doc, "json-duplicate-key", "receipt.json", step=2)
@@ -222,6 +228,7 @@ def test_invalid_utf8_json(env):
 
 
 # --- step 3: integrity -------------------------------------------------------------------
+
 
 def test_byte_flipped(env):
     path = env["bundle"] / B
@@ -307,7 +314,7 @@ def test_dotdot_entry_in_sums(env):
 def test_oversized_file_claim(env):
     doc_ = forge.load(env["bundle"], "manifest.json")
     entry = next(f for f in doc_["files"] if f["path"] == "README.md")
-    entry["size"] = 10 ** 13
+    entry["size"] = 10**13
     forge.write_manifest_doc(env["bundle"], doc_)
     doc = verify(env, env["bundle"], code=1)
     defect = assert_defect(doc, "oversized-claim", "README.md", step=3)
@@ -322,6 +329,7 @@ def test_manifest_not_canonical(env):
 
 
 # --- step 4: consistency -----------------------------------------------------------------
+
 
 def test_forged_verdict_with_consistent_hashes(env):
     def forge_verdict(receipt):
@@ -427,6 +435,7 @@ def test_raw_output_of_the_other_side(env):
 
 # --- step 5: authenticity ----------------------------------------------------------------
 
+
 def test_expected_manifest_digest_matches(env):
     digest = forge.sha((env["bundle"] / "manifest.json").read_bytes())
     doc = verify(env, env["bundle"], "--expect-manifest-sha256", digest, code=0)
@@ -440,12 +449,14 @@ def test_expected_manifest_digest_mismatch(env):
 
 
 def test_bad_expected_digest_is_usage_error(env):
-    result = CliRunner().invoke(main, ["verify", str(env["bundle"]), "--expect-manifest-sha256", "abc"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["verify", str(env["bundle"]), "--expect-manifest-sha256", "abc"], catch_exceptions=False
+    )
     assert result.exit_code == 2 and "64-hex" in result.stderr
 
 
 # --- not a bundle ------------------------------------------------------------------------
+
 
 def test_not_a_bundle(env):
     empty = env["tmp"] / "empty"
@@ -465,9 +476,9 @@ def test_corrupt_archive_is_not_a_bundle(env):
 
 # --- archives ----------------------------------------------------------------------------
 
+
 def pack(env, bundle: Path, out: Path, code: int = 0):
-    result = CliRunner().invoke(main, ["bundle", "pack", str(bundle), "-o", str(out), "--json"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(main, ["bundle", "pack", str(bundle), "-o", str(out), "--json"], catch_exceptions=False)
     assert result.exit_code == code, result.stderr
     return json.loads(result.stdout) if code == 0 else result
 
@@ -503,15 +514,18 @@ def test_tampered_archive_fails_like_the_directory(env):
     assert any(d["code"] in ("digest-mismatch", "size-mismatch") and d["path"] == "README.md" for d in defects(doc))
 
 
-@pytest.mark.parametrize("name, kind, link, code", [
-    ("b/logs/evil", tarfile.SYMTYPE, "/etc/passwd", "archive-link-member"),
-    ("b/logs/hard", tarfile.LNKTYPE, "b/receipt.json", "archive-link-member"),
-    ("b/../../canary/pwned", tarfile.REGTYPE, "", "archive-traversal"),
-    ("/tmp/kvprobe-absolute-pwned", tarfile.REGTYPE, "", "archive-traversal"),
-    ("b/logs/null", tarfile.CHRTYPE, "", "archive-special-member"),
-    ("b/logs/pipe", tarfile.FIFOTYPE, "", "archive-special-member"),
-], ids=["symlink-member", "hardlink-member", "dotdot-member", "absolute-member", "device-member",
-        "fifo-member"])
+@pytest.mark.parametrize(
+    "name, kind, link, code",
+    [
+        ("b/logs/evil", tarfile.SYMTYPE, "/etc/passwd", "archive-link-member"),
+        ("b/logs/hard", tarfile.LNKTYPE, "b/receipt.json", "archive-link-member"),
+        ("b/../../canary/pwned", tarfile.REGTYPE, "", "archive-traversal"),
+        ("/tmp/kvprobe-absolute-pwned", tarfile.REGTYPE, "", "archive-traversal"),
+        ("b/logs/null", tarfile.CHRTYPE, "", "archive-special-member"),
+        ("b/logs/pipe", tarfile.FIFOTYPE, "", "archive-special-member"),
+    ],
+    ids=["symlink-member", "hardlink-member", "dotdot-member", "absolute-member", "device-member", "fifo-member"],
+)
 def test_hostile_archive_member(env, name, kind, link, code):
     data = b"pwned\n" if kind == tarfile.REGTYPE else None
     archive = forge.tar_of(env["bundle"], env["tmp"] / "h.tar.gz", [forge.member(name, kind, data, link)])
@@ -523,15 +537,17 @@ def test_hostile_archive_member(env, name, kind, link, code):
 
 
 def test_archive_duplicate_member(env):
-    archive = forge.tar_of(env["bundle"], env["tmp"] / "d.tar.gz",
-                           [forge.member("b/README.md", tarfile.REGTYPE, b"second copy\n")])
+    archive = forge.tar_of(
+        env["bundle"], env["tmp"] / "d.tar.gz", [forge.member("b/README.md", tarfile.REGTYPE, b"second copy\n")]
+    )
     doc = verify(env, archive, code=1)
     assert_defect(doc, "archive-duplicate-member", "b/README.md", step=1)
 
 
 def test_archive_case_collision(env):
-    archive = forge.tar_of(env["bundle"], env["tmp"] / "c.tar.gz",
-                           [forge.member("b/readme.md", tarfile.REGTYPE, b"shadow\n")])
+    archive = forge.tar_of(
+        env["bundle"], env["tmp"] / "c.tar.gz", [forge.member("b/readme.md", tarfile.REGTYPE, b"shadow\n")]
+    )
     doc = verify(env, archive, code=1)
     assert_defect(doc, "name-collision", "b/readme.md", step=1)
 
@@ -547,6 +563,7 @@ def test_archive_gzip_bomb_is_capped(env):
 
 
 # --- step 6: rerun (the runner replaced; no subprocess here) -----------------------------
+
 
 def _fake_run(receipt_change=None, error=None):
     from kvprobe.run.runner import RunResult
@@ -619,6 +636,7 @@ def test_rerun_is_skipped_for_a_bundle_that_does_not_verify(env, monkeypatch):
 
 # --- speed -------------------------------------------------------------------------------
 
+
 def test_verification_is_fast(env):
     import time
 
@@ -632,8 +650,10 @@ def test_verification_is_fast(env):
 
 
 def test_manifest_module_digest_is_the_bundle_digest(env):
-    assert manifest.sha256_bytes((env["bundle"] / "manifest.json").read_bytes()) == \
-        verify(env, env["bundle"], code=0)["manifest_sha256"]
+    assert (
+        manifest.sha256_bytes((env["bundle"] / "manifest.json").read_bytes())
+        == verify(env, env["bundle"], code=0)["manifest_sha256"]
+    )
 
 
 def test_bundle_from_another_comparison_algorithm_is_named_not_called_forged(env, tmp_path):
