@@ -50,5 +50,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter):
     if _deselected:
-        terminalreporter.write_line(f"attack tier: {len(_deselected)} hostile-publisher tests not run "
-                                    "(issue #11); run them with: python -m pytest -m attack")
+        terminalreporter.write_line(
+            f"attack tier: {len(_deselected)} hostile-publisher tests not run "
+            "(issue #11); run them with: python -m pytest -m attack"
+        )

@@ -14,16 +14,32 @@ RAISED = 2_040_000  # a pool that covers the context
 
 def args_dict(mode: str, **extra) -> dict:
     """The server-argument fields the gates read, as engine.py logs them (resolved dict)."""
-    fields = {"model_path": "zai-org/GLM-5.3", "device": "cuda", "tp_size": 8, "dp_size": 1,
-              "context_length": None, "kv_canary": "none", "disaggregation_transfer_backend": "mooncake",
-              "disaggregation_mode": mode, "disaggregation_enable_kv_checksum": False}
+    fields = {
+        "model_path": "zai-org/GLM-5.3",
+        "device": "cuda",
+        "tp_size": 8,
+        "dp_size": 1,
+        "context_length": None,
+        "kv_canary": "none",
+        "disaggregation_transfer_backend": "mooncake",
+        "disaggregation_mode": mode,
+        "disaggregation_enable_kv_checksum": False,
+    }
     fields.update(extra)
     return fields
 
 
-def startup_log(mode: str, pool: int, context: int = CONTEXT, *, args: dict | str | None = None,
-                kv_tokens: tuple[int, ...] | None = None, canary: bool = False, role_in_log: bool = True,
-                after: tuple[str, ...] = ()) -> str:
+def startup_log(
+    mode: str,
+    pool: int,
+    context: int = CONTEXT,
+    *,
+    args: dict | str | None = None,
+    kv_tokens: tuple[int, ...] | None = None,
+    canary: bool = False,
+    role_in_log: bool = True,
+    after: tuple[str, ...] = (),
+) -> str:
     """One worker's startup log: server_args (unless ``role_in_log`` is False), one KV
     allocation line per ``kv_tokens`` (default: the pool), the canary line, the scheduler
     line, "ready", then ``after`` (lines logged while serving)."""
@@ -40,10 +56,18 @@ def startup_log(mode: str, pool: int, context: int = CONTEXT, *, args: dict | st
     for tokens in kv_tokens or (pool,):
         lines.append(line(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {tokens}, KV size: 27.31 GB"))
     if canary:
-        lines.append(line(f"install_canary: disaggregation_mode={mode} config=CanaryConfig(mode=<CanaryMode.LOG: "
-                          "'log'>) perturb_config=None n_buffer_groups=1"))
-    lines.append(line(f"max_total_num_tokens={pool}, chunked_prefill_size=16384, max_prefill_tokens=16384, "
-                      f"max_running_requests=128, context_len={context}, available_gpu_mem=3.02 GB"))
+        lines.append(
+            line(
+                f"install_canary: disaggregation_mode={mode} config=CanaryConfig(mode=<CanaryMode.LOG: "
+                "'log'>) perturb_config=None n_buffer_groups=1"
+            )
+        )
+    lines.append(
+        line(
+            f"max_total_num_tokens={pool}, chunked_prefill_size=16384, max_prefill_tokens=16384, "
+            f"max_running_requests=128, context_len={context}, available_gpu_mem=3.02 GB"
+        )
+    )
     lines.append(line("The server is fired up and ready to roll!", ranks=""))
     lines += [line(text, ranks="") for text in after]
     return "\n".join(lines) + "\n"

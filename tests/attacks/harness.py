@@ -71,9 +71,11 @@ class Result:
         return self.stderr.decode("utf-8", "replace")
 
     def describe(self) -> str:
-        return (f"argv: {self.argv[3:]}\nexit {self.code} (killed: {self.killed}) in {self.seconds:.1f}s, "
-                f"peak RSS {self.peak_rss_mib:.0f} MiB\n--- stderr ---\n{self.err[-3000:]}\n"
-                f"--- stdout ---\n{self.out[-1500:]}")
+        return (
+            f"argv: {self.argv[3:]}\nexit {self.code} (killed: {self.killed}) in {self.seconds:.1f}s, "
+            f"peak RSS {self.peak_rss_mib:.0f} MiB\n--- stderr ---\n{self.err[-3000:]}\n"
+            f"--- stdout ---\n{self.out[-1500:]}"
+        )
 
 
 class Sandbox:
@@ -92,9 +94,15 @@ class Sandbox:
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
-            "HOME": str(self.home), "XDG_CACHE_HOME": str(self.xdg), "KVPROBE_CACHE_DIR": str(self.cache),
-            "TMPDIR": str(self.tmp), "LC_ALL": "C.UTF-8", "COLUMNS": "400", "LINES": "50",
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": str(REPO),
+            "HOME": str(self.home),
+            "XDG_CACHE_HOME": str(self.xdg),
+            "KVPROBE_CACHE_DIR": str(self.cache),
+            "TMPDIR": str(self.tmp),
+            "LC_ALL": "C.UTF-8",
+            "COLUMNS": "400",
+            "LINES": "50",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
         env.update(extra or {})
@@ -112,12 +120,19 @@ class Sandbox:
                 st = os.lstat(path)
                 rel = path.relative_to(self.root).as_posix()
                 if rel != self.marker.name:  # asserted on its own: bundle code ran
-                    found[rel] = (st.st_mode,) if stat.S_ISDIR(st.st_mode) else (
-                        st.st_mode, st.st_size, st.st_mtime_ns)
+                    found[rel] = (st.st_mode,) if stat.S_ISDIR(st.st_mode) else (st.st_mode, st.st_size, st.st_mtime_ns)
         return found
 
-    def run(self, *args: str, timeout: float = 60, allow: tuple[Path, ...] = (), env: dict[str, str] | None = None,
-            tty: bool = False, cwd: Path | None = None, stdin: bytes = b"") -> Result:
+    def run(
+        self,
+        *args: str,
+        timeout: float = 60,
+        allow: tuple[Path, ...] = (),
+        env: dict[str, str] | None = None,
+        tty: bool = False,
+        cwd: Path | None = None,
+        stdin: bytes = b"",
+    ) -> Result:
         """``python -m kvprobe *args`` in the sandbox; ``allow``: paths it may create or change.
 
         ``tty``: stdout and stderr are one pseudo-terminal (both land in ``Result.stderr``),
@@ -134,15 +149,24 @@ class Sandbox:
             out_path, err_path, in_path = self.io / "stdout", self.io / "stderr", self.io / "stdin"
             in_path.write_bytes(stdin)
             with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f, open(in_path, "rb") as in_f:
-                child = subprocess.Popen(argv, env=run_env, cwd=cwd or self.cwd, stdin=in_f,
-                                         stdout=out_f, stderr=err_f, start_new_session=True, preexec_fn=_limit_child)
+                child = subprocess.Popen(
+                    argv,
+                    env=run_env,
+                    cwd=cwd or self.cwd,
+                    stdin=in_f,
+                    stdout=out_f,
+                    stderr=err_f,
+                    start_new_session=True,
+                    preexec_fn=_limit_child,
+                )
                 code, peak, killed = _wait(child, timeout)
             out, err = out_path.read_bytes(), err_path.read_bytes()
         result = Result(argv, code, out, err, peak, time.monotonic() - started, killed)
         after = self.snapshot()
         allowed = [p.relative_to(self.root).as_posix() for p in allow]
         result.changed = sorted(
-            rel for rel in set(before) | set(after)
+            rel
+            for rel in set(before) | set(after)
             if before.get(rel) != after.get(rel) and not any(rel == a or rel.startswith(a + "/") for a in allowed)
         )
         return result
@@ -157,8 +181,16 @@ def _run_on_pty(argv, env, cwd, timeout):
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 400, 0, 0))
     try:
-        child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
-                                 start_new_session=True, preexec_fn=_limit_child)
+        child = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=_limit_child,
+        )
     finally:
         os.close(slave)
     chunks: list[bytes] = []
@@ -257,6 +289,7 @@ class _quiet:
 
 # --- the assertions every attack makes ----------------------------------------------------
 
+
 def assert_contained(sandbox: Sandbox, result: Result, *, code_may_run: bool = False) -> None:
     """No traceback, never killed, no write outside the allowed paths, no bundle code, bounded memory."""
     assert not result.killed, f"kvprobe was killed: {result.killed}\n{result.describe()}"
@@ -265,13 +298,15 @@ def assert_contained(sandbox: Sandbox, result: Result, *, code_may_run: bool = F
     assert list(sandbox.tmp.iterdir()) == [], f"temp files left behind: {list(sandbox.tmp.iterdir())}"
     if not code_may_run:
         assert not sandbox.marker.exists(), f"code from the bundle ran (marker written)\n{result.describe()}"
-    assert result.peak_rss_mib < MEMORY_CAP_MIB, \
+    assert result.peak_rss_mib < MEMORY_CAP_MIB, (
         f"peak RSS {result.peak_rss_mib:.0f} MiB >= {MEMORY_CAP_MIB} MiB\n{result.describe()}"
+    )
 
 
 def line_naming(text: str, *words: str | tuple[str, ...]) -> str:
     """The first line of ``text`` holding every one of ``words`` (case-insensitive; a tuple
     is satisfied by any of its members), or ''."""
+
     def has(line: str, word: str | tuple[str, ...]) -> bool:
         options = (word,) if isinstance(word, str) else word
         return any(o.lower() in line.lower() for o in options)
@@ -282,8 +317,13 @@ def line_naming(text: str, *words: str | tuple[str, ...]) -> str:
     return ""
 
 
-def assert_outcome(sandbox: Sandbox, result: Result, code: int | tuple[int, ...], *words: str | tuple[str, ...],
-                   code_may_run: bool = False) -> str:
+def assert_outcome(
+    sandbox: Sandbox,
+    result: Result,
+    code: int | tuple[int, ...],
+    *words: str | tuple[str, ...],
+    code_may_run: bool = False,
+) -> str:
     """The common contract: exit code, one stderr line naming the defect, and containment."""
     codes = (code,) if isinstance(code, int) else code
     assert result.code in codes, f"exit {result.code}, expected {codes}\n{result.describe()}"
@@ -295,10 +335,12 @@ def assert_outcome(sandbox: Sandbox, result: Result, code: int | tuple[int, ...]
 
 # --- hostile bundles -----------------------------------------------------------------------
 
+
 def payload(marker: Path) -> bytes:
     """Python that leaves evidence it ran: appended to a bundle's probe files."""
-    return (f"\nimport pathlib as _kv_attack\n_kv_attack.Path({str(marker)!r}).write_text('bundle code ran')\n"
-            ).encode()
+    return (
+        f"\nimport pathlib as _kv_attack\n_kv_attack.Path({str(marker)!r}).write_text('bundle code ran')\n"
+    ).encode()
 
 
 def arm(bundle: Path, marker: Path, names: list[str] | None = None) -> None:
@@ -330,7 +372,7 @@ def rename_experiment(bundle: Path, new_id: str) -> None:
         if isinstance(node, dict):
             for key, value in list(node.items()):
                 if isinstance(value, str) and value.startswith(f"probes/{old_id}/"):
-                    node[key] = f"probes/{new_id}/" + value[len(f"probes/{old_id}/"):]
+                    node[key] = f"probes/{new_id}/" + value[len(f"probes/{old_id}/") :]
                 else:
                     retarget(value)
         elif isinstance(node, list):
@@ -341,7 +383,7 @@ def rename_experiment(bundle: Path, new_id: str) -> None:
         retarget(receipt)
         receipt["experiment"]["id"] = new_id
         receipt["experiment"]["sha256"] = digest
-        receipt["run_id"] = new_id + receipt["run_id"][len(old_id):]
+        receipt["run_id"] = new_id + receipt["run_id"][len(old_id) :]
 
     forge.edit_receipt(bundle, change)
     forge.recite(bundle, f"probes/{new_id}/experiment.toml")

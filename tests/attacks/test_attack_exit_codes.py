@@ -23,12 +23,20 @@ GOOD_LOCK = "pytest==9.2.0 \\\n    --hash=sha256:07acdcf88ec174f907dc01af70bf52d
 
 
 def _git(repo, *args: str) -> str:
-    env = {"PATH": os.environ["PATH"], "HOME": str(repo), "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_NAME": "up", "GIT_AUTHOR_EMAIL": "up@example.invalid", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
-           "GIT_COMMITTER_NAME": "up", "GIT_COMMITTER_EMAIL": "up@example.invalid",
-           "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
-    return subprocess.run(["git", "-C", str(repo), *args], env=env, check=True, capture_output=True,
-                          text=True, timeout=30).stdout.strip()
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(repo),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "up",
+        "GIT_AUTHOR_EMAIL": "up@example.invalid",
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+        "GIT_COMMITTER_NAME": "up",
+        "GIT_COMMITTER_EMAIL": "up@example.invalid",
+        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+    }
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], env=env, check=True, capture_output=True, text=True, timeout=30
+    ).stdout.strip()
 
 
 @pytest.fixture

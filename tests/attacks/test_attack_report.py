@@ -116,8 +116,9 @@ def test_report_reads_a_tar_gz_as_verify_does(sandbox, forged):
 
 def test_report_refuses_a_hostile_archive_as_verify_does(sandbox, forged):
     """A .tar.gz with a symlink member: report names the same defect verify does."""
-    archive = forge.tar_of(forged, sandbox.inputs / "bundle.tar.gz",
-                           [forge.member("b/logs/evil", tarfile.SYMTYPE, None, "/etc/passwd")])
+    archive = forge.tar_of(
+        forged, sandbox.inputs / "bundle.tar.gz", [forge.member("b/logs/evil", tarfile.SYMTYPE, None, "/etc/passwd")]
+    )
     result = sandbox.run("report", archive, "--format", "markdown")
     assert_outcome(sandbox, result, 1, "archive-link-member", "b/logs/evil")
 

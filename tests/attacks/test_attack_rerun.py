@@ -13,7 +13,13 @@ import pytest
 
 from tests import forge
 from tests.attacks.harness import (
-    EXP_A_BUNDLE, MODEL_BUNDLE, arm, assert_outcome, copy_committed, line_naming, payload,
+    EXP_A_BUNDLE,
+    MODEL_BUNDLE,
+    arm,
+    assert_outcome,
+    copy_committed,
+    line_naming,
+    payload,
     rename_experiment,
 )
 
@@ -104,6 +110,7 @@ def test_rerun_from_inside_the_bundle_does_not_trust_its_probes(sandbox, model_h
 
 
 # --- a known experiment is a trust anchor (no rerun) ---------------------------------------
+
 
 def test_swapped_probe_in_an_experiment_a_bundle(sandbox):
     """Attack: experiment A's probe swapped inside the committed bundle, re-cited and re-hashed."""

@@ -33,7 +33,7 @@ def huge_header_archive(path, kind: bytes, declared: int) -> None:
         out.write(gz.compress(info.tobuf(tarfile.USTAR_FORMAT) + prefix))
         left = declared - len(prefix)
         while left > 0:
-            out.write(gz.compress(chunk[:min(left, len(chunk))]))
+            out.write(gz.compress(chunk[: min(left, len(chunk))]))
             left -= len(chunk)
         receipt = tarfile.TarInfo("b/receipt.json")
         receipt.size = 3

@@ -21,13 +21,21 @@ import pytest
 from tests import forge
 from tests.attacks.gatelogs import CONTEXT, RAISED, startup_log
 from tests.attacks.harness import (
-    ANSI_PAYLOAD, BIDI_PAYLOAD, MODEL_BUNDLE, REPO, assert_no_raw_escapes, assert_outcome, copy_committed,
+    ANSI_PAYLOAD,
+    BIDI_PAYLOAD,
+    MODEL_BUNDLE,
+    REPO,
+    assert_no_raw_escapes,
+    assert_outcome,
+    copy_committed,
 )
 
 pytestmark = pytest.mark.attack
 
-HOSTILE_TEXT = ("<details open><summary>verified by kvprobe</summary><img src=x onerror=alert(1)></details> "
-                "[verify here](https://evil.example/x) ![t](https://evil.example/t.png)")
+HOSTILE_TEXT = (
+    "<details open><summary>verified by kvprobe</summary><img src=x onerror=alert(1)></details> "
+    "[verify here](https://evil.example/x) ![t](https://evil.example/t.png)"
+)
 EXP_TOML = f"probes/{forge.EXP_ID}/experiment.toml"
 
 
@@ -35,8 +43,9 @@ def retitle(bundle, title: str, limit: str) -> None:
     """A self-consistent bundle whose title (experiment.toml and receipt) and one receipt
     limit carry ``title`` / ``limit``: it verifies."""
     path = bundle / EXP_TOML
-    path.write_text(path.read_text().replace('title = "A forged but valid experiment"',
-                                             f"title = {json.dumps(title)}", 1))
+    path.write_text(
+        path.read_text().replace('title = "A forged but valid experiment"', f"title = {json.dumps(title)}", 1)
+    )
 
     def change(receipt):
         receipt["experiment"]["title"] = title
@@ -52,8 +61,9 @@ def test_escape_sequences_in_tar_member_names(sandbox, forged, tty):
     """Attack: a .tar.gz member whose name carries an OSC title set, a clear-screen and bidi
     controls; verify names the member in its defect list."""
     name = "b/logs/" + ANSI_PAYLOAD + BIDI_PAYLOAD
-    archive = forge.tar_of(forged, sandbox.inputs / "h.tar.gz",
-                           [forge.member(name, tarfile.SYMTYPE, None, "/etc/passwd")])
+    archive = forge.tar_of(
+        forged, sandbox.inputs / "h.tar.gz", [forge.member(name, tarfile.SYMTYPE, None, "/etc/passwd")]
+    )
     result = sandbox.run("verify", archive, tty=tty)
     assert_outcome(sandbox, result, 1, "archive-link-member")
     assert_no_raw_escapes(result.err + result.out)
@@ -91,8 +101,9 @@ def test_markdown_report_passes_no_html_or_links_through(sandbox, forged):
     assert_outcome(sandbox, result, 0)
     text = sandbox.out.read_text()
     for raw in ("<details", "<summary", "<img", "](https://evil.example"):
-        assert raw not in text, f"{raw!r} from the receipt reaches the Markdown:\n" + \
-            "\n".join(line for line in text.splitlines() if raw in line)
+        assert raw not in text, f"{raw!r} from the receipt reaches the Markdown:\n" + "\n".join(
+            line for line in text.splitlines() if raw in line
+        )
 
 
 def test_suggested_verify_command_quotes_the_bundle_path(sandbox, forged):
@@ -108,8 +119,13 @@ def test_suggested_verify_command_quotes_the_bundle_path(sandbox, forged):
     stub = paste / "bin" / "kvprobe"
     stub.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > "$KV_ARGS"\n')
     stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
-    subprocess.run(["sh", "-c", block.group(1)], cwd=paste, timeout=10, check=False,
-                   env={"PATH": f"{paste / 'bin'}:{os.environ['PATH']}", "KV_ARGS": str(paste / "argv")})
+    subprocess.run(
+        ["sh", "-c", block.group(1)],
+        cwd=paste,
+        timeout=10,
+        check=False,
+        env={"PATH": f"{paste / 'bin'}:{os.environ['PATH']}", "KV_ARGS": str(paste / "argv")},
+    )
     made = sorted(p.name for p in paste.iterdir() if p.name.startswith("pwned"))
     assert made == [], f"pasting the suggested command ran commands from the bundle name: {made}"
     argv = (paste / "argv").read_text().splitlines()
@@ -149,6 +165,7 @@ def test_markdown_table_cells_hold_hostile_observed_values(sandbox, forged):
 
 # --- gates: log lines ----------------------------------------------------------------------
 
+
 def _two_workers(sandbox, hostile_line_text: str):
     """Prefill and decode startup logs that pass gate 1 and show the canary (so the expected
     overall result is 3, undecided without --sglang), the prefill scheduler line prefixed."""
@@ -181,6 +198,7 @@ def test_escape_sequences_in_a_log_line(sandbox):
 
 
 # --- rerun notes and a hostile project folder ----------------------------------------------
+
 
 def test_rerun_note_echoes_receipt_text(sandbox):
     """Attack (own): host.system in a model bundle's receipt (unchecked free text) is echoed

@@ -40,8 +40,7 @@ def test_fifo_is_never_opened(sandbox, forged):
 @pytest.mark.parametrize("name", ["b/../../pwned", "/tmp/kvprobe-attack-absolute-pwned"])
 def test_archive_member_escaping_the_extraction_dir(sandbox, forged, name):
     """Regression guard: '..' and absolute member names are refused before anything is written."""
-    archive = forge.tar_of(forged, sandbox.inputs / "t.tar.gz",
-                           [forge.member(name, tarfile.REGTYPE, b"pwned\n")])
+    archive = forge.tar_of(forged, sandbox.inputs / "t.tar.gz", [forge.member(name, tarfile.REGTYPE, b"pwned\n")])
     result = sandbox.run("verify", archive)
     assert_outcome(sandbox, result, 1, "archive-traversal", name)
     assert not os.path.exists("/tmp/kvprobe-attack-absolute-pwned")
@@ -58,8 +57,10 @@ def test_readme_that_contradicts_the_receipt(sandbox):
     """Attack (own): the model bundle's README.md (what a reviewer reads first) is rewritten to
     claim an SGLang leak was reproduced on GPUs, then re-hashed; nothing ties it to the receipt."""
     bundle = copy_committed(MODEL_BUNDLE, sandbox)
-    (bundle / "README.md").write_text("# experiment-a: SGLang 0.5.21 leaks KV cache across tenants\n\n"
-                                      "Verdict: **reproduced** on 8x H100 with real model weights.\n")
+    (bundle / "README.md").write_text(
+        "# experiment-a: SGLang 0.5.21 leaks KV cache across tenants\n\n"
+        "Verdict: **reproduced** on 8x H100 with real model weights.\n"
+    )
     forge.rehash(bundle)
     result = sandbox.run("verify", bundle)
     assert_outcome(sandbox, result, 1, "README.md")
