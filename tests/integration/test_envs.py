@@ -12,6 +12,9 @@ from kvprobe.env.venv import MARKER, EnvManager, Profile, load_profile, split_lo
 from kvprobe.errors import EnvBuildError
 from kvprobe.progress import Reporter
 
+# Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
+pytestmark = pytest.mark.network
+
 
 class Counting(Reporter):
     def __init__(self) -> None:

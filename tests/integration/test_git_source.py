@@ -28,9 +28,9 @@ KNOWN_SHAS = {
 MISSING_SHA = "0" * 40
 
 
-@pytest.fixture(scope="module")
-def upstream(tmp_path_factory) -> FakeUpstream:
-    return build_fake_upstream(tmp_path_factory.mktemp("fake"))
+@pytest.fixture
+def upstream(fake_upstream: FakeUpstream) -> FakeUpstream:
+    return fake_upstream
 
 
 @pytest.fixture

@@ -308,6 +308,9 @@ WHEEL_PROBE = f'''"""Observes whether minipkg.clamp honours the upper bound (rel
 import kvprobe_probe as kp
 from minipkg import clamp
 
+# Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
+pytestmark = pytest.mark.network
+
 probe = kp.Probe("{WHEEL_PROBE_NAME}", mocks={{"nothing": "clamp is a pure function"}})
 
 

@@ -16,6 +16,9 @@ PROBE = '''"""Observes whether a freed block's data is visible to the next owner
 import kvprobe_probe as kp
 from minikv import BlockPool
 
+# Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
+pytestmark = pytest.mark.network
+
 probe = kp.Probe("minikv_probe", mocks={"nothing": "minikv has no transport to mock"})
 
 
