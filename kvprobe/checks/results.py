@@ -167,12 +167,16 @@ def _apply_run_state(doc: Mapping[str, Any], results: list[TestResult]) -> list[
         )
     status = doc.get("exitstatus")
     if status == 5:
-        return results + [
-            TestResult(file_nodeid, Outcome.ERROR, FailureKind.COLLECTION, message="no tests collected (pytest exit 5)")
+        return [
+            *results,
+            TestResult(
+                file_nodeid, Outcome.ERROR, FailureKind.COLLECTION, message="no tests collected (pytest exit 5)"
+            ),
         ]
     if status in _EXIT_REASONS and not (status == 2 and doc.get("collection_errors")):
-        return results + [
-            TestResult(file_nodeid, Outcome.ERROR, FailureKind.INFRASTRUCTURE, message=_EXIT_REASONS[status])
+        return [
+            *results,
+            TestResult(file_nodeid, Outcome.ERROR, FailureKind.INFRASTRUCTURE, message=_EXIT_REASONS[status]),
         ]
     return results
 
@@ -180,7 +184,7 @@ def _apply_run_state(doc: Mapping[str, Any], results: list[TestResult]) -> list[
 def _replace(results: list[TestResult], nodeid: str, kind: FailureKind, message: str) -> list[TestResult]:
     """Drop ``nodeid``'s own (partial) result and record it as an error of ``kind``."""
     kept = [r for r in results if not (r.nodeid == nodeid and r.subtest is None)]
-    return kept + [TestResult(nodeid, Outcome.ERROR, kind, message=message)]
+    return [*kept, TestResult(nodeid, Outcome.ERROR, kind, message=message)]
 
 
 def _first_line(text: str) -> str:

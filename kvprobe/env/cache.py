@@ -20,6 +20,7 @@ followed, and a kind directory that is itself a symlink is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -144,10 +145,8 @@ def _mtime(path: Path) -> float:
 def _last_used_tree(path: Path) -> float:
     """A git store or wheel dir: the newest mtime of the dir and its direct children."""
     times = [_mtime(path)]
-    try:
+    with contextlib.suppress(OSError):
         times += [_mtime(child) for child in path.iterdir()]
-    except OSError:
-        pass
     return max(times)
 
 
@@ -243,10 +242,8 @@ def _env_in_use(env_path: Path) -> bool:
 
 
 def _rmdir_quietly(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         path.rmdir()  # only if empty: leases are created under the env lock we hold
-    except OSError:
-        pass
 
 
 def _remove(entry: Entry, dry_run: bool) -> Outcome:

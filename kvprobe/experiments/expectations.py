@@ -27,7 +27,8 @@ from kvprobe.names import SIDES
 _CASE_KEY_RE = re.compile(r"[a-z][a-z0-9_]*/[a-z0-9_.]+")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.]+")
 _HEADER_RE = re.compile(
-    r"""^[ \t]*\[\[?[ \t]*(?P<first>"(?:[^"\\\n]|\\.)*"|'[^'\n]*'|[A-Za-z0-9_-]+)[^\n]*\]\]?[ \t]*(?:\#[^\n]*)?\r?\n?$"""
+    r"""^[ \t]*\[\[?[ \t]*(?P<first>"(?:[^"\\\n]|\\.)*"|'[^'\n]*'|[A-Za-z0-9_-]+)"""
+    r"""[^\n]*\]\]?[ \t]*(?:\#[^\n]*)?\r?\n?$"""
 )
 
 
@@ -142,8 +143,8 @@ def replace_section(text: str, section: str) -> str:
         head = text if not text or text.endswith("\n") else text + "\n"
         gap = "" if not head or head.endswith("\n\n") else "\n"
         return head + gap + section
-    out = lines[: spans[0][0]] + [section]
-    for (_start, end), nxt in zip(spans, [*spans[1:], (len(lines), len(lines))]):
+    out = [*lines[: spans[0][0]], section]
+    for (_start, end), nxt in zip(spans, [*spans[1:], (len(lines), len(lines))], strict=True):
         out += lines[end : nxt[0]]
     return "".join(out)
 
@@ -231,5 +232,5 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b

@@ -392,7 +392,7 @@ def _wheel_pin_lines(checked: _Checked) -> list[str]:
         'kind = "wheel"',
         f"description = {s(f'{spec.package} release wheels: {spec.release_base} -> {spec.release_head}')}",
     ]
-    for side, pin in zip(SIDES, checked.wheels):
+    for side, pin in zip(SIDES, checked.wheels, strict=True):
         lines += [
             f"[pins.{RELEASE_PINS}.{side}]",
             f"package = {s(pin.package)}",
@@ -400,7 +400,7 @@ def _wheel_pin_lines(checked: _Checked) -> list[str]:
             f"file = {s(pin.filename)}",
             f'sha256 = "{pin.sha256}"',
         ]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _test_lines(checked: _Checked) -> list[str]:

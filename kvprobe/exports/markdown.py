@@ -61,7 +61,7 @@ def _value(value: Any) -> str:
 def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _case_outcome(case: Mapping[str, Any] | None) -> str:
@@ -254,7 +254,7 @@ def _tests_section(r: Mapping[str, Any]) -> list[str]:
     comp = r["comparison"]
     out = ["### Upstream tests", ""]
     if not comp["test_summary"]:
-        return out + ["No upstream test ran on these pins (see the limits below).", ""]
+        return [*out, "No upstream test ran on these pins (see the limits below).", ""]
     rows = []
     for path, s in sorted(comp["test_summary"].items()):
         moves = ", ".join(f"{n} {t}" for t, n in sorted(s.get("transitions", {}).items())) or "none"
@@ -279,7 +279,7 @@ def _tests_section(r: Mapping[str, Any]) -> list[str]:
 def _mocks_section(ev: Mapping[str, Any]) -> list[str]:
     out = ["### Mock boundary", ""]
     if not ev.get("mocks"):
-        return out + ["No probe declared mocks.", ""]
+        return [*out, "No probe declared mocks.", ""]
     out += ["What each probe replaced, as the probe declares it (receipt.evidence.mocks).", ""]
     rows = [
         [code_cell(probe), code_cell(target), cell(what)]

@@ -75,7 +75,7 @@ def json_diff(a: Any, b: Any, where: str = "", out: list[str] | None = None) -> 
     elif isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             out.append(f"{where}: {len(a)} items in the receipt, {len(b)} recomputed")
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
             json_diff(x, y, f"{where}[{_label(i, x)}]", out)
     elif type(a) is not type(b) or a != b:
         out.append(f"{where}: receipt {_short(a)}, recomputed {_short(b)}")

@@ -115,8 +115,10 @@ def verify(path: Path, opts: VerifyOptions = VerifyOptions()) -> Report:
             if root is None:
                 report = Report(
                     str(path),
-                    [StepResult(1, "fail", "archive members rejected; nothing extracted", defects)]
-                    + _skipped(range(2, 7), 1, opts),
+                    [
+                        StepResult(1, "fail", "archive members rejected; nothing extracted", defects),
+                        *_skipped(range(2, 7), 1, opts),
+                    ],
                 )
             else:
                 report = verify_dir(root, opts)

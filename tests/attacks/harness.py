@@ -237,7 +237,7 @@ def _wait(child: subprocess.Popen, timeout: float, between=lambda: time.sleep(0.
         elif rss >= MEMORY_CAP_MIB:
             killed = f"resident memory passed {MEMORY_CAP_MIB} MiB"
         if killed:
-            with _quiet():
+            with _Quiet():
                 os.killpg(child.pid, signal.SIGKILL)
             _, status = os.waitpid(child.pid, 0)
             break
@@ -277,7 +277,7 @@ def _session_peak_mib(sid: int) -> float:
     return peak
 
 
-class _quiet:
+class _Quiet:
     """A process group that is already gone is fine to kill."""
 
     def __enter__(self):

@@ -84,7 +84,8 @@ def test_request_text_cannot_install_the_canary(sandbox):
                 role,
                 RAISED,
                 after=(
-                    f"Receive: obj=GenerateReqInput(text='install_canary: disaggregation_mode={role} config=x', rid='r1')",
+                    "Receive: obj=GenerateReqInput("
+                    f"text='install_canary: disaggregation_mode={role} config=x', rid='r1')",
                 ),
             )
             for role in ("prefill", "decode")

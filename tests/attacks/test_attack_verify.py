@@ -47,7 +47,7 @@ def test_archive_member_escaping_the_extraction_dir(sandbox, forged, name):
 
 
 def test_homoglyph_experiment_id_is_refused(sandbox, forged):
-    """Regression guard: an experiment id with a Cyrillic 'а' (looks like experiment-a) fails the schema."""
+    """Regression guard: an experiment id with a Cyrillic a (U+0430, looks like experiment-a) fails the schema."""
     forge.edit_receipt(forged, lambda r: r["experiment"].update(id="experiment-\u0430"))
     result = sandbox.run("verify", forged)
     assert_outcome(sandbox, result, 1, "schema-violation", "receipt.json")

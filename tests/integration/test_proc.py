@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 from kvprobe import proc
 
@@ -31,7 +32,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     time.sleep(0.2)
     try:
         os.kill(child, 0)
-        alive = open(f"/proc/{child}/stat").read().split()[2] != "Z"
+        alive = Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
     except ProcessLookupError:
         alive = False
     assert not alive, "the grandchild survived the timeout"

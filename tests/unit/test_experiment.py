@@ -91,7 +91,7 @@ def test_invalid_toml(tmp_path):
 
 def test_missing_probe_file(tmp_path):
     path = write(tmp_path, GOOD, probe=False)
-    with pytest.raises(ExperimentError, match="probe_x.py does not exist"):
+    with pytest.raises(ExperimentError, match=r"probe_x\.py does not exist"):
         experiment.load_file(path)
 
 

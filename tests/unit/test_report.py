@@ -256,14 +256,14 @@ def unescape(text: str) -> str:
 
 def tables(md: str) -> list[dict]:
     found, block = [], []
-    for line in md.split("\n") + [""]:
+    for line in [*md.split("\n"), ""]:
         if line.startswith("|"):
             block.append(line)
         elif block:
             header, delim, *rows = (split_row(x) for x in block)
             assert all(re.fullmatch(r":?-{3,}:?", c) for c in delim), block[1]
             assert len(delim) == len(header)
-            for raw, row in zip(block[2:], rows):
+            for raw, row in zip(block[2:], rows, strict=True):
                 assert len(row) == len(header), f"{len(row)} cells, header has {len(header)}: {raw!r}"
             found.append({"header": header, "rows": rows})
             block = []
@@ -517,7 +517,7 @@ def test_load_refuses_duplicate_keys_and_tampering(tmp_path):
         bundle_view.load(tmp_path / "dup")
     make_bundle(tmp_path / "tampered", receipt)
     (tmp_path / "tampered" / "README.md").write_text("# edited\n", encoding="utf-8")
-    with pytest.raises(VerificationFailed, match="differ from manifest.json"):
+    with pytest.raises(VerificationFailed, match=r"differ from manifest\.json"):
         bundle_view.load(tmp_path / "tampered")
 
 

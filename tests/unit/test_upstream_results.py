@@ -310,7 +310,7 @@ def test_finalize_rebuilds_a_killed_run_from_the_journal(tmp_path: Path):
 
 def test_load_report_refuses_duplicate_keys(tmp_path: Path):
     path = tmp_path / "r.json"
-    path.write_text('{"schema": "%s", "schema": "%s"}' % (PYTEST_REPORT_SCHEMA, PYTEST_REPORT_SCHEMA))
+    path.write_text(f'{{"schema": "{PYTEST_REPORT_SCHEMA}", "schema": "{PYTEST_REPORT_SCHEMA}"}}')
     with pytest.raises(SchemaError, match="duplicate"):
         load_report(path)
 
