@@ -35,6 +35,26 @@ class Bundle:
     def listed(self) -> dict[str, dict[str, Any]]:
         return {f["path"]: f for f in (self.manifest or {}).get("files", [])}
 
+    # Later steps run only when an earlier one read what they need; these say so to the type checker.
+
+    @property
+    def scanned(self) -> Scan:
+        """The step 1 scan (every step after 1 runs on it)."""
+        assert self.scan is not None, "step 1 has not scanned the bundle"
+        return self.scan
+
+    @property
+    def accepted_receipt(self) -> dict[str, Any]:
+        """The receipt step 2 accepted (steps 4 and 6 run only when it did)."""
+        assert self.receipt is not None, "step 2 did not accept the receipt"
+        return self.receipt
+
+    @property
+    def accepted_manifest(self) -> dict[str, Any]:
+        """The manifest step 2 accepted (steps 3 and 4 run only when it did)."""
+        assert self.manifest is not None, "step 2 did not accept the manifest"
+        return self.manifest
+
 
 def read_bytes(bundle: Bundle, rel: str, cap: int, defects: list[BundleDefect]) -> bytes | None:
     """The bytes at ``rel`` (at most ``cap``), or None with an Unreadable defect appended."""

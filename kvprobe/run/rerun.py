@@ -19,6 +19,7 @@ from typing import Any
 from kvprobe.defects import RerunDiffers
 from kvprobe.errors import ExperimentError, ObserveError, UsageError
 from kvprobe.evidence.reader import Bundle
+from kvprobe.model.records import Experiment
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.verify.result import StepResult, step_result
@@ -30,6 +31,9 @@ class RerunOptions:
     torch_index: str | None = None
     timeout_s: float = 1800.0
     cache_root: Path | None = None
+
+
+_RawPaths = dict[tuple[str, str], str]
 
 
 def rerun_step(opts: RerunOptions, reporter: Reporter | None = None) -> Callable[[Bundle], StepResult]:
@@ -47,26 +51,29 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
                 6,
                 "fail",
                 "the bundled experiment cannot be loaded",
-                [RerunDiffers(bundle.receipt["experiment"]["file"], exc.message)],
+                [RerunDiffers(bundle.accepted_receipt["experiment"]["file"], exc.message)],
             )
         try:
-            fresh = _run(exp, bundle.receipt["pin_set"]["name"], opts, work, reporter)
+            fresh = _run(exp, bundle.accepted_receipt["pin_set"]["name"], opts, work, reporter)
         except (ObserveError, UsageError) as exc:
             return StepResult(6, "could-not-run", f"could not re-run: {exc.message}", notes=exc.hints)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    defects = diff_runs(bundle.receipt, fresh)
-    notes = env_notes(bundle.receipt, fresh)
+    defects = diff_runs(bundle.accepted_receipt, fresh)
+    notes = env_notes(bundle.accepted_receipt, fresh)
     return step_result(
-        6, defects, f"re-ran {exp.id} ({bundle.receipt['pin_set']['name']}): verdict {fresh['verdict']!r}", notes
+        6,
+        defects,
+        f"re-ran {exp.id} ({bundle.accepted_receipt['pin_set']['name']}): verdict {fresh['verdict']!r}",
+        notes,
     )
 
 
-def _bundled_experiment(bundle: Bundle, work: Path):
+def _bundled_experiment(bundle: Bundle, work: Path) -> Experiment:
     """Copy probes/<id>/ (manifest-listed, already verified) out, then load it."""
     from kvprobe.experiments.experiment import load_file
 
-    exp_id = bundle.receipt["experiment"]["id"]
+    exp_id = bundle.accepted_receipt["experiment"]["id"]
     prefix = f"{PROBES_DIR}/{exp_id}/"
     for rel in bundle.listed():
         if rel.startswith(prefix):
@@ -76,7 +83,7 @@ def _bundled_experiment(bundle: Bundle, work: Path):
     return load_file(work / PROBES_DIR / exp_id / "experiment.toml")
 
 
-def _run(exp, pin_set: str, opts: RerunOptions, work: Path, reporter: Reporter | None) -> dict[str, Any]:
+def _run(exp: Experiment, pin_set: str, opts: RerunOptions, work: Path, reporter: Reporter | None) -> dict[str, Any]:
     from kvprobe.run.runner import RunOptions, run_experiment
 
     run_opts = RunOptions(
@@ -98,7 +105,7 @@ def diff_runs(published: dict[str, Any], fresh: dict[str, Any]) -> list[RerunDif
     return found
 
 
-def _problem_diffs(published, fresh, raw) -> list[RerunDiffers]:
+def _problem_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths) -> list[RerunDiffers]:
     """A probe or test file that ran when published but could not run now, with why."""
     found = []
     for side in SIDES:
@@ -119,7 +126,7 @@ def _problem_diffs(published, fresh, raw) -> list[RerunDiffers]:
     return found
 
 
-def _raw_paths(receipt: dict[str, Any]) -> dict[tuple[str, str], str]:
+def _raw_paths(receipt: dict[str, Any]) -> _RawPaths:
     """(side, probe name or test path) -> the published raw output's path."""
     paths = {}
     for side in SIDES:
@@ -130,11 +137,11 @@ def _raw_paths(receipt: dict[str, Any]) -> dict[tuple[str, str], str]:
     return paths
 
 
-def _where(raw: dict, side: str, key: str) -> str:
+def _where(raw: _RawPaths, side: str, key: str) -> str:
     return raw.get((side, key), RECEIPT)
 
 
-def _observation_diffs(published, fresh, raw) -> list[RerunDiffers]:
+def _observation_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths) -> list[RerunDiffers]:
     index = {(r["case"], r["observation"]): r for r in fresh["comparison"]["observations"]}
     seen, found = set(), []
     for row in published["comparison"]["observations"]:
@@ -162,7 +169,7 @@ def _value(row: dict[str, Any] | None, side: str) -> str:
     return f"{type(row[side]).__name__}:{row[side]!r}"
 
 
-def _case_diffs(published, fresh, raw) -> list[RerunDiffers]:
+def _case_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths) -> list[RerunDiffers]:
     found = []
     for side in SIDES:
         was, now = published["comparison"]["cases"][side], fresh["comparison"]["cases"][side]
@@ -176,7 +183,7 @@ def _case_diffs(published, fresh, raw) -> list[RerunDiffers]:
     return found
 
 
-def _test_diffs(published, fresh, raw) -> list[RerunDiffers]:
+def _test_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths) -> list[RerunDiffers]:
     index = {(r["file"], r["test"]): r for r in fresh["comparison"]["tests"]}
     found, seen = [], set()
     for row in published["comparison"]["tests"]:

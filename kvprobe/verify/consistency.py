@@ -42,7 +42,7 @@ _MAX_DIFFS = 8
 
 
 def step_consistency(bundle: Bundle) -> StepResult:
-    receipt = bundle.receipt
+    receipt = bundle.accepted_receipt
     defects = citation_defects(citations(receipt), bundle.listed()) + placement_defects(receipt)
     defects += record_defects(bundle)
     defects += recompute_defects(bundle)
@@ -203,14 +203,14 @@ def _sides_share_probes(receipt: dict[str, Any]) -> list[BundleDefect]:
 def record_defects(bundle: Bundle) -> list[BundleDefect]:
     found: list[BundleDefect] = []
     for side in SIDES:
-        for i, probe in enumerate(bundle.receipt["sides"][side]["probes"]):
+        for i, probe in enumerate(bundle.accepted_receipt["sides"][side]["probes"]):
             if probe["raw"] is None and not (isinstance(probe["problem"], str) and probe["problem"]):
                 found.append(
                     RecordMismatch(
                         RECEIPT, f"sides.{side}.probes[{i}] {probe['name']!r}: no output and no problem recorded"
                     )
                 )
-    for side, kind, rel, record in cited_raw(bundle.receipt):
+    for side, kind, rel, record in cited_raw(bundle.accepted_receipt):
         doc = bundle.raw_docs.get(rel)
         if doc is not None:
             found += _probe_record(rel, doc, record) if kind == "probe" else _test_record(rel, doc, side, record)
@@ -254,7 +254,7 @@ def recompute_inputs(bundle: Bundle) -> tuple[dict, dict, dict] | None:
     problems: dict[str, dict] = {s: {} for s in SIDES}
     runs: dict[str, dict] = {}
     for side in SIDES:
-        block = bundle.receipt["sides"][side]
+        block = bundle.accepted_receipt["sides"][side]
         for probe in block["probes"]:
             if probe["raw"] is None:
                 problems[side][probe["name"]] = probe["problem"]
@@ -270,7 +270,7 @@ def recompute_inputs(bundle: Bundle) -> tuple[dict, dict, dict] | None:
 
 
 def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
-    receipt = bundle.receipt
+    receipt = bundle.accepted_receipt
     made_by = receipt["comparison"].get("algorithm", "kvprobe.compare/1")
     if made_by != compare.ALGORITHM and made_by not in compare.PREDECESSORS:
         return [
@@ -337,10 +337,11 @@ def _mocks_defects(receipt: dict[str, Any], docs: dict[str, dict]) -> list[Bundl
 
 
 def experiment_defects(bundle: Bundle) -> list[BundleDefect]:
-    receipt, data = bundle.receipt, bundle.experiment
+    receipt, data, data_bytes = bundle.accepted_receipt, bundle.experiment, bundle.experiment_bytes
+    assert data is not None and data_bytes is not None, "called only when step 2 read the experiment"
     rel = receipt["experiment"]["file"]
     found: list[BundleDefect] = []
-    digest = hashlib.sha256(bundle.experiment_bytes).hexdigest()
+    digest = hashlib.sha256(data_bytes).hexdigest()
     if digest != receipt["experiment"]["sha256"]:
         found.append(
             ExperimentDigestMismatch(
@@ -515,7 +516,7 @@ def gates_citations(node: Any, where: str = "") -> list[tuple[str, dict[str, str
 
 def step_gates_consistency(bundle: Bundle) -> StepResult:
     """Cited files are the manifest's; each gate and the overall result follow from the checks."""
-    receipt = bundle.receipt
+    receipt = bundle.accepted_receipt
     defects = citation_defects(gates_citations(receipt), bundle.listed())
     gates = []
     for gate in receipt["gates"]:

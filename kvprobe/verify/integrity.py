@@ -46,13 +46,13 @@ def integrity_defects(bundle: Bundle) -> list[BundleDefect]:
 
 def manifest_form_defects(bundle: Bundle) -> list[BundleDefect]:
     found: list[BundleDefect] = []
-    if manifest_mod.render_manifest(bundle.manifest) != bundle.manifest_bytes:
+    if manifest_mod.render_manifest(bundle.accepted_manifest) != bundle.manifest_bytes:
         found.append(
             ManifestNotCanonical(
                 MANIFEST, "not byte-identical to the writer's rendering (sorted keys, 2-space indent, final LF)"
             )
         )
-    paths = [f["path"] for f in bundle.manifest["files"]]
+    paths = [f["path"] for f in bundle.accepted_manifest["files"]]
     if paths != sorted(paths):
         found.append(ManifestNotCanonical(MANIFEST, "files are not sorted by path"))
     return found
@@ -61,7 +61,7 @@ def manifest_form_defects(bundle: Bundle) -> list[BundleDefect]:
 def _checked_entries(bundle: Bundle, defects: list[BundleDefect]) -> list[dict[str, Any]]:
     """Entries safe to look at: canonical, unique, not reserved, within the size caps."""
     limits, seen, safe, claimed = bundle.limits, set(), [], 0
-    for entry in bundle.manifest["files"]:
+    for entry in bundle.accepted_manifest["files"]:
         rel = entry["path"]
         problem = path_problem(rel, limits)
         if problem:
@@ -96,7 +96,7 @@ def _checked_entries(bundle: Bundle, defects: list[BundleDefect]) -> list[dict[s
 def file_defects(bundle: Bundle, entry: dict[str, Any]) -> list[BundleDefect]:
     """Exists, regular, listed size (checked before hashing), listed sha256 (streamed)."""
     rel, size = entry["path"], entry["size"]
-    found = bundle.scan.entries.get(rel)
+    found = bundle.scanned.entries.get(rel)
     if found is None:
         return [MissingFile(rel, f"listed in {MANIFEST} but missing")]
     if found.kind != "file":
@@ -118,7 +118,7 @@ def unlisted_defects(bundle: Bundle) -> list[BundleDefect]:
     listed = set(bundle.listed()) | {MANIFEST, SUMS}
     return [
         UnlistedFile(rel, f"regular file not listed in {MANIFEST}")
-        for rel in sorted(bundle.scan.files())
+        for rel in sorted(bundle.scanned.files())
         if rel not in listed
     ]
 
@@ -132,7 +132,7 @@ def sums_defects(bundle: Bundle) -> list[BundleDefect]:
     data = read_bytes(bundle, SUMS, bundle.limits.max_json_bytes, defects)
     if data is None:
         return [SumsMalformed(SUMS, d.detail) for d in defects]
-    canonical = manifest_mod.render_sums(bundle.manifest).encode("utf-8")
+    canonical = manifest_mod.render_sums(bundle.accepted_manifest).encode("utf-8")
     if data == canonical:
         return []
     try:
@@ -142,7 +142,7 @@ def sums_defects(bundle: Bundle) -> list[BundleDefect]:
     found = _sums_format_defects(text)
     parsed, line_defects = parse_sums(text)
     found += line_defects
-    found += _sums_agreement(parsed, bundle.manifest)
+    found += _sums_agreement(parsed, bundle.accepted_manifest)
     if not found:
         found.append(SumsNotCanonical(SUMS, "not byte-identical to the writer's rendering (line order)"))
     return found

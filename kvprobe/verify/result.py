@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,8 @@ class StepResult:
         }
 
 
-def step_result(number: int, defects: list[BundleDefect], summary: str, notes: list[str] | None = None) -> StepResult:
+def step_result(
+    number: int, defects: Sequence[BundleDefect], summary: str, notes: list[str] | None = None
+) -> StepResult:
     """``pass`` with no defects, else ``fail``."""
-    return StepResult(number, "fail" if defects else "pass", summary, defects, notes or [])
+    return StepResult(number, "fail" if defects else "pass", summary, list(defects), notes or [])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,8 +134,8 @@ def verify_dir(root: Path, opts: VerifyOptions) -> Report:
         steps.append(step_documents(bundle) if _usable(steps[0]) else _skip(2, 1))
         steps.append(
             step_integrity(bundle)
-            if bundle.manifest is not None and bundle.scan.complete
-            else _skip(3, 2 if bundle.scan.complete else 1)
+            if bundle.manifest is not None and bundle.scanned.complete
+            else _skip(3, 2 if bundle.scanned.complete else 1)
         )
         consistency = step_gates_consistency if bundle.receipt_family != "kvprobe.receipt" else step_consistency
         steps.append(consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None else _skip(4, 2))
@@ -159,7 +159,7 @@ def _skip(number: int, needs: int) -> StepResult:
     return StepResult(number, "skipped", f"needs step {needs} ({STEP_NAMES[needs]})")
 
 
-def _skipped(numbers, needs: int, opts: VerifyOptions) -> list[StepResult]:
+def _skipped(numbers: Iterable[int], needs: int, opts: VerifyOptions) -> list[StepResult]:
     return [_skip(n, needs) for n in numbers if n != 6 or opts.rerun is not None]
 
 
@@ -231,7 +231,7 @@ def _append(defects: list[BundleDefect], found: list[BundleDefect]) -> bool:
 
 def _read_cited(bundle: Bundle, defects: list[BundleDefect]) -> int:
     count = 0
-    for _side, kind, rel, _record in cited_raw(bundle.receipt):
+    for _side, kind, rel, _record in cited_raw(bundle.accepted_receipt):
         doc = read_json(bundle, rel, defects)
         if doc is None:
             continue
@@ -265,7 +265,7 @@ def test_run_defects(doc: Any, rel: str) -> list[BundleDefect]:
 
 
 def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
-    rel = bundle.receipt["experiment"]["file"]
+    rel = bundle.accepted_receipt["experiment"]["file"]
     data = read_bytes(bundle, rel, bundle.limits.max_json_bytes, defects)
     if data is None:
         return
