@@ -166,8 +166,8 @@ def _expect_spans(lines: list[str]) -> list[tuple[int, int]]:
 
 
 def _is_expect(line: str) -> bool:
-    first = _HEADER_RE.match(line).group("first")
-    return first.strip("\"'") == "expect"
+    header = _HEADER_RE.match(line)
+    return header is not None and header.group("first").strip("\"'") == "expect"
 
 
 def _is_content(line: str) -> bool:

@@ -16,6 +16,7 @@ from kvprobe.model.records import (
     GitPin,
     Layer,
     ModelPin,
+    Pin,
     PinSet,
     ProbeCheck,
     Scope,
@@ -127,7 +128,7 @@ def _build(data: dict[str, Any], path: Path, digest: str) -> Experiment:
 
 def _pin_set(name: str, spec: dict[str, Any], path: Path) -> PinSet:
     kind = SourceKind(spec["kind"])
-    sides = {}
+    sides: dict[str, Pin] = {}
     for side in SIDES:
         pin = spec[side]
         try:

@@ -28,6 +28,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvprobe.errors import FetchError, PinError, UsageError
 from kvprobe.experiments import tomltext
@@ -36,6 +37,9 @@ from kvprobe.model.records import ID_RE, GitPin, WheelPin
 from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
+
+if TYPE_CHECKING:
+    from kvprobe.sources.git import GitSource
 
 DEFAULT_UPSTREAM = "https://github.com/sgl-project/sglang"
 GIT_PINS, RELEASE_PINS = "commits", "release"
@@ -196,6 +200,7 @@ def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: 
     """Fetch both commits, read each test at head; returns the python path found at head."""
     from kvprobe.sources.git import GitSource
 
+    assert spec.base is not None and spec.head is not None, "called only when has_commits(spec)"
     source = GitSource(url, cache_root)
     for side, sha in (("base", spec.base), ("head", spec.head)):
         with reporter.step(f"{side}: fetching {sha[:12]} from {url}"):
@@ -210,7 +215,7 @@ def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: 
     return _python_path(source, head, spec)
 
 
-def fetch_pin(source, pin: GitPin, pr: int | None, side: str) -> None:
+def fetch_pin(source: GitSource, pin: GitPin, pr: int | None, side: str) -> None:
     """Fetch one pin; an answering repository without the commit is bad input (exit 2)."""
     try:
         source.fetch_commit(pin, pr=pr)
@@ -225,7 +230,7 @@ def fetch_pin(source, pin: GitPin, pr: int | None, side: str) -> None:
         raise PinError(f"--{side} {pin.commit} is not a commit in {source.url} (fetched {via})", hints=hints) from exc
 
 
-def _python_path(source, head: GitPin, spec: NewSpec) -> str | None:
+def _python_path(source: GitSource, head: GitPin, spec: NewSpec) -> str | None:
     """Where the package lives at head: 'python' (SGLang), 'src' or '.'; None if not found."""
     module = import_name(spec.package)
     for entry in ("python", "src", "."):
@@ -246,6 +251,7 @@ def import_name(package: str) -> str:
 def _lookup_releases(spec: NewSpec, reporter: Reporter) -> tuple[WheelPin, WheelPin] | None:
     if spec.release_base is None:
         return None
+    assert spec.release_head is not None, "_check_release_args: both or neither"
     python = _profile_python(spec.profile)
     pins = []
     for version in (spec.release_base, spec.release_head):

@@ -13,13 +13,14 @@ from kvprobe.evidence.bundle import file_ref
 from kvprobe.evidence.gate_status import Status
 from kvprobe.gates.gate import Check, Gate, GateOptions
 from kvprobe.gates.target import GATE_EXPERIMENTS, Target
+from kvprobe.model.records import Experiment, PinSet, Side
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR
 from kvprobe.progress import Reporter
 from kvprobe.run import runner
 from kvprobe.run.side import CheckContext, environment, run_probe
 
 
-def gate2_checks(exp, docs: dict[str, Any], problems: list[str]) -> list[Check]:
+def gate2_checks(exp: Experiment, docs: dict[str, Any], problems: list[str]) -> list[Check]:
     """Head-side expectations of one experiment against the probe output from the target."""
     head_expect = exp.expectations.get("head", {})
     table = compare.case_table(docs)
@@ -90,8 +91,17 @@ def run_gate2(
     return Gate(2, title, tuple(checks)), refs, env
 
 
-def _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opts, reporter) -> _ProbeOutcome:
-    from kvprobe.model.records import Side
+def _probe_experiment(
+    exp: Experiment,
+    pin_set: PinSet,
+    target: Target,
+    python: str,
+    env_vars: dict[str, str],
+    staging: Path,
+    work: Path,
+    opts: GateOptions,
+    reporter: Reporter,
+) -> _ProbeOutcome:
 
     probe_dir = staging / PROBES_DIR / exp.id
     probe_dir.mkdir(parents=True, exist_ok=True)

@@ -17,11 +17,11 @@ from kvprobe.gates import serverlog
 
 def split_role(spec: str, what: str) -> tuple[str | None, Path]:
     """``prefill=FILE`` / ``decode=FILE`` / ``FILE``; UsageError for a missing file."""
-    role, sep, rest = spec.partition("=")
-    if sep and role in serverlog.ROLES and rest:
-        path = Path(rest)
-    else:
-        role, path = None, Path(spec)
+    name, sep, rest = spec.partition("=")
+    role: str | None = None
+    path = Path(spec)
+    if sep and name in serverlog.ROLES and rest:
+        role, path = name, Path(rest)
     if not path.is_file():
         raise UsageError(f"{what} {spec!r}: no such file")
     return role, path

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,12 +34,12 @@ from kvprobe.evidence.bundle import seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.admission import run_gate2
-from kvprobe.gates.fixmarkers import Tree, code_settings
+from kvprobe.gates.fixmarkers import CodeSettings, Finding, Tree, code_settings
 from kvprobe.gates.gate import Gate, GateOptions
-from kvprobe.gates.inputs import read_logs, read_server_args
+from kvprobe.gates.inputs import InputFile, read_logs, read_server_args
 from kvprobe.gates.pool import gate1, main_kv
 from kvprobe.gates.settings import collect_sources, gate3, gate4
-from kvprobe.gates.target import resolve_target
+from kvprobe.gates.target import Target, resolve_target
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 
@@ -105,7 +105,18 @@ def overall(gates: Iterable[Gate]) -> Status:
     return combine(g.status for g in gates)
 
 
-def build_receipt(started, gates, logs, files, target, findings, code, probe_refs, env, timings) -> dict[str, Any]:
+def build_receipt(
+    started: datetime,
+    gates: Sequence[Gate],
+    logs: list[tuple[InputFile, serverlog.WorkerLog]],
+    files: list[tuple[InputFile, str | None, serverlog.ServerArgs]],
+    target: Target | None,
+    findings: list[Finding],
+    code: CodeSettings | None,
+    probe_refs: list[dict[str, Any]],
+    env: dict[str, Any] | None,
+    timings: dict[str, float],
+) -> dict[str, Any]:
     verdict = overall(gates)
     return {
         "schema": GATES_RECEIPT_SCHEMA,

@@ -18,7 +18,8 @@ def main_kv(log: serverlog.WorkerLog) -> serverlog.KvLine | None:
     main = [k for k in log.kv_lines if k.label in (None, "Full")]
     resized = [k for k in main if k.kind == "post-capture"]
     allocated = [k for k in main if k.kind == "allocated"]
-    return (resized or allocated or [None])[-1]
+    found = resized or allocated
+    return found[-1] if found else None
 
 
 def pool_check(log: serverlog.WorkerLog) -> Check:

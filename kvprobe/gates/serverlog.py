@@ -251,7 +251,9 @@ def _from_pairs(text: str, evidence: Evidence, key_pattern: str) -> ServerArgs:
 def _from_mapping(doc: dict[str, Any], evidence: Evidence, *, full: bool = False) -> ServerArgs:
     """``full``: the mapping is a whole resolved dump (a log line, or a /server_info-sized JSON)."""
     flat = _flatten(doc)
-    env_doc = doc.get("env") if isinstance(doc.get("env"), dict) else {}
+    env_doc = doc.get("env")
+    if not isinstance(env_doc, dict):
+        env_doc = {}
     env = {k: str(v) for k, v in {**flat, **env_doc}.items() if k in ENV_KEYS}
     values = {k: flat[k] for k in KEYS if k in flat}
     return ServerArgs(values, env, "disaggregation_mode" in flat and (full or len(flat) > 50), evidence)
@@ -281,8 +283,8 @@ def _from_command_line(text: str, evidence: Evidence) -> ServerArgs:
         token = tokens[i]
         i += 1
         if "=" in token and not token.startswith("-") and token.split("=", 1)[0] in ENV_KEYS:
-            key, value = token.split("=", 1)
-            env[key] = value
+            env_key, env_value = token.split("=", 1)
+            env[env_key] = env_value
             continue
         if not token.startswith("--"):
             continue

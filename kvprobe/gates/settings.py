@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,8 +97,9 @@ def canary_state(role: str, sources: Sources) -> tuple[Status, str, str]:
     logs = sources.logs[role]
     modes = {str(a.values["kv_canary"]) for a in sources.args[role] if "kv_canary" in a.values}
     configured = bool(modes - {"none"})
-    if logs and all(log.canary is not None for log in logs):
-        return Status.PASS, "active: install_canary logged", logs[0].canary.cite()
+    canaries = [log.canary for log in logs if log.canary is not None]
+    if logs and len(canaries) == len(logs):
+        return Status.PASS, "active: install_canary logged", canaries[0].cite()
     if logs and any(log.pools for log in logs):  # a complete startup that never installed it
         missing = next(log for log in logs if log.canary is None)
         why = f"configured (kv_canary={'/'.join(sorted(modes))}) but" if configured else "off:"
@@ -109,7 +111,9 @@ def canary_state(role: str, sources: Sources) -> tuple[Status, str, str]:
     return Status.UNKNOWN, "no log or arguments for this worker", "-"
 
 
-def _role_args_state(role: str, sources: Sources, fn) -> tuple[Status, str, str]:
+def _role_args_state(
+    role: str, sources: Sources, fn: Callable[[serverlog.ServerArgs], tuple[Status, str]]
+) -> tuple[Status, str, str]:
     """Decide per worker of ``role``; every worker must pass. Logs are the workers' own record."""
     workers = worker_args(role, sources)
     if not workers:

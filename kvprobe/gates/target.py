@@ -30,13 +30,13 @@ class Target:
 def release_pins() -> dict[str, Any]:
     """version -> WheelPin for every sglang wheel the gate-2 experiments pin."""
     from kvprobe.experiments import experiment
-    from kvprobe.model.records import SourceKind
+    from kvprobe.model.records import WheelPin
 
     pins: dict[str, Any] = {}
     for exp_id in GATE_EXPERIMENTS:
         for pin_set in experiment.load(exp_id).pin_sets.values():
-            if pin_set.kind is SourceKind.WHEEL:
-                for pin in (pin_set.base, pin_set.head):
+            for pin in (pin_set.base, pin_set.head):
+                if isinstance(pin, WheelPin):  # a wheel pin set's sides
                     pins.setdefault(pin.version, pin)
     return pins
 

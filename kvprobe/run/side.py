@@ -7,22 +7,36 @@ A side is one materialized tree (base or head); its checks are the upstream test
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kvprobe import __version__
 from kvprobe.checks import probes, upstream
 from kvprobe.files import write_json
-from kvprobe.model.records import EnvInfo, Experiment, PinSet, Side, SourceKind
+from kvprobe.model.records import EnvInfo, Experiment, ModelPin, PinSet, ProbeCheck, Side, SourceKind
 from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
 from kvprobe.progress import Reporter
 
 
-def environment(exp, pin_set, opts, reporter: Reporter, held=None) -> tuple[dict[str, Any], str, dict[str, str]]:
+class EnvOptions(Protocol):
+    """What :func:`environment` reads of ``run.runner.RunOptions`` (side sits below runner)."""
+
+    cache_root: Path
+    torch_index: str | None
+
+
+def environment(
+    exp: Experiment,
+    pin_set: PinSet,
+    opts: EnvOptions,
+    reporter: Reporter,
+    held: contextlib.ExitStack | None = None,
+) -> tuple[dict[str, Any], str, dict[str, str]]:
     """The env both sides share (one lock), its python, and the variables pinned for checks."""
     if pin_set.kind is SourceKind.SYNTHETIC:
         import hypothesis
@@ -75,13 +89,16 @@ class CheckContext:
     timeout_s: float
 
 
-def run_side(ctx: CheckContext, side: Side, materialized, head_tests, reporter) -> dict[str, Any]:
+def run_side(
+    ctx: CheckContext, side: Side, materialized: dict[str, Any], head_tests: dict[str, bytes], reporter: Reporter
+) -> dict[str, Any]:
     tree = materialized["tree"]
     python_path = [tree / p for p in ctx.pin_set.python_path]
     scratch = ctx.work / side.value / "home"
     scratch.mkdir(parents=True, exist_ok=True)
     raw, logs = ctx.staging / RAW_DIR / side.value, ctx.staging / LOGS_DIR / side.value
-    tests, probe_runs = [], []
+    tests: list[dict[str, Any]] = []
+    probe_runs: list[dict[str, Any]] = []
     with reporter.step(f"{side.value}: running checks"):
         for rel, data in head_tests.items():
             reporter.update(f"{side.value}: pytest {rel}")
@@ -92,7 +109,17 @@ def run_side(ctx: CheckContext, side: Side, materialized, head_tests, reporter) 
     return {"tests": tests, "probes": probe_runs}
 
 
-def run_test(ctx, side, tree, python_path, rel, data, raw_dir, log_dir, scratch) -> dict[str, Any]:
+def run_test(
+    ctx: CheckContext,
+    side: Side,
+    tree: Path,
+    python_path: list[Path],
+    rel: str,
+    data: bytes,
+    raw_dir: Path,
+    log_dir: Path,
+    scratch: Path,
+) -> dict[str, Any]:
     raw_dir.mkdir(parents=True, exist_ok=True)
     run = upstream.run_test_file(
         python=Path(ctx.python),
@@ -136,14 +163,22 @@ def run_test(ctx, side, tree, python_path, rel, data, raw_dir, log_dir, scratch)
     }
 
 
-def run_probe(ctx, side, python_path, check, raw_dir, log_dir, scratch) -> dict[str, Any]:
+def run_probe(
+    ctx: CheckContext,
+    side: Side,
+    python_path: list[Path],
+    check: ProbeCheck,
+    raw_dir: Path,
+    log_dir: Path,
+    scratch: Path,
+) -> dict[str, Any]:
     raw_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     out = raw_dir / f"{check.name}.json"
-    side_config = {
-        "side": side.value,
-        **({"switches": dict(ctx.pin_set.pin(side).switches)} if ctx.pin_set.kind is SourceKind.SYNTHETIC else {}),
-    }
+    pin = ctx.pin_set.pin(side)
+    side_config: dict[str, Any] = {"side": side.value}
+    if isinstance(pin, ModelPin):  # the synthetic pin set's sides are model switches
+        side_config["switches"] = dict(pin.switches)
     run = probes.run_probe(
         python=ctx.python,
         probe_file=ctx.exp.directory / check.path,
