@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvprobe.errors import SchemaError
 from kvprobe.names import EXPERIMENT_SCHEMA, GATES_RECEIPT_SCHEMA, MANIFEST_SCHEMA, PROBE_OUTPUT_SCHEMA, RECEIPT_SCHEMA
 from kvprobe.resources import schemas_dir
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 # Schema documents kvprobe knows, by the version string documents carry.
 KNOWN = {
@@ -24,7 +27,7 @@ KNOWN = {
 
 
 @cache
-def _validator(version: str):
+def _validator(version: str) -> Draft202012Validator:
     from jsonschema import Draft202012Validator
 
     try:

@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path, PurePosixPath
@@ -223,7 +223,7 @@ def _pyproject_has_pytest(path: Path) -> bool:
     return isinstance(data.get("tool"), dict) and "pytest" in data["tool"]
 
 
-def _ini_has(section: str):
+def _ini_has(section: str) -> Callable[[Path], bool]:
     def check(path: Path) -> bool:
         parser = configparser.ConfigParser(interpolation=None)
         try:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.status import Status
 from rich.table import Table
 
 from kvprobe.model.records import Experiment
@@ -35,7 +36,7 @@ class RichReporter(Reporter):
         self.quiet = quiet
         self._lock = threading.Lock()
         self._active: dict[int, list[str]] = {}  # thread id -> [title, detail]
-        self._status = None
+        self._status: Status | None = None
 
     @contextmanager
     def step(self, title: str) -> Iterator[None]:
@@ -132,7 +133,7 @@ def print_experiment(console: Console, exp: Experiment) -> None:
         console.print(f"does not show: {item}")
 
 
-def _val(values: dict[str, Any], name: str) -> str:
+def _val(values: Mapping[str, Any], name: str) -> str:
     return repr(values[name]) if name in values else "-"
 
 

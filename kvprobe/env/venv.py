@@ -219,7 +219,7 @@ class EnvManager:
             "off",
         ]
         self._pip([*base, "--require-hashes", "--only-binary=:all:", "-r", str(lock_file)], tmp, "lock")
-        if index_reqs:
+        if torch_index and index_reqs:  # split_lock: index requirements only with an index
             self._pip([*base, "--index-url", torch_index, *index_reqs], tmp, "torch-index")
 
     def _pip(self, argv: list[str], tmp: Path, label: str) -> None:

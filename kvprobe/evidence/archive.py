@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING
 
 from kvprobe.defects import (
     ArchiveDuplicateMember,
@@ -35,6 +35,9 @@ from kvprobe.defects import (
 )
 from kvprobe.evidence.safetree import Limits, display, find_collisions, path_problem
 
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
 _HEADER_ALLOWANCE = 64 << 10  # per member: tar and PAX headers in the decompressed stream
 
 
@@ -48,18 +51,19 @@ class _Overflow(Exception):
 class _CappedReader(io.RawIOBase):
     """A decompressed stream that stops at ``cap`` bytes: a gzip bomb fails fast."""
 
-    def __init__(self, inner: BinaryIO, cap: int) -> None:
+    def __init__(self, inner: gzip.GzipFile, cap: int) -> None:
         self.inner, self.cap, self.count = inner, cap, 0
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
-        data = self.inner.read(len(buffer))
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.inner.read(len(view))
         self.count += len(data)
         if self.count > self.cap:
             raise _Overflow(self.count)
-        buffer[: len(data)] = data
+        view[: len(data)] = data
         return len(data)
 
 
@@ -184,6 +188,7 @@ def extract(archive: Path, members: list[Member], dest: Path, limits: Limits) ->
                 continue
             target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             source = tar.extractfile(info)
+            assert source is not None, "a regular member has a stream"
             with open(target, "xb") as handle:
                 shutil.copyfileobj(source, handle, 1 << 20)
 

@@ -57,8 +57,9 @@ def observation_rows(expect: Mapping[str, Any], tables: Mapping[str, dict]) -> l
             row: dict[str, Any] = {"case": key, "observation": name}
             for side in SIDES:
                 case = tables[side].get(key)
-                recorded = case is not None and name in case["observations"]
-                row[side] = case["observations"][name] if recorded else None
+                observed = case["observations"] if case is not None else {}
+                recorded = name in observed
+                row[side] = observed[name] if recorded else None
                 row[f"{side}_recorded"] = recorded
                 expected = expect.get(side, {}).get(key, {})
                 row[f"expected_{side}"] = expected.get(name)
@@ -86,7 +87,7 @@ def test_rows(test_runs: Mapping[str, Mapping[str, Any]]) -> tuple[list[dict], d
         moves = transitions(results["base"], results["head"])
         by_key = {side: {r.key: r for r in results[side]} for side in SIDES}
         for key in sorted(moves):
-            row = {"file": path, "test": key, "transition": moves[key].value}
+            row: dict[str, Any] = {"file": path, "test": key, "transition": moves[key].value}
             for side in SIDES:
                 result = by_key[side].get(key)
                 row[side] = result.outcome.value if result else None
@@ -149,7 +150,14 @@ def compare(
     }
 
 
-def _verdict(expect, rows, trows, tsummary, probe_problems, tables) -> tuple[Verdict, list[str]]:
+def _verdict(
+    expect: Mapping[str, Any],
+    rows: list[dict[str, Any]],
+    trows: list[dict[str, Any]],
+    tsummary: dict[str, dict[str, Any]],
+    probe_problems: Mapping[str, Mapping[str, str]],
+    tables: Mapping[str, dict[str, Any]],
+) -> tuple[Verdict, list[str]]:
     errors = [f"{side}: {msg}" for side in SIDES for msg in probe_problems.get(side, {}).values()]
     for path, summary in tsummary.items():
         for side in SIDES:

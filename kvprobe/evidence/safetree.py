@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvprobe import strict_json
@@ -133,7 +134,7 @@ def collision_key(rel: str) -> str:
     return unicodedata.normalize("NFC", unicodedata.normalize("NFC", rel).casefold())
 
 
-def find_collisions(paths: list[str], make) -> list[BundleDefect]:
+def find_collisions(paths: list[str], make: Callable[[str, str], BundleDefect]) -> list[BundleDefect]:
     """``make(path, detail)`` for every path equal to an earlier one after folding."""
     seen: dict[str, str] = {}
     found = []
@@ -188,7 +189,9 @@ class Tree:
         result.defects += find_collisions(sorted(result.entries), NameCollision)
         return result
 
-    def _scan_dir(self, prefix, dir_fd, result: Scan, stack, limits: Limits, total: int) -> int:
+    def _scan_dir(
+        self, prefix: str, dir_fd: int, result: Scan, stack: list[tuple[str, int]], limits: Limits, total: int
+    ) -> int:
         with os.scandir(dir_fd) as it:
             names = sorted((e.name, e.stat(follow_symlinks=False)) for e in it)
         for name, st in names:
