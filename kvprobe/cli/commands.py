@@ -6,12 +6,19 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kvprobe import __version__
 from kvprobe.errors import KvprobeError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kvprobe.evidence.safetree import Limits
+    from kvprobe.model.records import Experiment
+    from kvprobe.run.runner import RunOptions, RunResult
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
 _VERDICT_EXIT = {
@@ -132,7 +139,9 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
     return EXIT_OK
 
 
-def _run_options(pins, out, repo, torch_index, jobs, timeout):
+def _run_options(
+    pins: str | None, out: str | None, repo: str | None, torch_index: str | None, jobs: int | None, timeout: int
+) -> RunOptions:
     from kvprobe.run.runner import RunOptions
 
     opts = RunOptions(
@@ -169,7 +178,18 @@ def _run_options(pins, out, repo, torch_index, jobs, timeout):
 )
 @click.option("--yes", is_flag=True, help="With --record-expectations: write without asking.")
 @guarded
-def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json, record=False, yes=False) -> int:
+def run_cmd(
+    experiment_id: str,
+    pins: str | None,
+    out: str | None,
+    repo: str | None,
+    torch_index: str | None,
+    jobs: int | None,
+    timeout: int,
+    as_json: bool,
+    record: bool = False,
+    yes: bool = False,
+) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not)."""
     from kvprobe.cli.console import RichReporter, print_run_summary, stderr_console
     from kvprobe.experiments import experiment
@@ -190,7 +210,7 @@ def run_cmd(experiment_id, pins, out, repo, torch_index, jobs, timeout, as_json,
 @click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (must not exist or be empty).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @click.pass_context
-def model_cmd(ctx, out, as_json) -> None:
+def model_cmd(ctx: click.Context, out: str | None, as_json: bool) -> None:
     """Run the synthetic PD handoff model (same as `kvprobe run model`; seconds, no downloads)."""
     ctx.invoke(
         run_cmd,
@@ -205,7 +225,7 @@ def model_cmd(ctx, out, as_json) -> None:
     )
 
 
-def run_summary(result) -> dict[str, Any]:
+def run_summary(result: RunResult) -> dict[str, Any]:
     receipt = result.receipt
     return {
         "verdict": receipt["verdict"],
@@ -276,7 +296,14 @@ def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
 @click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX", help="Index for torch/torchvision (gate 2 env).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @guarded
-def gates_cmd(logs, sglang, server_args, out, torch_index, as_json) -> int:
+def gates_cmd(
+    logs: tuple[str, ...],
+    sglang: str | None,
+    server_args: tuple[str, ...],
+    out: Path | None,
+    torch_index: str | None,
+    as_json: bool,
+) -> int:
     """Check a deployment against the four acceptance gates (exit 0 all pass, 1 a gate failed, 3 undecided)."""
     from kvprobe.cli.console import RichReporter, print_gates, stderr_console
     from kvprobe.gates.gate import GateOptions
@@ -339,7 +366,7 @@ def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _limits(max_files: int, max_file_bytes: int, max_bytes: int):
+def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
     from kvprobe.evidence.safetree import Limits
 
     return Limits(max_files=max_files, max_file_bytes=max_file_bytes, max_total_bytes=max_bytes)
@@ -365,7 +392,16 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int):
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @guarded
 def verify_cmd(
-    bundle, expect_digest, rerun, repo, torch_index, timeout, max_files, max_file_bytes, max_bytes, as_json
+    bundle: Path,
+    expect_digest: str | None,
+    rerun: bool,
+    repo: str | None,
+    torch_index: str | None,
+    timeout: int,
+    max_files: int,
+    max_file_bytes: int,
+    max_bytes: int,
+    as_json: bool,
 ) -> int:
     """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
     2 not a bundle, 3 could not re-run)."""
@@ -403,7 +439,9 @@ def bundle_group() -> None:
 @_limit_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @guarded
-def bundle_pack_cmd(bundle_dir, output, max_files, max_file_bytes, max_bytes, as_json) -> int:
+def bundle_pack_cmd(
+    bundle_dir: Path, output: Path | None, max_files: int, max_file_bytes: int, max_bytes: int, as_json: bool
+) -> int:
     """Verify BUNDLE_DIR, then write a deterministic .tar.gz of it (same bundle, same bytes)."""
     from kvprobe.verify.pack import pack
 
@@ -497,7 +535,7 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
 # --- new: scaffold an experiment, record its expectations --------------------------------
 
 
-def _record_expectations(exp, receipt, console, yes: bool) -> int:
+def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Console, yes: bool) -> int:
     """Show what the run observed, confirm, write it as the experiment's expectations."""
     from kvprobe.cli.console import print_recording
     from kvprobe.experiments import expectations
@@ -556,7 +594,18 @@ def _record_expectations(exp, receipt, console, yes: bool) -> int:
 )
 @guarded
 def new_cmd(
-    experiment_id, base, head, pr, repo, tests, release_base, release_head, package, profile, title, probes_dir
+    experiment_id: str,
+    base: str | None,
+    head: str | None,
+    pr: int | None,
+    repo: str,
+    tests: tuple[str, ...],
+    release_base: str | None,
+    release_head: str | None,
+    package: str,
+    profile: str,
+    title: str | None,
+    probes_dir: Path,
 ) -> int:
     """Scaffold a new PR-pair experiment: checked pins, a runnable probe template (exit 0).
 

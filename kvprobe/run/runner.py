@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvprobe import __version__
 from kvprobe.env.cache import default_cache_root
@@ -21,11 +21,15 @@ from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageEr
 from kvprobe.evidence import compare
 from kvprobe.evidence.bundle import file_ref, seal_bundle
 from kvprobe.evidence.bundle_readme import render_readme
-from kvprobe.model.records import Experiment, PinSet, Side, SourceKind
+from kvprobe.model.records import Experiment, GitPin, PinSet, Side, SourceKind, WheelPin
 from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.run.side import CheckContext, environment, run_side
 from kvprobe.verify.steps import verify
+
+if TYPE_CHECKING:
+    from kvprobe.sources.git import GitSource
+    from kvprobe.sources.wheel import WheelSource
 
 
 @dataclass
@@ -105,7 +109,9 @@ def _final_path(opts: RunOptions, exp: Experiment, pin_set: PinSet, started: dat
 # --- sources -----------------------------------------------------------------------------
 
 
-def _materialize(exp, pin_set, opts, work, reporter) -> dict[Side, dict[str, Any]]:
+def _materialize(
+    exp: Experiment, pin_set: PinSet, opts: RunOptions, work: Path, reporter: Reporter
+) -> dict[Side, dict[str, Any]]:
     """Each side's tree (its own directory, no .git) and resolved identity.
 
     Sides are unpacked in parallel with --jobs 2: a release wheel is thousands of small
@@ -121,7 +127,9 @@ def _materialize(exp, pin_set, opts, work, reporter) -> dict[Side, dict[str, Any
         return {side: f.result() for side, f in futures.items()}
 
 
-def _materialize_side(source, pin_set, side, work, reporter) -> dict[str, Any]:
+def _materialize_side(
+    source: WheelSource | _GitWithHints | None, pin_set: PinSet, side: Side, work: Path, reporter: Reporter
+) -> dict[str, Any]:
     pin = pin_set.pin(side)
     tree = work / side.value / "tree"
     tree.parent.mkdir(parents=True)
@@ -130,8 +138,10 @@ def _materialize_side(source, pin_set, side, work, reporter) -> dict[str, Any]:
             tree.mkdir()
             identity = pin.identity()
         elif pin_set.kind is SourceKind.GIT:
+            assert isinstance(source, _GitWithHints) and isinstance(pin, GitPin), "_source: git pins, git source"
             identity = source.materialize(pin, tree, pr=pin_set.pr)
         else:
+            assert not isinstance(source, _GitWithHints) and isinstance(pin, WheelPin), "_source: wheel pins, wheels"
             identity = source.materialize(pin, tree)
     return {
         "tree": tree,
@@ -141,7 +151,9 @@ def _materialize_side(source, pin_set, side, work, reporter) -> dict[str, Any]:
     }
 
 
-def _source(exp, pin_set, opts, reporter):
+def _source(
+    exp: Experiment, pin_set: PinSet, opts: RunOptions, reporter: Reporter
+) -> WheelSource | _GitWithHints | None:
     if opts.repo is not None and pin_set.kind is not SourceKind.GIT:
         from kvprobe.sources.git import validate_url
 
@@ -170,10 +182,10 @@ def _git_pin_sets_hint(exp: Experiment) -> str:
 class _GitWithHints:
     """Adds what to do next to fetch failures: a mirror (--repo) or the release pins."""
 
-    def __init__(self, source, exp: Experiment, pin_set: PinSet, has_repo: bool) -> None:
+    def __init__(self, source: GitSource, exp: Experiment, pin_set: PinSet, has_repo: bool) -> None:
         self.source, self.exp, self.pin_set, self.has_repo = source, exp, pin_set, has_repo
 
-    def materialize(self, pin, dest, pr=None):
+    def materialize(self, pin: GitPin, dest: Path, pr: int | None = None) -> dict[str, Any]:
         try:
             return self.source.materialize(pin, dest, pr=pr)
         except FetchError as exc:
@@ -183,7 +195,7 @@ class _GitWithHints:
                 hint += f", or use the release wheels with --pins {others[0]}"
             raise FetchError(f"{exc.message}; {hint}") from exc
 
-    def read_file(self, pin, path):
+    def read_file(self, pin: GitPin, path: str) -> bytes | None:
         return self.source.read_file(pin, path)
 
 
@@ -195,15 +207,16 @@ def _describe_pin(pin_set: PinSet, side: Side) -> str:
 # --- checks ------------------------------------------------------------------------------
 
 
-def _head_test_files(exp, pin_set, sides) -> dict[str, bytes]:
+def _head_test_files(exp: Experiment, pin_set: PinSet, sides: dict[Side, dict[str, Any]]) -> dict[str, bytes]:
     """Head's version of each listed test file; a path absent at head is bad input."""
     found = {}
+    head = pin_set.head
     for test in exp.tests_for(pin_set.name):
-        if pin_set.kind is not SourceKind.GIT:
+        if not isinstance(head, GitPin):  # only a git pin set has upstream tests
             continue
-        data = sides[Side.HEAD]["git"].read_file(pin_set.head, test.path)
+        data = sides[Side.HEAD]["git"].read_file(head, test.path)
         if data is None:
-            raise UsageError(f"{exp.id}: test {test.path} does not exist at head {pin_set.head.commit}")
+            raise UsageError(f"{exp.id}: test {test.path} does not exist at head {head.commit}")
         found[test.path] = data
     return found
 
@@ -211,13 +224,28 @@ def _head_test_files(exp, pin_set, sides) -> dict[str, bytes]:
 # --- receipt and bundle ------------------------------------------------------------------
 
 
-def _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, staging, timings) -> dict[str, Any]:
+def _receipt(
+    exp: Experiment,
+    pin_set: PinSet,
+    run_id: str,
+    started: datetime,
+    sides: dict[Side, dict[str, Any]],
+    env: dict[str, Any],
+    env_vars: dict[str, str],
+    checks: dict[Side, dict[str, Any]],
+    staging: Path,
+    timings: dict[str, float],
+) -> dict[str, Any]:
     probe_dir = staging / PROBES_DIR / exp.id
     probe_dir.mkdir(parents=True)
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
     for source in _experiment_sources(exp):
         shutil.copy2(source, probe_dir / source.name)
-    side_blocks, probe_docs, problems, test_runs, mocks = {}, {}, {}, {}, {}
+    side_blocks: dict[str, Any] = {}
+    probe_docs: dict[str, dict[str, Any]] = {}
+    problems: dict[str, dict[str, str]] = {}
+    test_runs: dict[str, dict[str, Any]] = {}
+    mocks: dict[str, Any] = {}
     for side in (Side.BASE, Side.HEAD):
         c = checks[side]
         side_blocks[side.value] = {
@@ -325,7 +353,7 @@ def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
     return limits
 
 
-def _write_bundle(exp, receipt, staging: Path, final: Path) -> RunResult:
+def _write_bundle(exp: Experiment, receipt: dict[str, Any], staging: Path, final: Path) -> RunResult:
     digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=_verify_on_write)
     return RunResult(final, receipt, digest)
 
