@@ -15,6 +15,9 @@ from kvprobe.experiments.experiment import load_file
 from tests.fakeupstream import build_fake_upstream
 from tests.wheelfactory import build_wheel
 
+# Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
+pytestmark = pytest.mark.network
+
 EXP_ID = "scrub-on-free"
 PROBE_NAME = "probe_scrub_on_free"
 MISSING_SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -308,8 +311,6 @@ WHEEL_PROBE = f'''"""Observes whether minipkg.clamp honours the upper bound (rel
 import kvprobe_probe as kp
 from minipkg import clamp
 
-# Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
-pytestmark = pytest.mark.network
 
 probe = kp.Probe("{WHEEL_PROBE_NAME}", mocks={{"nothing": "clamp is a pure function"}})
 

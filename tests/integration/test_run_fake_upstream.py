@@ -12,12 +12,13 @@ from kvprobe import schema
 from kvprobe.cli import main
 from tests.fakeupstream import FakeUpstream, build_fake_upstream
 
+# Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
+pytestmark = pytest.mark.network
+
 PROBE = '''"""Observes whether a freed block's data is visible to the next owner (fake upstream)."""
 import kvprobe_probe as kp
 from minikv import BlockPool
 
-# Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
-pytestmark = pytest.mark.network
 
 probe = kp.Probe("minikv_probe", mocks={"nothing": "minikv has no transport to mock"})
 
