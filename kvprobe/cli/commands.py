@@ -253,14 +253,34 @@ def run_summary(result: RunResult) -> dict[str, Any]:
 @click.option(
     "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here (atomically) instead of stdout."
 )
-@click.option("--author", default="kvprobe", show_default=True, help="OpenVEX document author.")
+@click.option("--author", help="openvex (required): who states it, e.g. 'Security Team <sec@example.com>'.")
+@click.option("--author-role", help="openvex: the author's role, e.g. 'Document Creator' or 'vendor'.")
+@click.option(
+    "--subject-archive",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="intoto: the bundle's packed .tar.gz (`kvprobe bundle pack`), added as a subject by sha256.",
+)
 @guarded
-def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
-    """Render a bundle's receipt for a security review (exit 2: not a bundle or malformed)."""
-    from kvprobe.exports.bundle_view import load
-    from kvprobe.exports.render import render, write_atomic
+def report_cmd(
+    bundle: Path, fmt: str, output: Path | None, author: str | None, author_role: str | None, subject_archive: Path | None
+) -> int:
+    """Render a bundle's receipt for a security review (exit 2: not a bundle or malformed).
 
-    text = render(load(bundle), fmt, author=author)
+    OpenVEX's document timestamp is when it is issued (now, or SOURCE_DATE_EPOCH); each
+    statement's is the run's (the receipt's created_utc)."""
+    import os
+    from datetime import UTC, datetime
+
+    from kvprobe.errors import UsageError
+    from kvprobe.exports.bundle_view import load
+    from kvprobe.exports.render import ExportOptions, render, write_atomic
+
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch is not None and not epoch.isdigit():
+        raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds")
+    issued = datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if epoch else None
+    opts = ExportOptions(author=author, role=author_role, issued=issued, archive=subject_archive)
+    text = render(load(bundle), fmt, opts)
     if output is None:
         click.echo(text, nl=False)
     else:
@@ -585,6 +605,18 @@ def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Cons
 )
 @click.option("--title", help="One-line title (default: a TODO to replace).")
 @click.option(
+    "--vulnerability-id",
+    metavar="ID",
+    help="What the evidence is about: CVE-..., GHSA-..., PYSEC-... or KVPROBE-YYYY-NNNN "
+    "(docs/vulnerability-ids.md); default: a TODO.",
+)
+@click.option("--alias", "aliases", multiple=True, metavar="ID", help="Another id of it; repeatable.")
+@click.option(
+    "--fix-kind",
+    type=click.Choice(["security", "hardening", "performance", "correctness"]),
+    help="With --vulnerability-id: what the fix is; only a security fix is exported as OpenVEX.",
+)
+@click.option(
     "--dir",
     "probes_dir",
     default="probes",
@@ -605,6 +637,9 @@ def new_cmd(
     package: str,
     profile: str,
     title: str | None,
+    vulnerability_id: str | None,
+    aliases: tuple[str, ...],
+    fix_kind: str | None,
     probes_dir: Path,
 ) -> int:
     """Scaffold a new PR-pair experiment: checked pins, a runnable probe template (exit 0).
@@ -630,6 +665,9 @@ def new_cmd(
         profile=profile,
         probes_dir=probes_dir,
         title=title,
+        vulnerability_id=vulnerability_id,
+        aliases=tuple(aliases),
+        fix_kind=fix_kind,
     )
     console = stderr_console()
     created = scaffold.create(spec, cache_root=default_cache_root(), reporter=RichReporter(console))

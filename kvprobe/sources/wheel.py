@@ -119,6 +119,19 @@ class WheelSource:
             os.replace(downloaded, cached)
         return cached, "download"
 
+    def keep(self, pin: WheelPin, wheel: Path) -> Path:
+        """Copy ``wheel``, whose sha256 is ``pin``'s (``kvprobe new`` just hashed it), into the
+        cache entry :meth:`fetch` reads; atomic, and a no-op when the entry exists."""
+        cached = self.cached_path(pin)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.store / f"{pin.sha256}.lock")):
+            if not cached.is_file():
+                with tempfile.TemporaryDirectory(dir=self.store, prefix=".keep-") as tmp:
+                    staged = Path(tmp) / pin.filename
+                    shutil.copyfile(wheel, staged)
+                    os.replace(staged, cached)
+        return cached
+
     def _download(self, pin: WheelPin, tmp: Path) -> Path:
         self.reporter.update(f"downloading {pin.filename}")
         got = pip_download(
