@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from kvprobe.evidence.safetree import Limits
     from kvprobe.model.records import Experiment
     from kvprobe.run.runner import RunOptions, RunResult
+    from kvprobe.verify.attestation import SignedStatement
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
 _VERDICT_EXIT = {
@@ -403,6 +404,15 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
 @click.option(
     "--rerun", is_flag=True, help="Run the bundle's experiment again (executes its probes) and compare check by check."
 )
+@click.option(
+    "--attestation",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A DSSE-signed in-toto statement of the bundle (a DSSE envelope or cosign's --bundle output); "
+    "checked offline with --key, then the bundle is held to the manifest digest it signs.",
+)
+@click.option(
+    "--key", type=click.Path(dir_okay=False, path_type=Path), help="With --attestation: the signer's PEM public key."
+)
 @click.option("--repo", help="With --rerun: git URL or local path to fetch pins from.")
 @click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX", help="With --rerun: index for torch.")
 @click.option(
@@ -414,6 +424,8 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
 def verify_cmd(
     bundle: Path,
     expect_digest: str | None,
+    attestation: Path | None,
+    key: Path | None,
     rerun: bool,
     repo: str | None,
     torch_index: str | None,
@@ -430,17 +442,43 @@ def verify_cmd(
     from kvprobe.verify.steps import VerifyOptions, parse_digest, verify
 
     console = stderr_console()
+    expected = parse_digest(expect_digest)
+    signed = _signed_statement(attestation, key, expected)
+    if signed is not None:
+        console.print(
+            f"attestation: signature verified with key {signed.keyid}; "
+            f"it signs manifest sha256 {signed.manifest_sha256}"
+        )
     step6 = rerun_step(RerunOptions(repo, torch_index, float(timeout)), RichReporter(console)) if rerun else None
     opts = VerifyOptions(
         limits=_limits(max_files, max_file_bytes, max_bytes),
-        expect_manifest_sha256=parse_digest(expect_digest),
+        expect_manifest_sha256=signed.manifest_sha256 if signed else expected,
         rerun=step6,
     )
     report = verify(Path(bundle), opts)
     print_verify_report(console, report)
     if as_json:
-        emit_json(report.to_json())
+        emit_json({**report.to_json(), **({"attestation": signed.to_json()} if signed else {})})
     return _VERIFY_EXIT[report.outcome]
+
+
+def _signed_statement(attestation: Path | None, key: Path | None, expected: str | None) -> SignedStatement | None:
+    """The checked attestation (None without one); UsageError when --attestation and --key
+    are not given together, or the signed digest is not --expect-manifest-sha256's."""
+    from kvprobe.errors import UsageError
+    from kvprobe.verify import attestation as signed_statement
+
+    if (attestation is None) != (key is None):
+        raise UsageError("--attestation and --key go together (the signed statement and the signer's public key)")
+    if attestation is None:
+        return None
+    signed = signed_statement.check(attestation, key)
+    if expected is not None and expected != signed.manifest_sha256:
+        raise UsageError(
+            f"--attestation signs manifest sha256 {signed.manifest_sha256}, "
+            f"but --expect-manifest-sha256 is {expected}: they cannot both hold"
+        )
+    return signed
 
 
 @main.group("bundle")

@@ -13,11 +13,11 @@ from kvprobe.errors import UsageError
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.safetree import Limits
 from kvprobe.exports.bundle_view import BundleView, project, purl
-from kvprobe.names import MANIFEST, SIDES
+from kvprobe.names import INTOTO_PREDICATE_TYPE, MANIFEST, SIDES
 
 INTOTO_SCHEMA = "in-toto/statement-v1"  # a key of kvprobe.schema.KNOWN
 INTOTO_STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://kvprobe.dev/attestation/receipt/v1"
+PREDICATE_TYPE = INTOTO_PREDICATE_TYPE
 
 
 def archive_subject(view: BundleView, archive: Path) -> dict[str, Any]:
