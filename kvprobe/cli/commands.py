@@ -263,7 +263,12 @@ def run_summary(result: RunResult) -> dict[str, Any]:
 )
 @guarded
 def report_cmd(
-    bundle: Path, fmt: str, output: Path | None, author: str | None, author_role: str | None, subject_archive: Path | None
+    bundle: Path,
+    fmt: str,
+    output: Path | None,
+    author: str | None,
+    author_role: str | None,
+    subject_archive: Path | None,
 ) -> int:
     """Render a bundle's receipt for a security review (exit 2: not a bundle or malformed).
 
@@ -468,10 +473,10 @@ def _signed_statement(attestation: Path | None, key: Path | None, expected: str 
     from kvprobe.errors import UsageError
     from kvprobe.verify import attestation as signed_statement
 
-    if (attestation is None) != (key is None):
-        raise UsageError("--attestation and --key go together (the signed statement and the signer's public key)")
-    if attestation is None:
+    if attestation is None and key is None:
         return None
+    if attestation is None or key is None:
+        raise UsageError("--attestation and --key go together (the signed statement and the signer's public key)")
     signed = signed_statement.check(attestation, key)
     if expected is not None and expected != signed.manifest_sha256:
         raise UsageError(
