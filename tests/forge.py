@@ -44,6 +44,10 @@ default_pins = "{PIN_SET}"
 prs = [1]
 summary = "The door stops enqueueing rejected requests."
 
+[vulnerability]
+id = "KVPROBE-2026-0001"
+fix_kind = "security"
+
 [pins.{PIN_SET}]
 kind = "git"
 pr = 1
@@ -196,6 +200,7 @@ def _receipt(exp_ref, sides, expectations, comparison) -> dict[str, Any]:
             "upstream": "https://example.invalid/upstream",
             "profile": "pytest-minimal",
             "fix": {"prs": [1], "release": None, "summary": "The door stops enqueueing rejected requests."},
+            "vulnerability": {"id": "KVPROBE-2026-0001", "aliases": [], "fix_kind": "security"},
         },
         "pin_set": {"name": PIN_SET, "kind": "git", "pr": 1, "python_path": ["."]},
         "sides": sides,

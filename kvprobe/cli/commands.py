@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from kvprobe.evidence.safetree import Limits
     from kvprobe.model.records import Experiment
     from kvprobe.run.runner import RunOptions, RunResult
+    from kvprobe.verify.attestation import SignedStatement
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
 _VERDICT_EXIT = {
@@ -253,14 +254,39 @@ def run_summary(result: RunResult) -> dict[str, Any]:
 @click.option(
     "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here (atomically) instead of stdout."
 )
-@click.option("--author", default="kvprobe", show_default=True, help="OpenVEX document author.")
+@click.option("--author", help="openvex (required): who states it, e.g. 'Security Team <sec@example.com>'.")
+@click.option("--author-role", help="openvex: the author's role, e.g. 'Document Creator' or 'vendor'.")
+@click.option(
+    "--subject-archive",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="intoto: the bundle's packed .tar.gz (`kvprobe bundle pack`), added as a subject by sha256.",
+)
 @guarded
-def report_cmd(bundle: Path, fmt: str, output: Path | None, author: str) -> int:
-    """Render a bundle's receipt for a security review (exit 2: not a bundle or malformed)."""
-    from kvprobe.exports.bundle_view import load
-    from kvprobe.exports.render import render, write_atomic
+def report_cmd(
+    bundle: Path,
+    fmt: str,
+    output: Path | None,
+    author: str | None,
+    author_role: str | None,
+    subject_archive: Path | None,
+) -> int:
+    """Render a bundle's receipt for a security review (exit 2: not a bundle or malformed).
 
-    text = render(load(bundle), fmt, author=author)
+    OpenVEX's document timestamp is when it is issued (now, or SOURCE_DATE_EPOCH); each
+    statement's is the run's (the receipt's created_utc)."""
+    import os
+    from datetime import UTC, datetime
+
+    from kvprobe.errors import UsageError
+    from kvprobe.exports.bundle_view import load
+    from kvprobe.exports.render import ExportOptions, render, write_atomic
+
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch is not None and not epoch.isdigit():
+        raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds")
+    issued = datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if epoch else None
+    opts = ExportOptions(author=author, role=author_role, issued=issued, archive=subject_archive)
+    text = render(load(bundle), fmt, opts)
     if output is None:
         click.echo(text, nl=False)
     else:
@@ -383,6 +409,15 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
 @click.option(
     "--rerun", is_flag=True, help="Run the bundle's experiment again (executes its probes) and compare check by check."
 )
+@click.option(
+    "--attestation",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A DSSE-signed in-toto statement of the bundle (a DSSE envelope or cosign's --bundle output); "
+    "checked offline with --key, then the bundle is held to the manifest digest it signs.",
+)
+@click.option(
+    "--key", type=click.Path(dir_okay=False, path_type=Path), help="With --attestation: the signer's PEM public key."
+)
 @click.option("--repo", help="With --rerun: git URL or local path to fetch pins from.")
 @click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX", help="With --rerun: index for torch.")
 @click.option(
@@ -394,6 +429,8 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
 def verify_cmd(
     bundle: Path,
     expect_digest: str | None,
+    attestation: Path | None,
+    key: Path | None,
     rerun: bool,
     repo: str | None,
     torch_index: str | None,
@@ -410,17 +447,43 @@ def verify_cmd(
     from kvprobe.verify.steps import VerifyOptions, parse_digest, verify
 
     console = stderr_console()
+    expected = parse_digest(expect_digest)
+    signed = _signed_statement(attestation, key, expected)
+    if signed is not None:
+        console.print(
+            f"attestation: signature verified with key {signed.keyid}; "
+            f"it signs manifest sha256 {signed.manifest_sha256}"
+        )
     step6 = rerun_step(RerunOptions(repo, torch_index, float(timeout)), RichReporter(console)) if rerun else None
     opts = VerifyOptions(
         limits=_limits(max_files, max_file_bytes, max_bytes),
-        expect_manifest_sha256=parse_digest(expect_digest),
+        expect_manifest_sha256=signed.manifest_sha256 if signed else expected,
         rerun=step6,
     )
     report = verify(Path(bundle), opts)
     print_verify_report(console, report)
     if as_json:
-        emit_json(report.to_json())
+        emit_json({**report.to_json(), **({"attestation": signed.to_json()} if signed else {})})
     return _VERIFY_EXIT[report.outcome]
+
+
+def _signed_statement(attestation: Path | None, key: Path | None, expected: str | None) -> SignedStatement | None:
+    """The checked attestation (None without one); UsageError when --attestation and --key
+    are not given together, or the signed digest is not --expect-manifest-sha256's."""
+    from kvprobe.errors import UsageError
+    from kvprobe.verify import attestation as signed_statement
+
+    if attestation is None and key is None:
+        return None
+    if attestation is None or key is None:
+        raise UsageError("--attestation and --key go together (the signed statement and the signer's public key)")
+    signed = signed_statement.check(attestation, key)
+    if expected is not None and expected != signed.manifest_sha256:
+        raise UsageError(
+            f"--attestation signs manifest sha256 {signed.manifest_sha256}, "
+            f"but --expect-manifest-sha256 is {expected}: they cannot both hold"
+        )
+    return signed
 
 
 @main.group("bundle")
@@ -585,6 +648,18 @@ def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Cons
 )
 @click.option("--title", help="One-line title (default: a TODO to replace).")
 @click.option(
+    "--vulnerability-id",
+    metavar="ID",
+    help="What the evidence is about: CVE-..., GHSA-..., PYSEC-... or KVPROBE-YYYY-NNNN "
+    "(docs/vulnerability-ids.md); default: a TODO.",
+)
+@click.option("--alias", "aliases", multiple=True, metavar="ID", help="Another id of it; repeatable.")
+@click.option(
+    "--fix-kind",
+    type=click.Choice(["security", "hardening", "performance", "correctness"]),
+    help="With --vulnerability-id: what the fix is; only a security fix is exported as OpenVEX.",
+)
+@click.option(
     "--dir",
     "probes_dir",
     default="probes",
@@ -605,6 +680,9 @@ def new_cmd(
     package: str,
     profile: str,
     title: str | None,
+    vulnerability_id: str | None,
+    aliases: tuple[str, ...],
+    fix_kind: str | None,
     probes_dir: Path,
 ) -> int:
     """Scaffold a new PR-pair experiment: checked pins, a runnable probe template (exit 0).
@@ -630,6 +708,9 @@ def new_cmd(
         profile=profile,
         probes_dir=probes_dir,
         title=title,
+        vulnerability_id=vulnerability_id,
+        aliases=tuple(aliases),
+        fix_kind=fix_kind,
     )
     console = stderr_console()
     created = scaffold.create(spec, cache_root=default_cache_root(), reporter=RichReporter(console))

@@ -13,6 +13,7 @@ from kvprobe.model.records import (
     ID_RE,
     Experiment,
     Fix,
+    FixKind,
     GitPin,
     Layer,
     ModelPin,
@@ -22,6 +23,7 @@ from kvprobe.model.records import (
     Scope,
     SourceKind,
     TestCheck,
+    Vulnerability,
     WheelPin,
 )
 from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
@@ -123,7 +125,17 @@ def _build(data: dict[str, Any], path: Path, digest: str) -> Experiment:
         scope=Scope(data["scope"]["shows"], tuple(data["scope"]["does_not_show"])),
         directory=path.parent,
         file_sha256=digest,
+        vulnerability=_vulnerability(data.get("vulnerability"), path),
     )
+
+
+def _vulnerability(table: dict[str, Any] | None, path: Path) -> Vulnerability | None:
+    if table is None:
+        return None
+    aliases = tuple(table.get("aliases", []))
+    if table["id"] in aliases:
+        raise ExperimentError(f"{path}: vulnerability.aliases: {table['id']!r} is the id itself, not an alias")
+    return Vulnerability(table["id"], aliases, FixKind(table["fix_kind"]))
 
 
 def _pin_set(name: str, spec: dict[str, Any], path: Path) -> PinSet:

@@ -12,7 +12,7 @@ Order of checks (cheap and local first, so bad input never starts git or pip):
 3. git (only with ``--base/--head``): both commits fetched into the cache by SHA (or via
    ``refs/pull/N/head``), every ``--test`` path read at head;
 4. pip: for ``--release-base/--release-head``, the wheel is downloaded once to read its
-   exact file name and sha256;
+   exact file name and sha256, and kept in the wheel cache for the first run;
 5. the files are written into a temp folder, loaded back with
    :func:`kvprobe.experiments.experiment.load_file`, then renamed into place.
 
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from kvprobe.errors import FetchError, PinError, UsageError
 from kvprobe.experiments import tomltext
 from kvprobe.experiments.experiment import FILENAME, load_file
-from kvprobe.model.records import ID_RE, GitPin, WheelPin
+from kvprobe.model.records import ID_RE, VULN_ID_RE, FixKind, GitPin, WheelPin
 from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
@@ -69,6 +69,9 @@ class NewSpec:
     profile: str = "sglang-cpu"
     probes_dir: Path = Path("probes")
     title: str | None = None
+    vulnerability_id: str | None = None  # None: a TODO comment in place of [vulnerability]
+    aliases: tuple[str, ...] = ()
+    fix_kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
     reporter = reporter or Reporter()
     url, tests = check_local(spec)
     python_path = _check_commits(spec, url, tests, cache_root, reporter) if has_commits(spec) else None
-    wheels = _lookup_releases(spec, reporter)
+    wheels = _lookup_releases(spec, cache_root, reporter)
     checked = _Checked(spec, url, tests, python_path, wheels)
     directory = _write(checked)
     probes_dir = spec.probes_dir.resolve()
@@ -140,6 +143,7 @@ def check_local(spec: NewSpec) -> tuple[str, tuple[str, ...]]:
         if not test.endswith(".py"):
             raise UsageError(f"--test {test}: an upstream test is a .py file")
     _check_profile(spec.profile)
+    _check_vulnerability(spec)
     return validate_url(spec.repo), tests
 
 
@@ -185,6 +189,24 @@ def _check_release_args(spec: NewSpec) -> None:
             raise UsageError(f"{flag} {version!r} is not an exact version (e.g. 0.5.21)")
     if spec.release_base == spec.release_head:
         raise UsageError(f"--release-base and --release-head are the same version {spec.release_base}")
+
+
+def _check_vulnerability(spec: NewSpec) -> None:
+    kinds = ", ".join(k.value for k in FixKind)
+    if spec.vulnerability_id is None:
+        if spec.aliases or spec.fix_kind:
+            raise UsageError("--alias and --fix-kind go with --vulnerability-id")
+        return
+    for flag, vid in (("--vulnerability-id", spec.vulnerability_id), *(("--alias", a) for a in spec.aliases)):
+        if not VULN_ID_RE.fullmatch(vid):
+            raise UsageError(
+                f"{flag} {vid!r} is not a vulnerability id: use CVE-YYYY-N..., GHSA-xxxx-xxxx-xxxx, "
+                "PYSEC-YYYY-N or, where none exists, KVPROBE-YYYY-NNNN (docs/vulnerability-ids.md)"
+            )
+    if spec.vulnerability_id in spec.aliases:
+        raise UsageError(f"--alias {spec.vulnerability_id} is the --vulnerability-id itself")
+    if spec.fix_kind not in {k.value for k in FixKind}:
+        raise UsageError(f"--vulnerability-id needs --fix-kind, one of {kinds}: only a security fix is exported as VEX")
 
 
 def _check_profile(name: str) -> None:
@@ -248,7 +270,7 @@ def import_name(package: str) -> str:
 # --- releases ----------------------------------------------------------------------------
 
 
-def _lookup_releases(spec: NewSpec, reporter: Reporter) -> tuple[WheelPin, WheelPin] | None:
+def _lookup_releases(spec: NewSpec, cache_root: Path, reporter: Reporter) -> tuple[WheelPin, WheelPin] | None:
     if spec.release_base is None:
         return None
     assert spec.release_head is not None, "_check_release_args: both or neither"
@@ -256,7 +278,7 @@ def _lookup_releases(spec: NewSpec, reporter: Reporter) -> tuple[WheelPin, Wheel
     pins = []
     for version in (spec.release_base, spec.release_head):
         with reporter.step(f"looking up the {spec.package} {version} wheel"):
-            pins.append(lookup_wheel(spec.package, version, python))
+            pins.append(lookup_wheel(spec.package, version, python, cache_root=cache_root))
     return pins[0], pins[1]
 
 
@@ -267,11 +289,13 @@ def _profile_python(profile: str) -> str | None:
     return python if _PYTHON_XY_RE.fullmatch(python) else None
 
 
-def lookup_wheel(package: str, version: str, python: str | None = None) -> WheelPin:
+def lookup_wheel(package: str, version: str, python: str | None = None, *, cache_root: Path) -> WheelPin:
     """Download ``package==version``'s wheel for this platform (and ``python``) with pip into a
-    temp dir; return its exact file name and sha256. FetchError if pip cannot get one wheel."""
+    temp dir; return its exact file name and sha256, and keep the file in the wheel cache
+    (the entry `kvprobe run` reads), so the first run does not download it again.
+    FetchError if pip cannot get one wheel."""
     from kvprobe.files import sha256_file
-    from kvprobe.sources.wheel import pip_download
+    from kvprobe.sources.wheel import WheelSource, pip_download
 
     with tempfile.TemporaryDirectory(prefix="kvprobe-new-wheel-") as scratch:
         flags = ["--only-binary=:all:", *(["--python-version", python] if python else [])]
@@ -288,7 +312,9 @@ def lookup_wheel(package: str, version: str, python: str | None = None) -> Wheel
                 f"pip download of {package}=={version} gave "
                 f"{', '.join(p.name for p in got) or 'nothing'}, not one wheel"
             )
-        return WheelPin(package, version, wheels[0].name, sha256_file(wheels[0]))
+        pin = WheelPin(package, version, wheels[0].name, sha256_file(wheels[0]))
+        WheelSource(cache_root).keep(pin, wheels[0])
+        return pin
 
 
 # --- writing -----------------------------------------------------------------------------
@@ -348,6 +374,7 @@ def render_experiment(checked: _Checked) -> str:
         *([f"release = {s(spec.release_head)}"] if spec.release_head else []),
         'summary = "TODO: what the fix changes, where (file, function), and what upstream calls it"',
         "",
+        *_vulnerability_lines(spec),
         *_git_pin_lines(checked),
         *_wheel_pin_lines(checked),
         "[checks]",
@@ -364,6 +391,27 @@ def render_experiment(checked: _Checked) -> str:
         f"# recorded. Write the probe, run, review, then: kvprobe run {spec.experiment_id} --record-expectations",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _vulnerability_lines(spec: NewSpec) -> list[str]:
+    if spec.vulnerability_id is None:
+        return [
+            "# TODO: name what the evidence is about, for VEX/OSV (docs/vulnerability-ids.md);",
+            "# `kvprobe report --format openvex` refuses an experiment without it:",
+            "# [vulnerability]",
+            '# id = "CVE-YYYY-NNNNN"  # or GHSA-..., or KVPROBE-YYYY-NNNN where none exists',
+            '# aliases = ["GHSA-xxxx-xxxx-xxxx"]',
+            '# fix_kind = "security"  # or hardening, performance, correctness: not exported as VEX',
+            "",
+        ]
+    aliases = ", ".join(tomltext.string(a) for a in spec.aliases)
+    return [
+        "[vulnerability]",
+        f"id = {tomltext.string(spec.vulnerability_id)}",
+        f"aliases = [{aliases}]",
+        f"fix_kind = {tomltext.string(spec.fix_kind or '')}",
+        "",
+    ]
 
 
 def _git_pin_lines(checked: _Checked) -> list[str]:

@@ -103,14 +103,6 @@ def _differences(recorded: Mapping[str, Any], actual: Mapping[str, Any]) -> list
     return problems
 
 
-def vulnerability_name(receipt: Mapping[str, Any]) -> str:
-    """A stable name for the defect, after its fix: ``SGLANG-PD-KV-38935`` (no CVE is recorded)."""
-    name = project(receipt) or receipt["experiment"]["id"]
-    prs = receipt["experiment"]["fix"]["prs"]
-    suffix = "-".join(str(n) for n in prs) if prs else receipt["experiment"]["id"]
-    return re.sub(r"[^A-Za-z0-9]+", "-", f"{name}-PD-KV-{suffix}").strip("-").upper()
-
-
 def project(receipt: Mapping[str, Any]) -> str | None:
     for side in SIDES:
         pin = receipt["sides"][side]["pin"]

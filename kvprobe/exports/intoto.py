@@ -1,24 +1,52 @@
-"""An in-toto Statement v1 from a bundle: its files and pins as subjects, the receipt as predicate."""
+"""An in-toto Statement v1 from a bundle: its files, its packed .tar.gz (when given) and pins as
+subjects, the receipt as predicate. A Statement carries no time: the run's time is the
+receipt's ``created_utc``; when it was signed is the signature's business (cosign, DSSE)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+from kvprobe import files
+from kvprobe.errors import UsageError
+from kvprobe.evidence.archive import extracted
+from kvprobe.evidence.safetree import Limits
 from kvprobe.exports.bundle_view import BundleView, project, purl
-from kvprobe.names import MANIFEST, SIDES
+from kvprobe.names import INTOTO_PREDICATE_TYPE, MANIFEST, SIDES
 
 INTOTO_SCHEMA = "in-toto/statement-v1"  # a key of kvprobe.schema.KNOWN
 INTOTO_STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://kvprobe.dev/attestation/receipt/v1"
+PREDICATE_TYPE = INTOTO_PREDICATE_TYPE
 
 
-def intoto(view: BundleView) -> dict[str, Any]:
+def archive_subject(view: BundleView, archive: Path) -> dict[str, Any]:
+    """``archive`` as a subject (file name, sha256), once it is known to be this bundle packed:
+    its manifest.json is byte for byte the bundle's. UsageError otherwise."""
+    if not archive.is_file():
+        raise UsageError(f"--subject-archive {archive}: no such file")
+    with extracted(archive, Limits()) as (root, defects):
+        if root is None or not (root / MANIFEST).is_file():
+            why = defects[0].message if defects else "it holds no manifest.json"
+            raise UsageError(f"--subject-archive {archive}: not a bundle archive ({why})")
+        packed = files.sha256_file(root / MANIFEST)
+    if packed != view.manifest_sha256:
+        raise UsageError(
+            f"--subject-archive {archive}: its manifest.json sha256 is {packed}, not this bundle's "
+            f"{view.manifest_sha256}: it is another bundle"
+        )
+    return {"name": archive.name, "digest": {"sha256": files.sha256_file(archive)}}
+
+
+def intoto(view: BundleView, *, archive: Path | None = None) -> dict[str, Any]:
     """An in-toto Statement v1: every bundle file (and manifest.json itself) by sha256, the
-    pinned commits by gitCommit or wheels by sha256, the receipt as predicate."""
+    packed ``archive`` (see :func:`archive_subject`), the pinned commits by gitCommit or
+    wheels by sha256, the receipt as predicate."""
     r = view.receipt
     subjects = [{"name": f["path"], "digest": {"sha256": f["sha256"]}} for f in view.manifest["files"]]
     subjects.append({"name": MANIFEST, "digest": {"sha256": view.manifest_sha256}})
+    if archive is not None:
+        subjects.append(archive_subject(view, archive))
     upstream = (r["experiment"].get("upstream") or "").rstrip("/")
     for side in SIDES:
         pin = r["sides"][side]["pin"]

@@ -1,6 +1,9 @@
-"""An OpenVEX v0.2.0 document from a bundle: ``affected``/``fixed`` only for a reproduced verdict.
+"""An OpenVEX v0.2.0 document from a bundle: ``affected``/``fixed`` only for a reproduced verdict
+of a security fix, named exactly as the experiment declares its vulnerability.
 
 Every statement cites the receipt's and the bundle's digests, the evidence layer and its limits.
+Times: the document's ``timestamp`` is when it was issued (the export); each statement's is
+when its evidence was observed (the receipt's ``created_utc``, the run).
 """
 
 from __future__ import annotations
@@ -9,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvprobe import __version__
-from kvprobe.exports.bundle_view import BundleView, counts_text, oneline, pin_text, prs_text, purl, vulnerability_name
+from kvprobe.errors import UsageError
+from kvprobe.exports.bundle_view import BundleView, counts_text, oneline, pin_text, prs_text, purl
 from kvprobe.names import SIDES
 
 OPENVEX_CONTEXT = "https://openvex.dev/ns/v0.2.0"
@@ -61,27 +65,50 @@ def _action(r: Mapping[str, Any]) -> str:
     )
 
 
-def openvex(view: BundleView, *, author: str = "kvprobe") -> dict[str, Any]:
-    """An OpenVEX v0.2.0 document. ``affected`` (base) and ``fixed`` (head) only when the
-    receipt's verdict is ``reproduced``; otherwise both sides are ``under_investigation``.
-    Raises UsageError for a synthetic-model receipt (it names no product)."""
-    r = view.receipt
+def vulnerability(r: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenVEX vulnerability the receipt records, exactly as its experiment declares it.
+    UsageError when it records none, or the fix tested is not a security fix: affected/fixed
+    would then claim that this fix closes the vulnerability."""
     exp = r["experiment"]
-    prs = prs_text(r, links=False)
+    declared = exp.get("vulnerability")
+    if declared is None:
+        raise UsageError(
+            f"the receipt of {exp['id']} records no vulnerability id (its experiment declares no "
+            "[vulnerability] table, or kvprobe predates it): nothing to name in an OpenVEX statement"
+        )
+    if declared["fix_kind"] != "security":
+        raise UsageError(
+            f"{exp['id']} tests a {declared['fix_kind']} fix, not the security fix of {declared['id']}: "
+            "no OpenVEX statement is exported for it"
+        )
     release = f", first released in {exp['fix']['release']}" if exp["fix"].get("release") else ""
-    vulnerability = {
-        "name": vulnerability_name(r),
+    named: dict[str, Any] = {
+        "name": declared["id"],
         "description": (
-            f"{oneline(exp['title'])}. The receipt names no CVE; this name stands for the defect "
-            f"fixed upstream by {prs}{release}. {oneline(exp['fix']['summary'])}"
+            f"{oneline(exp['title'])}. Fixed upstream by {prs_text(r, links=False)}{release}. "
+            f"{oneline(exp['fix']['summary'])}"
         ),
     }
+    if declared["aliases"]:
+        named["aliases"] = list(declared["aliases"])
+    return named
+
+
+def openvex(view: BundleView, *, author: str, issued: str, role: str | None = None) -> dict[str, Any]:
+    """An OpenVEX v0.2.0 document by ``author`` (``role``), issued at ``issued`` (UTC,
+    RFC 3339). ``affected`` (base) and ``fixed`` (head) only when the receipt's verdict is
+    ``reproduced``; otherwise both sides are ``under_investigation``.
+    Raises UsageError for a synthetic-model receipt (it names no product), a receipt with no
+    vulnerability, or a fix that is not a security fix (see :func:`vulnerability`)."""
+    r = view.receipt
+    exp = r["experiment"]
     products = {side: _product(r, side) for side in SIDES}
+    vuln = vulnerability(r)
     stamp = r["created_utc"]
     if r["verdict"] == "reproduced":
         statements = [
             {
-                "vulnerability": vulnerability,
+                "vulnerability": vuln,
                 "products": [products["base"]],
                 "status": "affected",
                 "action_statement": _action(r),
@@ -89,7 +116,7 @@ def openvex(view: BundleView, *, author: str = "kvprobe") -> dict[str, Any]:
                 "status_notes": _evidence_note(view, "base"),
             },
             {
-                "vulnerability": vulnerability,
+                "vulnerability": vuln,
                 "products": [products["head"]],
                 "status": "fixed",
                 "timestamp": stamp,
@@ -107,7 +134,7 @@ def openvex(view: BundleView, *, author: str = "kvprobe") -> dict[str, Any]:
             why += "; ..." if len(reasons) > 5 else "."
         statements = [
             {
-                "vulnerability": vulnerability,
+                "vulnerability": vuln,
                 "products": [products[side]],
                 "status": "under_investigation",
                 "timestamp": stamp,
@@ -115,12 +142,15 @@ def openvex(view: BundleView, *, author: str = "kvprobe") -> dict[str, Any]:
             }
             for side in SIDES
         ]
-    return {
+    document = {
         "@context": OPENVEX_CONTEXT,
         "@id": f"urn:kvprobe:openvex:{exp['id']}:{view.manifest_sha256}",
         "author": author,
-        "timestamp": stamp,
+        "timestamp": issued,
         "version": 1,
         "tooling": f"kvprobe {__version__} (report --format openvex) from a kvprobe {r['tool']['version']} receipt",
         "statements": statements,
     }
+    if role:
+        document["role"] = role
+    return document

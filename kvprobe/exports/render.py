@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kvprobe import files, schema
@@ -15,14 +17,36 @@ from kvprobe.exports.openvex import OPENVEX_SCHEMA, openvex
 FORMATS = ("markdown", "openvex", "intoto")
 
 
-def render(view: BundleView, fmt: str, *, author: str = "kvprobe") -> str:
-    """The text to write for ``fmt``; JSON formats pass their schema first (SchemaError if not)."""
+@dataclass(frozen=True)
+class ExportOptions:
+    """What an export needs beyond the bundle: OpenVEX's author, role and issue time (UTC,
+    RFC 3339; default now); in-toto's packed archive as an extra subject."""
+
+    author: str | None = None
+    role: str | None = None
+    issued: str | None = None
+    archive: Path | None = None
+
+
+def render(view: BundleView, fmt: str, opts: ExportOptions = ExportOptions()) -> str:
+    """The text to write for ``fmt``; JSON formats pass their schema first (SchemaError if not).
+    UsageError for an option the format does not take, or OpenVEX without an author."""
+    if opts.archive is not None and fmt != "intoto":
+        raise UsageError("--subject-archive goes with --format intoto (a subject of the in-toto statement)")
+    if (opts.author or opts.role) and fmt != "openvex":
+        raise UsageError("--author and --author-role go with --format openvex (the VEX document's author)")
     if fmt == "markdown":
         return markdown(view)
     if fmt == "openvex":
-        doc, version = openvex(view, author=author), OPENVEX_SCHEMA
+        if not opts.author:
+            raise UsageError(
+                "--format openvex needs --author (who states it, as vexctl asks), "
+                'e.g. --author "Security Team <sec@example.com>"'
+            )
+        issued = opts.issued or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        doc, version = openvex(view, author=opts.author, role=opts.role, issued=issued), OPENVEX_SCHEMA
     elif fmt == "intoto":
-        doc, version = intoto(view), INTOTO_SCHEMA
+        doc, version = intoto(view, archive=opts.archive), INTOTO_SCHEMA
     else:
         raise UsageError(f"unknown report format {fmt!r}; choose one of {', '.join(FORMATS)}")
     schema.validate(doc, version, source=f"{fmt} document")

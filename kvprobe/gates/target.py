@@ -87,19 +87,12 @@ def _target_from_dir(spec: str, path: Path, work: Path) -> Target:
 
 
 def _target_from_wheel(spec: str, path: Path, work: Path) -> Target:
-    from kvprobe.model.records import WheelPin
-    from kvprobe.sources.wheel import check_record, safe_unzip
+    from kvprobe.sources.wheel import pin_for_file, safe_unzip
 
-    parts = path.name[:-4].split("-")
-    digest = files.sha256_file(path)
-    try:
-        pin = WheelPin(parts[0], parts[1] if len(parts) > 1 else "", path.name, digest)
-    except ValueError as exc:
-        raise UsageError(f"--sglang {spec}: {exc}") from exc
+    pin = pin_for_file(path)
     tree = work / "target" / "tree"
     tree.mkdir(parents=True)
     safe_unzip(path, tree)
-    check_record(tree, pin)
     if not (tree / "sglang" / "srt").is_dir():
         raise UsageError(f"--sglang {spec}: the wheel holds no sglang/srt package")
     return Target(spec, "wheel", tree, tree, {**pin.identity(), "fetched_via": "local file"})

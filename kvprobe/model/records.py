@@ -5,13 +5,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
 SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 ID_RE = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
+# Vulnerability ids kvprobe names (the schemas' vuln_id): CVE, GHSA, PYSEC, or its own
+# KVPROBE-YYYY-NNNN where no public id exists (docs/vulnerability-ids.md).
+VULN_ID_RE = re.compile(
+    r"^(CVE-[0-9]{4}-[0-9]{4,}|GHSA(-[23456789cfghjmpqrvwx]{4}){3}|PYSEC-[0-9]{4}-[0-9]+|KVPROBE-[0-9]{4}-[0-9]{4,})$"
+)
 
 
 class Side(str, Enum):
@@ -165,6 +170,29 @@ class Fix:
     summary: str
 
 
+class FixKind(StrEnum):
+    """What the fix is with respect to the vulnerability the experiment names. Only a
+    ``security`` fix is exported as OpenVEX affected/fixed (docs/vulnerability-ids.md)."""
+
+    SECURITY = "security"  # the fix closes the vulnerability
+    HARDENING = "hardening"  # defence in depth on the vulnerability's path; not its fix
+    PERFORMANCE = "performance"  # upstream calls it a waste/latency fix
+    CORRECTNESS = "correctness"  # a functional bug, not a security one
+
+
+@dataclass(frozen=True)
+class Vulnerability:
+    """The vulnerability an experiment's evidence is about: ``id`` (CVE, GHSA, PYSEC or a
+    kvprobe id ``KVPROBE-YYYY-NNNN``), its ``aliases``, and what kind of fix was tested."""
+
+    id: str
+    aliases: tuple[str, ...]
+    fix_kind: FixKind
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "aliases": list(self.aliases), "fix_kind": self.fix_kind.value}
+
+
 @dataclass(frozen=True)
 class Experiment:
     id: str
@@ -181,6 +209,7 @@ class Experiment:
     scope: Scope
     directory: Path
     file_sha256: str
+    vulnerability: Vulnerability | None = None  # None: declared by no [vulnerability] table
 
     def __post_init__(self) -> None:
         if self.default_pin_set not in self.pin_sets:

@@ -301,6 +301,7 @@ def _receipt(
             "upstream": exp.upstream,
             "profile": exp.profile,
             "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary},
+            **({"vulnerability": exp.vulnerability.to_json()} if exp.vulnerability else {}),
         },
         "pin_set": {
             "name": pin_set.name,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -10,9 +9,13 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 from filelock import FileLock
+from installer.exceptions import InstallerError
+from installer.records import parse_record_file
+from installer.sources import WheelFile
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from kvprobe import proc
-from kvprobe.errors import CheckoutError, DigestMismatch, FetchError
+from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, UsageError
 from kvprobe.files import sha256_file
 from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
@@ -51,17 +54,29 @@ def pip_download(requirement: str, scratch: Path, flags: list[str], *, timeout_s
 
 def platform_args(filename: str) -> list[str]:
     """pip download flags that select exactly the wheel a pin names, on any host."""
-    parts = filename[:-4].split("-")
-    if len(parts) < 5:
+    try:
+        tags = parse_wheel_filename(filename)[3]
+    except InvalidWheelFilename:
         return []
-    python_tag, abi_tag, platform_tag = parts[-3:]
     args = ["--only-binary=:all:"]
-    if platform_tag != "any":
-        for tag in platform_tag.split("."):
-            args += ["--platform", tag]
-    if python_tag.startswith("cp") and python_tag[2:].isdigit():
-        args += ["--python-version", python_tag[2:], "--implementation", "cp", "--abi", abi_tag]
+    for platform in sorted({t.platform for t in tags} - {"any"}):
+        args += ["--platform", platform]
+    interpreters, abis = {t.interpreter for t in tags}, {t.abi for t in tags}
+    if len(interpreters) == 1 and len(abis) == 1:
+        (python,), (abi,) = interpreters, abis
+        if python.startswith("cp") and python[2:].isdigit():
+            args += ["--python-version", python[2:], "--implementation", "cp", "--abi", abi]
     return args
+
+
+def pin_for_file(path: Path) -> WheelPin:
+    """The pin of a local wheel file: name and version from its file name, its sha256.
+    UsageError when the name is not a wheel file name."""
+    try:
+        name, version, _, _ = parse_wheel_filename(path.name)
+    except InvalidWheelFilename as exc:
+        raise UsageError(f"{path.name}: not a wheel file name: {exc}") from exc
+    return WheelPin(name, str(version), path.name, sha256_file(path))
 
 
 class WheelSource:
@@ -104,6 +119,19 @@ class WheelSource:
             os.replace(downloaded, cached)
         return cached, "download"
 
+    def keep(self, pin: WheelPin, wheel: Path) -> Path:
+        """Copy ``wheel``, whose sha256 is ``pin``'s (``kvprobe new`` just hashed it), into the
+        cache entry :meth:`fetch` reads; atomic, and a no-op when the entry exists."""
+        cached = self.cached_path(pin)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.store / f"{pin.sha256}.lock")):
+            if not cached.is_file():
+                with tempfile.TemporaryDirectory(dir=self.store, prefix=".keep-") as tmp:
+                    staged = Path(tmp) / pin.filename
+                    shutil.copyfile(wheel, staged)
+                    os.replace(staged, cached)
+        return cached
+
     def _download(self, pin: WheelPin, tmp: Path) -> Path:
         self.reporter.update(f"downloading {pin.filename}")
         got = pip_download(
@@ -128,7 +156,6 @@ class WheelSource:
             tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
             try:
                 safe_unzip(wheel, tmp)
-                check_record(tmp, pin)
                 os.replace(tmp, dest)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -137,7 +164,11 @@ class WheelSource:
 
 
 def safe_unzip(wheel: Path, dest: Path) -> None:
-    """Extract regular members only; absolute paths and '..' are refused."""
+    """Check the wheel against its RECORD, then extract regular members only.
+
+    CheckoutError (one line) when a member is unsafe (absolute, '..', a symlink), missing
+    from RECORD or not matching its size and digest there, or RECORD lists a file the wheel
+    does not hold: nothing unchecked is ever extracted."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             for info in archive.infolist():
@@ -146,24 +177,24 @@ def safe_unzip(wheel: Path, dest: Path) -> None:
                     raise CheckoutError(f"{wheel.name}: unsafe member {info.filename!r}")
                 if (info.external_attr >> 16) & 0o170000 == 0o120000:
                     raise CheckoutError(f"{wheel.name}: symlink member {info.filename!r}")
-                archive.extract(info, dest)
+            check_record(archive, wheel.name)
+            archive.extractall(dest)
     except zipfile.BadZipFile as exc:
         raise CheckoutError(f"{wheel.name}: not a valid wheel: {exc}") from exc
 
 
-def check_record(tree: Path, pin: WheelPin) -> None:
-    """Every file the wheel's RECORD lists must match its recorded digest (tree == pin)."""
-    import base64
-    import csv
-
-    records = list(tree.glob("*.dist-info/RECORD"))
-    if len(records) != 1:
-        raise CheckoutError(f"{pin.filename}: expected one dist-info RECORD, found {len(records)}")
-    with open(records[0], newline="", encoding="utf-8") as handle:
-        for row in csv.reader(handle):
-            if len(row) < 2 or not row[1]:
-                continue
-            algo, _, expected = row[1].partition("=")
-            digest = hashlib.new(algo, (tree / row[0]).read_bytes()).digest()
-            if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != expected:
-                raise CheckoutError(f"{pin.filename}: {row[0]} does not match the wheel's RECORD")
+def check_record(archive: zipfile.ZipFile, name: str) -> None:
+    """installer's RECORD validation (every member listed, sizes and digests match), plus
+    the converse it leaves out: every file RECORD lists is in the wheel."""
+    try:
+        source = WheelFile(archive)
+        source.validate_record(validate_contents=True)
+        listed = {row[0] for row in parse_record_file(source.read_dist_info("RECORD").splitlines())}
+    except (InstallerError, ValueError, KeyError) as exc:
+        issues = [i.removeprefix(f"In {archive.filename}, ") for i in getattr(exc, "issues", None) or [str(exc)]]
+        more = f" (+{len(issues) - 1} more)" if len(issues) > 1 else ""
+        raise CheckoutError(f"{name}: does not match its RECORD: {issues[0]}{more}") from exc
+    absent = sorted(listed - set(archive.namelist()))
+    if absent:
+        more = f" (+{len(absent) - 1} more)" if len(absent) > 1 else ""
+        raise CheckoutError(f"{name}: RECORD lists {absent[0]!r}, which the wheel does not hold{more}")

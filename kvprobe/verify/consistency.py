@@ -376,6 +376,20 @@ def _receipt_view(receipt: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _vulnerability_view(table: Any) -> dict[str, Any]:
+    """The receipt's ``vulnerability`` as the bundled [vulnerability] table implies it (none
+    without one: bundles from before kvprobe recorded it)."""
+    if not isinstance(table, dict):
+        return {}
+    return {
+        "vulnerability": {
+            "id": table.get("id"),
+            "aliases": list(table.get("aliases", [])),
+            "fix_kind": table.get("fix_kind"),
+        }
+    }
+
+
 def _experiment_view(data: dict[str, Any], pin_set: str) -> dict[str, Any]:
     exp_id = data["id"]
     fix = data["fix"]
@@ -397,6 +411,7 @@ def _experiment_view(data: dict[str, Any], pin_set: str) -> dict[str, Any]:
             "upstream": data.get("upstream"),
             "profile": data["profile"],
             "fix": {"prs": list(fix.get("prs", [])), "release": fix.get("release"), "summary": fix["summary"]},
+            **_vulnerability_view(data.get("vulnerability")),
         },
         "evidence": {
             "layer": data["layer"],

@@ -453,3 +453,46 @@ def test_neither_commits_nor_releases_is_exit_2(cli, probes_dir, process_calls):
     assert result.stderr.startswith("kvprobe: error:") and "--base and --head are required" in result.stderr
     assert "--release-base" in result.stderr
     assert process_calls == [] and not probes_dir.exists()
+
+
+def test_new_keeps_looked_up_wheels_for_the_first_run(world, cli, probes_dir, tmp_path, wheel_index):
+    """`new` hashes each release wheel: the file goes into the wheel cache `run` reads, so the
+    first run downloads nothing (the index is emptied in between to prove it)."""
+    result = cli(
+        *wheel_args("--vulnerability-id", "KVPROBE-2026-0042", "--alias", "CVE-2026-0042", "--fix-kind", "security")
+    )
+    assert result.exit_code == 0, result.stderr
+    data = tomllib.loads((probes_dir / WHEEL_ID / "experiment.toml").read_text())
+    assert data["vulnerability"] == {"id": "KVPROBE-2026-0042", "aliases": ["CVE-2026-0042"], "fix_kind": "security"}
+    for wheel in wheel_index.values():
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        cached = world["cache"] / "wheels" / digest / wheel.name
+        assert cached.read_bytes() == wheel.read_bytes()
+        wheel.unlink()
+    result = cli("run", WHEEL_ID, "--out", str(tmp_path / "w1"), "--json")
+    assert result.exit_code == 1, result.stderr  # no expectations yet; but it ran
+    receipt = json.loads((tmp_path / "w1" / "receipt.json").read_text())
+    assert [receipt["sides"][s]["source"]["fetched_via"] for s in ("base", "head")] == ["cache", "cache"]
+    assert receipt["experiment"]["vulnerability"] == data["vulnerability"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--vulnerability-id", "SGLANG-PD-KV-1", "--fix-kind", "security"), "is not a vulnerability id"),
+        (("--vulnerability-id", "CVE-2026-1234"), "needs --fix-kind"),
+        (("--fix-kind", "security"), "go with --vulnerability-id"),
+        (("--vulnerability-id", "CVE-2026-1234", "--alias", "GHSA-1", "--fix-kind", "security"), "--alias 'GHSA-1'"),
+    ],
+)
+def test_bad_vulnerability_flags_are_exit_2_before_pip(cli, probes_dir, process_calls, extra, message):
+    result = cli(*wheel_args(*extra))
+    assert result.exit_code == 2 and message in result.stderr
+    assert process_calls == [] and not probes_dir.exists()
+
+
+def test_without_a_vulnerability_id_the_table_is_a_todo(world, cli, probes_dir):
+    result = cli(*new_args(world["fake"]))
+    assert result.exit_code == 0, result.stderr
+    text = (probes_dir / EXP_ID / "experiment.toml").read_text()
+    assert "# [vulnerability]" in text and "vulnerability" not in tomllib.loads(text)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.errors import CheckoutError, DigestMismatch, FetchError
+from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, UsageError
 from kvprobe.model.records import WheelPin
-from kvprobe.sources.wheel import WheelSource, platform_args
+from kvprobe.sources.wheel import WheelSource, pin_for_file, platform_args, safe_unzip
 from tests.wheelfactory import build_wheel
 
 
@@ -130,3 +130,49 @@ def test_platform_args_select_the_pinned_file():
         "cp311",
     ]
     assert platform_args("minipkg-1.0-py3-none-any.whl") == ["--only-binary=:all:"]
+
+
+def test_file_missing_from_record_is_refused_and_nothing_is_unpacked(tmp_path, index):
+    wheel = build_wheel(index, unrecorded={"minipkg/_extra.py": "import os\n"})
+    source = _source(tmp_path, index)
+    with pytest.raises(CheckoutError) as caught:
+        source.materialize(_pin(wheel), tmp_path / "base")
+    assert caught.value.exit_code == 3
+    assert caught.value.message == (
+        f"{wheel.name}: does not match its RECORD: minipkg/_extra.py is not mentioned in RECORD"
+    )
+    assert not (tmp_path / "base").exists()
+
+
+def test_record_entry_for_a_missing_file_is_refused_in_one_line(tmp_path, index):
+    wheel = build_wheel(index, phantoms=("minipkg/gone.py",))
+    with pytest.raises(CheckoutError) as caught:
+        _source(tmp_path, index).materialize(_pin(wheel), tmp_path / "base")
+    assert caught.value.message == f"{wheel.name}: RECORD lists 'minipkg/gone.py', which the wheel does not hold"
+    assert "\n" not in caught.value.message
+    assert not (tmp_path / "base").exists()
+
+
+def test_wheel_without_a_record_is_refused(tmp_path):
+    import zipfile
+
+    good = build_wheel(tmp_path / "good")
+    bare = tmp_path / "bare" / good.name
+    bare.parent.mkdir()
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(bare, "w") as dst:
+        for info in src.infolist():
+            if not info.filename.endswith("/RECORD"):
+                dst.writestr(info, src.read(info))
+    with pytest.raises(CheckoutError, match="does not match its RECORD"):
+        safe_unzip(bare, tmp_path / "tree")
+
+
+def test_pin_for_file_parses_the_name_with_packaging(tmp_path):
+    wheel = build_wheel(tmp_path, name="Mini_Pkg", version="2.0.post1")
+    pin = pin_for_file(wheel)
+    assert (pin.package, pin.version, pin.filename) == ("mini-pkg", "2.0.post1", wheel.name)
+    assert pin.sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    bad = tmp_path / "not-a-wheel.whl"
+    bad.write_bytes(b"")
+    with pytest.raises(UsageError, match="not a wheel file name"):
+        pin_for_file(bad)

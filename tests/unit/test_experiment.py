@@ -128,3 +128,43 @@ def test_builtin_pins_match_domain_table():
     assert a.pin_sets["commits"].head.commit == "8f3d6944b76c428d884582cb6c82a39db1465360"
     assert b.pin_sets["commits"].base.commit == "9c254df8cdbe99ef5f58e7fcd932da052f258538"
     assert a.default_pin_set == b.default_pin_set == "release"
+
+
+VULNERABILITY = """
+[vulnerability]
+id = "CVE-2026-12345"
+aliases = ["GHSA-8r8j-xvfj-36f9", "KVPROBE-2026-0001"]
+fix_kind = "hardening"
+"""
+
+
+def test_vulnerability_table_is_loaded_and_optional(tmp_path):
+    exp = experiment.load_file(write(tmp_path, GOOD + VULNERABILITY))
+    assert exp.vulnerability.to_json() == {
+        "id": "CVE-2026-12345",
+        "aliases": ["GHSA-8r8j-xvfj-36f9", "KVPROBE-2026-0001"],
+        "fix_kind": "hardening",
+    }
+    assert experiment.load_file(write(tmp_path, GOOD)).vulnerability is None
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ('id = "CVE-2026-12345"', 'id = "SGLANG-PD-KV-38935"', "vulnerability.id"),
+        ('fix_kind = "hardening"', 'fix_kind = "waste"', "vulnerability.fix_kind"),
+        ('fix_kind = "hardening"', "", "vulnerability: 'fix_kind' is a required property"),
+        ('"KVPROBE-2026-0001"]', '"CVE-2026-12345"]', "is the id itself"),
+    ],
+)
+def test_bad_vulnerability_names_the_field(tmp_path, old, new, field):
+    with pytest.raises(ExperimentError, match=field.replace(".", r"\.")):
+        experiment.load_file(write(tmp_path, GOOD + VULNERABILITY.replace(old, new)))
+
+
+def test_shipped_experiments_declare_their_vulnerability():
+    kinds = {i: experiment.load(i).vulnerability for i in ("experiment-a", "experiment-b", "model")}
+    assert {v.id for v in kinds.values()} == {"KVPROBE-2026-0001"}
+    # upstream calls #38935 a waste/latency fix; #36988 is the correctness (security) fix
+    assert kinds["experiment-a"].fix_kind.value == "performance"
+    assert kinds["experiment-b"].fix_kind.value == "security"

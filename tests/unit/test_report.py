@@ -161,6 +161,7 @@ def make_receipt(pins=WHEELS, *, reproduce=True, tests=True):
             "upstream": "https://github.com/sgl-project/sglang",
             "profile": "sglang-cpu",
             "fix": {"prs": [123], "release": "0.5.20", "summary": "Retires rejected\nrequests at the door."},
+            "vulnerability": {"id": "KVPROBE-2026-0001", "aliases": [], "fix_kind": "security"},
         },
         "pin_set": {"name": "set", "kind": kind, "pr": 123 if kind == "git" else None, "python_path": ["."]},
         "sides": {
@@ -212,6 +213,10 @@ def view_of(receipt, digest="5" * 64, name="exp-x-bundle"):
         {"path": "raw/base/door.json", "size": 1, "sha256": "7" * 64},
     ]
     return bundle_view.BundleView(receipt, {"schema": "kvprobe.manifest/1", "files": files}, digest, name)
+
+
+def vex(view):
+    return openvex.openvex(view, author="Security Team", issued="2026-02-01T00:00:00Z")
 
 
 def validator(name):
@@ -385,10 +390,10 @@ def test_cell_escaping_round_trips_for_any_text(text):
 def test_openvex_reproduced_wheels():
     receipt = make_receipt()
     view = view_of(receipt)
-    doc = openvex.openvex(view)
+    doc = vex(view)
     assert_valid(doc, "openvex-0.2.0.schema.json")
     assert doc["@context"] == "https://openvex.dev/ns/v0.2.0"
-    assert doc["timestamp"] == receipt["created_utc"] and doc["version"] == 1
+    assert doc["timestamp"] == "2026-02-01T00:00:00Z" and doc["version"] == 1  # issued: the export
     base, head = doc["statements"]
     assert (base["status"], head["status"]) == ("affected", "fixed")
     assert base["products"] == [
@@ -402,9 +407,11 @@ def test_openvex_reproduced_wheels():
     assert head["products"][0]["hashes"] == {"sha-256": "2" * 64}
     assert "Upgrade sglang to 0.5.20 or later" in base["action_statement"]
     assert "backport #123" in base["action_statement"]
-    assert base["vulnerability"]["name"] == "SGLANG-PD-KV-123"
-    assert "no CVE" in base["vulnerability"]["description"]
+    assert base["vulnerability"]["name"] == "KVPROBE-2026-0001"
+    assert "aliases" not in base["vulnerability"]
+    assert "Fixed upstream by #123" in base["vulnerability"]["description"]
     for statement in (base, head):
+        assert statement["timestamp"] == receipt["created_utc"]  # observed: the run
         notes = statement["status_notes"]
         assert view.receipt_sha256 in notes and view.manifest_sha256 in notes
         assert "Evidence layer diff-probe" in notes and "CPU only" in notes
@@ -412,7 +419,7 @@ def test_openvex_reproduced_wheels():
 
 
 def test_openvex_not_reproduced_claims_neither_affected_nor_fixed():
-    doc = openvex.openvex(view_of(make_receipt(reproduce=False)))
+    doc = vex(view_of(make_receipt(reproduce=False)))
     assert_valid(doc, "openvex-0.2.0.schema.json")
     assert [s["status"] for s in doc["statements"]] == ["under_investigation", "under_investigation"]
     assert not any(s["status"] in ("fixed", "affected") for s in doc["statements"])
@@ -421,7 +428,7 @@ def test_openvex_not_reproduced_claims_neither_affected_nor_fixed():
 
 
 def test_openvex_git_pins_are_github_purls():
-    doc = openvex.openvex(view_of(make_receipt(COMMITS)))
+    doc = vex(view_of(make_receipt(COMMITS)))
     assert_valid(doc, "openvex-0.2.0.schema.json")
     base, head = doc["statements"]
     assert base["products"] == [
@@ -436,11 +443,11 @@ def test_openvex_git_pins_are_github_purls():
 
 def test_openvex_refuses_a_synthetic_model_receipt():
     with pytest.raises(UsageError, match="synthetic model"):
-        openvex.openvex(view_of(make_receipt(MODEL, tests=False)))
+        vex(view_of(make_receipt(MODEL, tests=False)))
 
 
 def test_render_validates_and_serializes():
-    text = render.render(view_of(make_receipt()), "openvex", author="Security Team")
+    text = render.render(view_of(make_receipt()), "openvex", render.ExportOptions(author="Security Team"))
     doc = json.loads(text)
     assert doc["author"] == "Security Team"
     assert text.endswith("\n")
@@ -526,11 +533,15 @@ def test_cli_report_to_stdout_and_file(tmp_path, fmt):
     bundle = tmp_path / "bundle"
     digest = make_bundle(bundle, make_receipt())
     runner = CliRunner()
-    result = runner.invoke(main, ["report", str(bundle), "--format", fmt], catch_exceptions=False)
+    author = ["--author", "Security Team"] if fmt == "openvex" else []
+    env = {"SOURCE_DATE_EPOCH": "1767225600"}  # 2026-01-01: the two runs write the same bytes
+    result = runner.invoke(main, ["report", str(bundle), "--format", fmt, *author], env=env, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     out = tmp_path / "out" / f"report.{fmt}"
     out.parent.mkdir()
-    written = runner.invoke(main, ["report", str(bundle), "--format", fmt, "-o", str(out)], catch_exceptions=False)
+    written = runner.invoke(
+        main, ["report", str(bundle), "--format", fmt, *author, "-o", str(out)], env=env, catch_exceptions=False
+    )
     assert written.exit_code == 0
     assert out.read_text(encoding="utf-8") == result.stdout
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no temp file left
@@ -565,7 +576,7 @@ def test_cli_tampered_bundle_exits_1_and_writes_nothing(tmp_path):
     (bundle / "raw" / "base" / "door.json").write_text('{"cases": [1]}\n', encoding="utf-8")
     out = tmp_path / "vex.json"
     result = CliRunner().invoke(
-        main, ["report", str(bundle), "--format", "openvex", "-o", str(out)], catch_exceptions=False
+        main, ["report", str(bundle), "--format", "openvex", "--author", "x", "-o", str(out)], catch_exceptions=False
     )
     assert result.exit_code == 1
     assert "raw/base/door.json" in result.output
@@ -576,7 +587,9 @@ def test_cli_tampered_bundle_exits_1_and_writes_nothing(tmp_path):
 def test_cli_synthetic_openvex_exits_2(tmp_path):
     bundle = tmp_path / "bundle"
     make_bundle(bundle, make_receipt(MODEL, tests=False))
-    result = CliRunner().invoke(main, ["report", str(bundle), "--format", "openvex"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["report", str(bundle), "--format", "openvex", "--author", "x"], catch_exceptions=False
+    )
     assert result.exit_code == 2
     assert "synthetic model" in result.output
 
@@ -584,11 +597,11 @@ def test_cli_synthetic_openvex_exits_2(tmp_path):
 def test_git_pins_outside_github_are_generic_purls_with_vcs_url():
     receipt = make_receipt(COMMITS)
     receipt["experiment"]["upstream"] = "https://git.example.org/mirror/sglang.git"
-    doc = openvex.openvex(view_of(receipt))
+    doc = vex(view_of(receipt))
     assert_valid(doc, "openvex-0.2.0.schema.json")
     assert doc["statements"][0]["products"][0]["@id"] == (
         f"pkg:generic/sglang@{'a' * 40}?vcs_url=git%2Bhttps%3A%2F%2Fgit.example.org%2Fmirror%2Fsglang.git%40{'a' * 40}"
     )
     receipt["experiment"]["upstream"] = None
     with pytest.raises(UsageError, match="names no upstream"):
-        openvex.openvex(view_of(receipt))
+        vex(view_of(receipt))
