@@ -14,8 +14,10 @@ that is what tells "the door enqueued the request" apart from "our set-up broke"
 * observed: the decision point was reached. An exception from then on is
   behaviour of the code under test and is kept as the case's error.
 * unobserved: the case raised before the decision point (set-up drift: a stub
-  lacking a field, a changed constructor), a precondition did not hold, or the
-  case never got there. ``reason`` says why; never read as behaviour.
+  lacking a field, a changed constructor), a mock refused a call anywhere or
+  absorbed one the probe does not model (a mock is never the code under test),
+  a precondition did not hold, or the case never got there. ``reason`` says
+  why; never read as behaviour.
 * not-present: the code path itself is missing in this release (``require``
   failed); ``missing`` names the absent symbols as evidence.
 
@@ -256,10 +258,26 @@ def describe_exception(exc: BaseException) -> dict[str, Any]:
     }
 
 
+_MOCK_FILE = os.path.normcase(os.path.abspath(_mock.__file__))
+
+
+def _raised_by_mock(exc: BaseException) -> bool:
+    """True if the innermost frame is unittest.mock: a mock, not the code under test, refused."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.normcase(os.path.abspath(tb.tb_frame.f_code.co_filename)) == _MOCK_FILE
+
+
 def _classify(obs: Observations, exc: Exception | None) -> tuple[str, str | None, list[str]]:
     """(observation, reason, missing) of a finished case."""
     if isinstance(exc, NotPresent) and not obs.reached:
         return NOT_PRESENT, str(exc), exc.missing
+    if exc is not None and _raised_by_mock(exc):
+        # Even at the decision point: a mock lacking a field is the probe's drift.
+        return UNOBSERVED, f"a mock could not stand in ({_qualname(type(exc))}: {str(exc)[:500]})", []
     if obs.reached:
         return OBSERVED, None, []
     if exc is None:
@@ -317,28 +335,42 @@ class Probe:
             self.configuration.append(entry)
         return value
 
-    def track(self, name: str, mock_obj: Any) -> Any:
-        """Count every call ``mock_obj`` accepts in this case under the declared mock ``name``."""
+    def track(self, name: str, mock_obj: Any, *, absorbs: tuple[str, ...] = ()) -> Any:
+        """Record every call ``mock_obj`` accepts in this case under the declared mock ``name``.
+
+        ``absorbs`` lists the calls the probe models ("()" is calling the mock
+        itself, "().send" a method of what it returned). A call outside it was
+        absorbed without the probe knowing what the real collaborator would have
+        done, so the case is unobserved.
+        """
         if name not in self.mocks:
             raise ValueError(f"mock {name!r} is not declared in the probe's mocks")
-        self._tracked.append((name, mock_obj))
+        self._tracked.append((name, mock_obj, frozenset(absorbs)))
         return mock_obj
 
-    def mock(self, name: str, spec: Any, *, instance: bool = True, **attrs: Any) -> Any:
+    def mock(self, name: str, spec: Any, *, instance: bool = True, absorbs: tuple[str, ...] = (),
+             **attrs: Any) -> Any:
         """A tracked autospec of ``spec``: unknown attributes and wrong signatures raise."""
         made = _mock.create_autospec(spec, instance=instance, name=name)
         for key, value in attrs.items():
             setattr(made, key, value)
-        return self.track(name, made)
+        return self.track(name, made, absorbs=absorbs)
 
-    def _collect_absorbed(self, case: str) -> None:
+    def _collect_absorbed(self, case: str) -> list[str]:
+        """Record the tracked mocks' calls; returns the unmodelled ones."""
         counts: Counter[tuple[str, str]] = Counter()
-        for name, mock_obj in self._tracked:
+        unmodelled: list[str] = []
+        for name, mock_obj, absorbs in self._tracked:
             for call in mock_obj.mock_calls:
-                counts[(name, call[0] or "()")] += 1
+                call_name = call[0] or "()"
+                counts[(name, call_name)] += 1
+                label = f"{name}: {call_name}"
+                if call_name not in absorbs and label not in unmodelled:
+                    unmodelled.append(label)
         for (name, call), count in sorted(counts.items()):
             self.absorbed.append({"case": case, "mock": name, "call": call, "count": count})
         self._tracked = []
+        return unmodelled
 
     def run_case(self, name: str, description: str, decision: str | None, func: Callable) -> dict[str, Any]:
         obs = Observations(decision)
@@ -351,8 +383,12 @@ class Probe:
             exc = caught
         finally:
             self._case = None
-            self._collect_absorbed(name)
+            unmodelled = self._collect_absorbed(name)
         observation, reason, missing = _classify(obs, exc)
+        if unmodelled and observation == OBSERVED:
+            # What an unmodelled call returned may have steered the code under test.
+            observation = UNOBSERVED
+            reason = "a mock absorbed calls the probe does not model: " + "; ".join(unmodelled)
         return {
             "name": name,
             "description": description,

@@ -79,6 +79,30 @@ def test_exception_at_the_decision_point_is_behaviour():
     assert case_doc["decision_point"] == "Door.add"
 
 
+def test_a_mock_refusing_at_the_decision_point_is_drift_not_behaviour():
+    p = probe()
+
+    def case(obs):
+        sender = p.mock("sender", Door)
+        with obs.decision():
+            sender.prefill_info_table.get("peer")  # an instance field the spec does not carry
+
+    case_doc = only_case(run_one(case, p=p))
+    assert case_doc["observation"] == "unobserved" and case_doc["error"]["type"] == "AttributeError"
+    assert case_doc["reason"].startswith("a mock could not stand in (AttributeError: ")
+    assert "prefill_info_table" in case_doc["reason"]
+
+
+def test_a_strict_fake_rejecting_at_the_decision_point_is_behaviour():
+    def case(obs):
+        with obs.decision():
+            raise kp.RejectedCall("a real sender refuses send() before init()")
+
+    case_doc = only_case(run_one(case))
+    assert case_doc["observation"] == "observed"
+    assert case_doc["error"]["type"] == "kvprobe_probe.RejectedCall"
+
+
 def test_a_case_that_never_reaches_its_decision_point_is_unobserved():
     def case(obs):
         obs.record("built", True)
@@ -196,7 +220,7 @@ def test_mocks_are_strict_and_what_they_absorbed_is_recorded_per_case():
     p = probe()
 
     def case(obs):
-        sender = p.mock("sender", Door)
+        sender = p.mock("sender", Door, absorbs=("add",))
         with pytest.raises(AttributeError):
             sender.send_kv_chunk  # noqa: B018 - not an attribute of the real class
         with pytest.raises(TypeError):
@@ -211,6 +235,27 @@ def test_mocks_are_strict_and_what_they_absorbed_is_recorded_per_case():
     assert document["absorbed"] == [{"case": "c", "mock": "sender", "call": "add", "count": 2}]
     with pytest.raises(ValueError, match="not declared"):
         p.track("transport", object())
+
+
+def test_a_call_no_mock_declares_it_absorbs_makes_the_case_unobserved():
+    p = probe()
+
+    def case(obs):
+        sender_cls = p.mock("sender", Door, instance=False, absorbs=("()",))
+        streamer = p.mock("streamer", Door, absorbs=("add",))
+        with obs.decision():
+            sender = sender_cls(4)
+            if sender.add("r"):  # a MagicMock answer steers the code under test
+                streamer.add("r")
+
+    document = run_one(case, p=p)
+    case_doc = only_case(document)
+    assert case_doc["observation"] == "unobserved" and case_doc["status"] == "ok"
+    # the truth test of the absorbed answer is recorded too: that is where it steered
+    assert case_doc["reason"] == ("a mock absorbed calls the probe does not model: "
+                                  "sender: ().add; sender: ().add().__bool__")
+    assert [(a["mock"], a["call"]) for a in document["absorbed"]] == [
+        ("sender", "()"), ("sender", "().add"), ("sender", "().add().__bool__"), ("streamer", "add")]
 
 
 def test_old_documents_stay_valid_and_the_new_fields_are_checked():
