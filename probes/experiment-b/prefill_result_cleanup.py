@@ -72,8 +72,9 @@ probe = kp.Probe(
             "KVTransferError; sends on a failed room are recorded (the real manager drops them)"
         ),
         "kv_manager": (
-            "autospec of SGLang's CommonKVManager returned by the patched get_kv_class; "
-            "kv_args are SGLang's real KVArgs with no state payloads"
+            "autospec of SGLang's CommonKVManager returned by the patched get_kv_class (KVARGS gives "
+            "SGLang's real KVArgs to the queue's _init_kv_manager); afterwards its kv_args is a "
+            "SimpleNamespace(state_types=[]): no state payloads (no mamba/SWA/DSA state) to send"
         ),
         "collectives": (
             "poll_and_all_reduce_attn_cp_tp_group patched: one rank, no process group, "
@@ -90,6 +91,14 @@ probe = kp.Probe(
             "False, claim_kv_row() False; insert/finish-style calls are recorded, and any call "
             "that would index the KV row of a request that no longer holds one is refused "
             "(RejectedCall)"
+        ),
+        "scheduler.ps/tp_worker/model_config": (
+            "SimpleNamespaces of plain data: rank 0 of one, a 64-token KV pool under each release's "
+            "name for it, 1 layer and 8 KV heads; an unknown field raises AttributeError"
+        ),
+        "counters": (
+            "not mocks: ReqToTokenPool.free, ReqToMetadataIdxAllocator.free and MetadataBuffers.set_buf "
+            "are the real methods wrapped to count calls (which request, which slot) before they run"
         ),
         "output_streamer": "autospec of SGLang's SchedulerOutputStreamer: records which requests reach the client",
         "batch_result_processor": (
