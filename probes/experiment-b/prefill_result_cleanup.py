@@ -652,12 +652,12 @@ def _(obs: kp.Observations) -> None:
         _set_extend(req, 0, PROMPT_LEN // 2)
         world.scheduler.send_kv_chunk(req)  # the earlier, non-last chunk, as process_prefill_chunk sends it
         obs.precondition("earlier_chunk_sent", kv_chunk_sends(world, req) == 1)
+        world.scripts[req.bootstrap_room].sent.clear()  # count what the result path sends
         _set_extend(req, PROMPT_LEN // 2, PROMPT_LEN)
         _abort_running(req)
 
         def record():
             record_resources(obs, world, req, index)
-            obs.record("kv_chunk_sends_after_result", kv_chunk_sends(world, req) - 1)
             obs.record("chunk_state_cleared", req.rid not in world.scheduler.disagg_prefill_pending_chunk_rids)
             obs.record("sender_abort_calls", world.scripts[req.bootstrap_room].aborts)
             obs.record("output_token_appended", len(req.output_ids) > 0)
