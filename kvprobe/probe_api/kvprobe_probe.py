@@ -7,12 +7,34 @@ message and root cause, the observations made before it are kept, and the
 remaining cases still run. The runner reads the one JSON document ``main``
 writes; nothing is parsed from logs.
 
-    import kvprobe_probe as kp
-    probe = kp.Probe("admission", mocks={"sender": "MagicMock standing in for KV transport"})
+A case names its decision point: the real call under test whose behaviour the
+experiment is about. The case says when it gets there (``obs.decision()``), and
+that is what tells "the door enqueued the request" apart from "our set-up broke":
 
-    @probe.case("prefill.rejected_new", "an over-long prompt rejected before admission")
+* observed: the decision point was reached. An exception from then on is
+  behaviour of the code under test and is kept as the case's error.
+* unobserved: the case raised before the decision point (set-up drift: a stub
+  lacking a field, a changed constructor), a mock refused a call anywhere or
+  absorbed one the probe does not model (a mock is never the code under test),
+  a precondition did not hold, or the case never got there. ``reason`` says
+  why; never read as behaviour.
+* not-present: the code path itself is missing in this release (``require``
+  failed); ``missing`` names the absent symbols as evidence.
+
+The probe also records every non-default configuration it sets
+(``probe.configure``) and what each tracked mock absorbed: every call a mock
+accepted in place of the real collaborator (``probe.mock`` / ``probe.track``).
+
+    import kvprobe_probe as kp
+    probe = kp.Probe("admission", mocks={"sender": "autospec of the KV sender class"})
+
+    @probe.case("prefill.rejected_new", "an over-long prompt rejected before admission",
+                decision="PrefillBootstrapQueue.add")
     def _(obs):
-        obs.record("enqueued", True)
+        add = kp.require(queue_cls, "add")
+        with obs.decision():
+            add(queue, req)
+        obs.record("enqueued", req in queue.queue)
 
     if __name__ == "__main__":
         probe.main()
@@ -21,6 +43,9 @@ writes; nothing is parsed from logs.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import inspect
 import json
 import math
 import os
@@ -29,13 +54,17 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable
+from collections import Counter
+from typing import Any, Callable, Iterator
+from unittest import mock as _mock
 
 OUTPUT_SCHEMA = "kvprobe.probe-output/1"
 _MAX_TRACEBACK_CHARS = 8000
 
 
 SIDE_CONFIG_ENV = "KVPROBE_SIDE_CONFIG"
+
+OBSERVED, UNOBSERVED, NOT_PRESENT = "observed", "unobserved", "not-present"
 
 
 def side_config() -> dict[str, Any]:
@@ -50,6 +79,79 @@ def side_config() -> dict[str, Any]:
 
 class ObservationError(ValueError):
     """An observation that cannot be recorded faithfully (bad name, value or duplicate)."""
+
+
+class NotPresent(Exception):
+    """The code path a case is about does not exist in this release."""
+
+    def __init__(self, *missing: str) -> None:
+        super().__init__("not present in this release: " + ", ".join(missing))
+        self.missing = list(missing)
+
+
+class CannotObserve(Exception):
+    """The case cannot reach its decision point faithfully; the message says why."""
+
+
+class RejectedCall(Exception):
+    """A strict fake refused a call that its real counterpart would refuse."""
+
+
+def _qualified(owner: Any) -> str:
+    if inspect.ismodule(owner):
+        return owner.__name__
+    module = getattr(owner, "__module__", None)
+    name = getattr(owner, "__qualname__", None) or type(owner).__qualname__
+    return f"{module}.{name}" if module else name
+
+
+def require(owner: Any, name: str) -> Any:
+    """``owner.name``, or NotPresent naming the missing symbol."""
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        raise NotPresent(f"{_qualified(owner)}.{name}") from None
+
+
+def require_module(name: str) -> Any:
+    """The imported module, or NotPresent if this release has no such module.
+
+    Only a missing module itself counts: a module that exists but fails to import
+    (a missing dependency) raises as usual, so the case is unobserved, not absent.
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            raise NotPresent(name) from None
+        raise
+
+
+def require_param(func: Callable, name: str) -> None:
+    """NotPresent unless ``func`` declares a parameter ``name`` (a keyword the release lacks)."""
+    if name not in inspect.signature(func).parameters:
+        raise NotPresent(f"{_qualified(func)}({name}=)")
+
+
+def build(cls: type, **known: Any) -> Any:
+    """Run the real constructor with the arguments it declares, taken from ``known``.
+
+    Constructor signatures drift between releases; a required parameter the
+    probe does not know raises CannotObserve naming it, instead of a TypeError
+    that would read like behaviour.
+    """
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    kwargs, unknown = {}, []
+    for param in params:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.name in known:
+            kwargs[param.name] = known[param.name]
+        elif param.default is param.empty:
+            unknown.append(param.name)
+    if unknown:
+        raise CannotObserve(f"{_qualified(cls)}.__init__ needs {', '.join(unknown)}: unknown to this probe")
+    return cls(**kwargs)
 
 
 def _check_json_value(name: str, value: Any) -> None:
@@ -75,17 +177,25 @@ def _check_json_value(name: str, value: Any) -> None:
     )
 
 
+def _check_name(name: Any, what: str) -> None:
+    if not isinstance(name, str) or not name or not name.replace("_", "a").replace(".", "a").isalnum():
+        raise ObservationError(f"{what} name {name!r} must be [A-Za-z0-9_.]+")
+
+
 class Observations:
     """What one case saw: ordered name -> JSON value, each name recorded once."""
 
-    def __init__(self) -> None:
+    def __init__(self, decision_point: str | None = None) -> None:
         self.values: dict[str, Any] = {}
         self.notes: list[str] = []
+        self.preconditions: dict[str, bool] = {}
+        self.decision_point = decision_point
+        # A case without a declared decision point is observed from its first line.
+        self.reached = decision_point is None
 
     def record(self, name: str, value: Any) -> Any:
         """Record ``value`` under ``name``; returns it so calls can be inlined."""
-        if not isinstance(name, str) or not name or not name.replace("_", "a").replace(".", "a").isalnum():
-            raise ObservationError(f"observation name {name!r} must be [A-Za-z0-9_.]+")
+        _check_name(name, "observation")
         if name in self.values:
             raise ObservationError(f"observation {name!r} recorded twice")
         _check_json_value(name, value)
@@ -95,6 +205,27 @@ class Observations:
     def note(self, text: str) -> None:
         """A free-text remark for humans; never compared."""
         self.notes.append(str(text))
+
+    def precondition(self, name: str, holds: bool, detail: str = "") -> None:
+        """Record a state the set-up must have built; CannotObserve if it did not."""
+        _check_name(name, "precondition")
+        if name in self.preconditions:
+            raise ObservationError(f"precondition {name!r} checked twice")
+        if self.reached:
+            raise ObservationError(f"precondition {name!r} checked after the decision point")
+        self.preconditions[name] = bool(holds)
+        if not holds:
+            raise CannotObserve(f"precondition {name} does not hold" + (f": {detail}" if detail else ""))
+
+    @contextlib.contextmanager
+    def decision(self) -> Iterator[None]:
+        """Wrap the real call under test: from here on an exception is behaviour."""
+        if self.decision_point is None:
+            raise ObservationError("this case declared no decision point")
+        if self.reached:
+            raise ObservationError(f"decision point {self.decision_point!r} entered twice")
+        self.reached = True
+        yield
 
 
 def _qualname(exc_type: type) -> str:
@@ -127,6 +258,36 @@ def describe_exception(exc: BaseException) -> dict[str, Any]:
     }
 
 
+_MOCK_FILE = os.path.normcase(os.path.abspath(_mock.__file__))
+
+
+def _raised_by_mock(exc: BaseException) -> bool:
+    """True if the innermost frame is unittest.mock: a mock, not the code under test, refused."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.normcase(os.path.abspath(tb.tb_frame.f_code.co_filename)) == _MOCK_FILE
+
+
+def _classify(obs: Observations, exc: Exception | None) -> tuple[str, str | None, list[str]]:
+    """(observation, reason, missing) of a finished case."""
+    if isinstance(exc, NotPresent) and not obs.reached:
+        return NOT_PRESENT, str(exc), exc.missing
+    if exc is not None and _raised_by_mock(exc):
+        # Even at the decision point: a mock lacking a field is the probe's drift.
+        return UNOBSERVED, f"a mock could not stand in ({_qualname(type(exc))}: {str(exc)[:500]})", []
+    if obs.reached:
+        return OBSERVED, None, []
+    if exc is None:
+        return UNOBSERVED, f"the case ended without reaching its decision point {obs.decision_point}", []
+    if isinstance(exc, CannotObserve):
+        return UNOBSERVED, str(exc), []
+    return UNOBSERVED, (f"set-up raised {_qualname(type(exc))} before the decision point "
+                        f"{obs.decision_point}: {str(exc)[:500]}"), []
+
+
 class Probe:
     """A named set of cases plus the declaration of what the probe mocks."""
 
@@ -136,16 +297,24 @@ class Probe:
         self.name = name
         self.mocks = dict(mocks)
         self.description = description
-        self._cases: list[tuple[str, str, Callable[[Observations], None]]] = []
+        self._cases: list[tuple[str, str, str | None, Callable[[Observations], None]]] = []
         self.facts: dict[str, Any] = {}
+        self.configuration: list[dict[str, Any]] = []
+        self.absorbed: list[dict[str, Any]] = []
+        self._case: str | None = None
+        self._tracked: list[tuple[str, Any]] = []
 
-    def case(self, name: str, description: str = "") -> Callable:
-        """Decorator registering one case; names are unique within the probe."""
-        if any(existing == name for existing, _, _ in self._cases):
+    def case(self, name: str, description: str = "", *, decision: str | None = None) -> Callable:
+        """Decorator registering one case; names are unique within the probe.
+
+        ``decision`` names the real call under test; the case enters it with
+        ``obs.decision()``. Without one, the case is observed from its first line.
+        """
+        if any(existing[0] == name for existing in self._cases):
             raise ValueError(f"case {name!r} registered twice")
 
         def register(func: Callable[[Observations], None]) -> Callable[[Observations], None]:
-            self._cases.append((name, description or (func.__doc__ or "").strip(), func))
+            self._cases.append((name, description or (func.__doc__ or "").strip(), decision, func))
             return func
 
         return register
@@ -155,21 +324,83 @@ class Probe:
         _check_json_value(name, value)
         self.facts[name] = value
 
-    def run_case(self, name: str, description: str, func: Callable) -> dict[str, Any]:
-        obs = Observations()
+    def configure(self, name: str, value: Any, *, default: Any, why: str) -> Any:
+        """Record a non-default setting the probe applies (in a case: for that case only)."""
+        _check_json_value(name, value)
+        _check_json_value(name, default)
+        if value == default:
+            raise ValueError(f"configuration {name!r}: {value!r} is the default, nothing to record")
+        entry = {"name": name, "value": value, "default": default, "why": why, "case": self._case}
+        if entry not in self.configuration:
+            self.configuration.append(entry)
+        return value
+
+    def track(self, name: str, mock_obj: Any, *, absorbs: tuple[str, ...] = ()) -> Any:
+        """Record every call ``mock_obj`` accepts in this case under the declared mock ``name``.
+
+        ``absorbs`` lists the calls the probe models ("()" is calling the mock
+        itself, "().send" a method of what it returned). A call outside it was
+        absorbed without the probe knowing what the real collaborator would have
+        done, so the case is unobserved.
+        """
+        if name not in self.mocks:
+            raise ValueError(f"mock {name!r} is not declared in the probe's mocks")
+        self._tracked.append((name, mock_obj, frozenset(absorbs)))
+        return mock_obj
+
+    def mock(self, name: str, spec: Any, *, instance: bool = True, absorbs: tuple[str, ...] = (),
+             **attrs: Any) -> Any:
+        """A tracked autospec of ``spec``: unknown attributes and wrong signatures raise."""
+        made = _mock.create_autospec(spec, instance=instance, name=name)
+        for key, value in attrs.items():
+            setattr(made, key, value)
+        return self.track(name, made, absorbs=absorbs)
+
+    def _collect_absorbed(self, case: str) -> list[str]:
+        """Record the tracked mocks' calls; returns the unmodelled ones."""
+        counts: Counter[tuple[str, str]] = Counter()
+        unmodelled: list[str] = []
+        for name, mock_obj, absorbs in self._tracked:
+            for call in mock_obj.mock_calls:
+                call_name = call[0] or "()"
+                counts[(name, call_name)] += 1
+                label = f"{name}: {call_name}"
+                if call_name not in absorbs and label not in unmodelled:
+                    unmodelled.append(label)
+        for (name, call), count in sorted(counts.items()):
+            self.absorbed.append({"case": case, "mock": name, "call": call, "count": count})
+        self._tracked = []
+        return unmodelled
+
+    def run_case(self, name: str, description: str, decision: str | None, func: Callable) -> dict[str, Any]:
+        obs = Observations(decision)
+        self._case, self._tracked = name, []
         started = time.perf_counter()
+        exc: Exception | None = None
         try:
             func(obs)
-            status, error = "ok", None
-        except Exception as exc:  # outcomes are data: record, keep going
-            status, error = "raised", describe_exception(exc)
+        except Exception as caught:  # outcomes are data: record, keep going
+            exc = caught
+        finally:
+            self._case = None
+            unmodelled = self._collect_absorbed(name)
+        observation, reason, missing = _classify(obs, exc)
+        if unmodelled and observation == OBSERVED:
+            # What an unmodelled call returned may have steered the code under test.
+            observation = UNOBSERVED
+            reason = "a mock absorbed calls the probe does not model: " + "; ".join(unmodelled)
         return {
             "name": name,
             "description": description,
-            "status": status,
+            "status": "ok" if exc is None else "raised",
+            "observation": observation,
+            "decision_point": decision,
+            "reason": reason,
+            "missing": missing,
+            "preconditions": obs.preconditions,
             "observations": obs.values,
             "notes": obs.notes,
-            "error": error,
+            "error": None if exc is None else describe_exception(exc),
             "duration_s": round(time.perf_counter() - started, 6),
         }
 
@@ -187,6 +418,8 @@ class Probe:
             "description": self.description,
             "mocks": self.mocks,
             "facts": self.facts,
+            "configuration": self.configuration,
+            "absorbed": self.absorbed,
             "python": platform.python_version(),
             "cases": results,
         }
