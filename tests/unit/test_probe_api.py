@@ -207,10 +207,20 @@ def test_configuration_records_non_default_settings_per_probe_and_per_case():
     document = run_one(case, p=p)
     only_case(document)
     assert document["configuration"] == [
-        {"name": "disaggregation_mode", "value": "prefill", "default": "null",
-         "why": "the door exists only in PD mode", "case": None},
-        {"name": "enable_hicache_storage", "value": True, "default": False,
-         "why": "HiCache releases become visible", "case": "c"},
+        {
+            "name": "disaggregation_mode",
+            "value": "prefill",
+            "default": "null",
+            "why": "the door exists only in PD mode",
+            "case": None,
+        },
+        {
+            "name": "enable_hicache_storage",
+            "value": True,
+            "default": False,
+            "why": "HiCache releases become visible",
+            "case": "c",
+        },
     ]
     with pytest.raises(ValueError, match="is the default"):
         p.configure("page_size", 1, default=1, why="no")
@@ -252,10 +262,15 @@ def test_a_call_no_mock_declares_it_absorbs_makes_the_case_unobserved():
     case_doc = only_case(document)
     assert case_doc["observation"] == "unobserved" and case_doc["status"] == "ok"
     # the truth test of the absorbed answer is recorded too: that is where it steered
-    assert case_doc["reason"] == ("a mock absorbed calls the probe does not model: "
-                                  "sender: ().add; sender: ().add().__bool__")
+    assert case_doc["reason"] == (
+        "a mock absorbed calls the probe does not model: sender: ().add; sender: ().add().__bool__"
+    )
     assert [(a["mock"], a["call"]) for a in document["absorbed"]] == [
-        ("sender", "()"), ("sender", "().add"), ("sender", "().add().__bool__"), ("streamer", "add")]
+        ("sender", "()"),
+        ("sender", "().add"),
+        ("sender", "().add().__bool__"),
+        ("streamer", "add"),
+    ]
 
 
 def test_old_documents_stay_valid_and_the_new_fields_are_checked():
@@ -272,8 +287,13 @@ def test_old_documents_stay_valid_and_the_new_fields_are_checked():
     schema.validate(old, VERSION, source="a document written before the extension")
 
     bad = copy.deepcopy(document)
-    bad["cases"][0].update(observation="not-present", reason="gone", status="raised",
-                           error=kp.describe_exception(kp.NotPresent("x")), missing=[])
+    bad["cases"][0].update(
+        observation="not-present",
+        reason="gone",
+        status="raised",
+        error=kp.describe_exception(kp.NotPresent("x")),
+        missing=[],
+    )
     with pytest.raises(SchemaError):
         schema.validate(bad, VERSION, source="not-present without evidence")
     bad["cases"][0].update(observation="unobserved", reason=None, missing=[])
