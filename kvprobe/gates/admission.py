@@ -13,7 +13,7 @@ from kvprobe.evidence.bundle import file_ref
 from kvprobe.evidence.gate_status import Status
 from kvprobe.gates.gate import Check, Gate, GateOptions
 from kvprobe.gates.target import GATE_EXPERIMENTS, Target
-from kvprobe.model.records import Experiment, PinSet, Side
+from kvprobe.model.records import Experiment, Side
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR
 from kvprobe.progress import Reporter
 from kvprobe.run import runner
@@ -85,29 +85,19 @@ def run_gate2(
         # any non-synthetic pin set: it only selects the experiment's dependency profile
         pin_set = next(p for p in exp.pin_sets.values() if p.kind.value != "synthetic")
         env, python, env_vars = environment(exp, pin_set, run_opts, reporter, held)
-        outcome = _probe_experiment(exp, pin_set, target, python, env_vars, staging, work, opts, reporter)
+        ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
+        outcome = _probe_experiment(ctx, target, reporter)
         checks += outcome.checks
         refs += outcome.refs
     return Gate(2, title, tuple(checks)), refs, env
 
 
-def _probe_experiment(
-    exp: Experiment,
-    pin_set: PinSet,
-    target: Target,
-    python: str,
-    env_vars: dict[str, str],
-    staging: Path,
-    work: Path,
-    opts: GateOptions,
-    reporter: Reporter,
-) -> _ProbeOutcome:
-
+def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> _ProbeOutcome:
+    exp, staging = ctx.exp, ctx.staging
     probe_dir = staging / PROBES_DIR / exp.id
     probe_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
-    ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
-    scratch = work / "home" / exp.id
+    scratch = ctx.work / "home" / exp.id
     scratch.mkdir(parents=True, exist_ok=True)
     docs, problems, refs = {}, [], []
     for check in exp.probes:

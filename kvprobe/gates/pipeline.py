@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +55,28 @@ class GatesResult:
         return Status(self.receipt["overall"])
 
 
+@dataclass(frozen=True)
+class GateInputs:
+    """What was examined: the operator's logs and argument files, the SGLang that runs."""
+
+    logs: list[tuple[InputFile, serverlog.WorkerLog]]
+    files: list[tuple[InputFile, str | None, serverlog.ServerArgs]]
+    target: Target | None
+    code: CodeSettings | None
+
+
+@dataclass(frozen=True)
+class GatesRun:
+    """What this run decided (the four gates, with the markers and probes behind them) and measured."""
+
+    started: datetime
+    gates: tuple[Gate, ...]
+    findings: list[Finding]
+    probe_refs: list[dict[str, Any]]
+    env: dict[str, Any] | None
+    timings: dict[str, float]
+
+
 def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResult:
     """Decide all four gates and write the bundle; raises only on bad input or a broken env."""
     reporter = reporter or Reporter()
@@ -83,7 +105,9 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         sources = collect_sources(worker_logs, files)
         findings: list = []
         gates = (gate1(worker_logs), gate2, gate3(sources, tree, code, findings), gate4(sources, tree, code, findings))
-        receipt = build_receipt(started, gates, logs, files, target, findings, code, probe_refs, env, timings)
+        receipt = build_receipt(
+            GateInputs(logs, files, target, code), GatesRun(started, gates, findings, probe_refs, env, timings)
+        )
         digest = seal_bundle(receipt, GATES_RECEIPT_SCHEMA, render_readme(receipt), staging, final)
         return GatesResult(final, receipt, digest)
     finally:
@@ -105,18 +129,9 @@ def overall(gates: Iterable[Gate]) -> Status:
     return combine(g.status for g in gates)
 
 
-def build_receipt(
-    started: datetime,
-    gates: Sequence[Gate],
-    logs: list[tuple[InputFile, serverlog.WorkerLog]],
-    files: list[tuple[InputFile, str | None, serverlog.ServerArgs]],
-    target: Target | None,
-    findings: list[Finding],
-    code: CodeSettings | None,
-    probe_refs: list[dict[str, Any]],
-    env: dict[str, Any] | None,
-    timings: dict[str, float],
-) -> dict[str, Any]:
+def build_receipt(inputs: GateInputs, run: GatesRun) -> dict[str, Any]:
+    logs, files, target, code = inputs.logs, inputs.files, inputs.target, inputs.code
+    started, gates, findings = run.started, run.gates, run.findings
     verdict = overall(gates)
     return {
         "schema": GATES_RECEIPT_SCHEMA,
@@ -161,8 +176,8 @@ def build_receipt(
                 "deferred_backends": list(code.deferred_backends) if code.deferred_capability_flag else None,
             },
         },
-        "probes": probe_refs,
-        "env": env,
+        "probes": run.probe_refs,
+        "env": run.env,
         "host": {
             "system": platform.system(),
             "machine": platform.machine(),
@@ -190,7 +205,7 @@ def build_receipt(
                 "deciding lines are",
             ],
         },
-        "timings": {k: round(v, 3) for k, v in timings.items()},
+        "timings": {k: round(v, 3) for k, v in run.timings.items()},
     }
 
 

@@ -45,6 +45,28 @@ class RunOptions:
 
 
 @dataclass(frozen=True)
+class RunPlan:
+    """What is run, fixed before anything runs: it names the receipt."""
+
+    exp: Experiment
+    pin_set: PinSet
+    run_id: str
+    started: datetime
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """What the run produced in ``staging``, before it is written down as a receipt."""
+
+    sides: dict[Side, dict[str, Any]]  # materialized tree and identity per side
+    env: dict[str, Any]
+    env_vars: dict[str, str]
+    checks: dict[Side, dict[str, Any]]  # run.side.run_side per side
+    staging: Path
+    timings: dict[str, float]
+
+
+@dataclass(frozen=True)
 class RunResult:
     bundle: Path
     receipt: dict[str, Any]
@@ -80,7 +102,8 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
             }
             checks = {side: f.result() for side, f in futures.items()}
         timings["checks_s"] = time.monotonic() - clock
-        receipt = _receipt(exp, pin_set, run_id, started, sides, env, env_vars, checks, staging, timings)
+        plan = RunPlan(exp, pin_set, run_id, started)
+        receipt = _receipt(plan, RunOutputs(sides, env, env_vars, checks, staging, timings))
         result = _write_bundle(exp, receipt, staging, final)
         return result
     finally:
@@ -224,18 +247,9 @@ def _head_test_files(exp: Experiment, pin_set: PinSet, sides: dict[Side, dict[st
 # --- receipt and bundle ------------------------------------------------------------------
 
 
-def _receipt(
-    exp: Experiment,
-    pin_set: PinSet,
-    run_id: str,
-    started: datetime,
-    sides: dict[Side, dict[str, Any]],
-    env: dict[str, Any],
-    env_vars: dict[str, str],
-    checks: dict[Side, dict[str, Any]],
-    staging: Path,
-    timings: dict[str, float],
-) -> dict[str, Any]:
+def _receipt(plan: RunPlan, out: RunOutputs) -> dict[str, Any]:
+    exp, pin_set, staging, env = plan.exp, plan.pin_set, out.staging, out.env
+    timings = dict(out.timings)
     probe_dir = staging / PROBES_DIR / exp.id
     probe_dir.mkdir(parents=True)
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
@@ -247,10 +261,10 @@ def _receipt(
     test_runs: dict[str, dict[str, Any]] = {}
     mocks: dict[str, Any] = {}
     for side in (Side.BASE, Side.HEAD):
-        c = checks[side]
+        c = out.checks[side]
         side_blocks[side.value] = {
-            "pin": sides[side]["pin"],
-            "source": sides[side]["source"],
+            "pin": out.sides[side]["pin"],
+            "source": out.sides[side]["source"],
             "tests": [
                 {
                     "path": t["path"],
@@ -290,8 +304,8 @@ def _receipt(
     receipt = {
         "schema": RECEIPT_SCHEMA,
         "tool": {"name": "kvprobe", "version": __version__},
-        "run_id": run_id,
-        "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run_id": plan.run_id,
+        "created_utc": plan.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "experiment": {
             "id": exp.id,
             "title": exp.title,
@@ -318,7 +332,7 @@ def _receipt(
             "python": platform.python_version(),
             "cpus": os.cpu_count() or 0,
         },
-        "settings": dict(sorted(env_vars.items())),
+        "settings": dict(sorted(out.env_vars.items())),
         "expectations": expectations,
         "comparison": comparison,
         "verdict": comparison["verdict"],
