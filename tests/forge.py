@@ -142,8 +142,9 @@ def _write(root: Path, rel: str, data: bytes) -> dict[str, str]:
     return {"path": rel, "sha256": sha(data)}
 
 
-def build(root: Path) -> Path:
-    """Write a valid bundle at ``root`` (created) and return it."""
+def build(root: Path, algorithm: str = compare.ALGORITHM) -> Path:
+    """Write a valid bundle at ``root`` (created) and return it; ``algorithm`` names the
+    comparison that made it (a predecessor's bundle, as an older kvprobe wrote it)."""
     root.mkdir(parents=True)
     exp_ref = _write(root, f"probes/{EXP_ID}/experiment.toml", EXPERIMENT_TOML)
     src_ref = _write(root, f"probes/{EXP_ID}/{PROBE}.py", PROBE_SOURCE)
@@ -174,7 +175,11 @@ def build(root: Path) -> Path:
         runs.setdefault(TEST_PATH, {})[side] = testrun_doc(side)
     expectations = {"base": {f"{PROBE}/reject": {"enqueued": True}}, "head": {f"{PROBE}/reject": {"enqueued": False}}}
     comparison = compare.compare(
-        expect=expectations, probe_docs=docs, probe_problems={"base": {}, "head": {}}, test_runs=runs
+        expect=expectations,
+        probe_docs=docs,
+        probe_problems={"base": {}, "head": {}},
+        test_runs=runs,
+        algorithm=algorithm,
     )
     assert comparison["verdict"] == "reproduced", comparison["reasons"]
     receipt = _receipt(exp_ref, sides, expectations, comparison)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from kvprobe.errors import SchemaError
@@ -224,11 +225,58 @@ def failure_kinds(results: Iterable[TestResult]) -> dict[str, int]:
 # --------------------------------------------------------------------------- transitions
 
 
-def transitions(base: Iterable[TestResult], head: Iterable[TestResult]) -> dict[str, Transition]:
-    """Per result key (nodeid [+ subtest]): how base's outcome became head's. Pure."""
+def transitions(
+    base: Iterable[TestResult], head: Iterable[TestResult], *, collection_states: bool = True
+) -> dict[str, Transition]:
+    """Per result key (nodeid [+ subtest]): how base's outcome became head's. Pure.
+
+    ``collection_states`` tells a collection error from other errors (ERROR_TO_PASS);
+    False is the rule of kvprobe.compare/2 and earlier, kept so their bundles verify.
+    """
     base_by_key, head_by_key = _index(base), _index(head)
     keys = list(base_by_key) + [k for k in head_by_key if k not in base_by_key]
-    return {k: _transition(base_by_key.get(k), head_by_key.get(k)) for k in keys}
+    return {k: _transition(base_by_key.get(k), head_by_key.get(k), collection_states) for k in keys}
+
+
+def spread_collection_errors(results: Iterable[TestResult], other: Iterable[TestResult]) -> list[TestResult]:
+    """A module this side could not collect, stated once per test the other side ran in it.
+
+    A base that cannot import head's test module reports one error, for the file; head
+    reports each test. Stating the error per test (same root exception) turns
+    "ERROR 1, NOT_RUN n" into n honest ERROR_TO_PASS rows.
+    """
+    results, other = list(results), list(other)
+    own = {r.nodeid for r in results}
+    spread: list[TestResult] = []
+    for r in results:
+        covered = (
+            [o for o in other if o.nodeid.startswith(f"{r.nodeid}::") and o.nodeid not in own]
+            if r.kind is FailureKind.COLLECTION and r.subtest is None and r.nodeid
+            else []
+        )
+        spread += [replace(r, nodeid=o.nodeid, subtest=o.subtest) for o in covered] or [r]
+    return spread
+
+
+def collection_errors(results: Iterable[TestResult]) -> list[dict[str, Any]]:
+    """What could not be collected, with its root exception: the first thing a reader needs."""
+    return [
+        {"nodeid": r.nodeid, "exc_type": r.exc_type, "message": r.message}
+        for r in results
+        if r.kind is FailureKind.COLLECTION and r.subtest is None
+    ]
+
+
+def failure_label(kind: str | None, exc_type: str | None) -> str | None:
+    """One test's failure as an expectation names it: "assertion", "AttributeError",
+    "collection:ImportError", "timeout"...; None when it did not fail by a kind."""
+    if kind is None:
+        return None
+    if kind == FailureKind.EXCEPTION.value:
+        return exc_type or "Exception"
+    if kind == FailureKind.COLLECTION.value and exc_type:
+        return f"collection:{exc_type}"
+    return kind
 
 
 def _index(results: Iterable[TestResult]) -> dict[str, TestResult]:
@@ -238,11 +286,11 @@ def _index(results: Iterable[TestResult]) -> dict[str, TestResult]:
     return index
 
 
-def _state(result: TestResult | None) -> str | None:
+def _state(result: TestResult | None, collection_states: bool) -> str | None:
     if result is None:
         return None
     if result.kind in _ERROR_KINDS:
-        return "error"
+        return "collect" if collection_states and result.kind is FailureKind.COLLECTION else "error"
     if result.outcome in (Outcome.PASSED, Outcome.XPASSED, Outcome.XFAILED):
         return "pass"  # as pytest judges it: an xfail that failed keeps the suite green
     return "skip" if result.outcome is Outcome.SKIPPED else "fail"
@@ -250,14 +298,17 @@ def _state(result: TestResult | None) -> str | None:
 
 _TRANSITIONS = {
     ("fail", "pass"): Transition.FAIL_TO_PASS,
+    ("collect", "pass"): Transition.ERROR_TO_PASS,
     ("pass", "pass"): Transition.PASS_TO_PASS,
     ("pass", "fail"): Transition.PASS_TO_FAIL,
     ("fail", "fail"): Transition.FAIL_TO_FAIL,
 }
 
 
-def _transition(base: TestResult | None, head: TestResult | None) -> Transition:
-    states = (_state(base), _state(head))
-    if "error" in states:
+def _transition(base: TestResult | None, head: TestResult | None, collection_states: bool) -> Transition:
+    states = (_state(base, collection_states), _state(head, collection_states))
+    if states in _TRANSITIONS:
+        return _TRANSITIONS[states]  # type: ignore[index]
+    if "error" in states or "collect" in states:
         return Transition.ERROR
-    return _TRANSITIONS.get(states, Transition.NOT_RUN)  # type: ignore[arg-type]
+    return Transition.NOT_RUN

@@ -10,18 +10,35 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from kvprobe.checks.results import failure_kinds, results_from_report, transitions
+from kvprobe.checks.results import (
+    collection_errors,
+    failure_kinds,
+    failure_label,
+    results_from_report,
+    spread_collection_errors,
+    transitions,
+)
 from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition, Verdict
 from kvprobe.names import SIDES
 
 # Names what compare() computes; change it whenever its output for the same inputs changes,
 # so a verifier can tell a bundle made by another comparison from a forged one.
-ALGORITHM = "kvprobe.compare/2"
+ALGORITHM = "kvprobe.compare/3"
 # Earlier comparisons and how their output differs from this one's for the same inputs. A
-# bundle made by one verifies when this comparison, recomputed, gives the same block.
+# bundle made by one is recomputed with the rules of compare/2 and verifies when that gives
+# the same block.
 PREDECESSORS = {
     "kvprobe.compare/1": "counted a test that failed only through its subtests as one more "
     "'infrastructure' failure kind",
+    "kvprobe.compare/2": "reported a test module the base could not collect as one ERROR row and "
+    "every head test as NOT_RUN, and had no FAIL_TO_PASS/PASS_TO_PASS expectations",
+}
+_PASSING = (Outcome.PASSED.value, Outcome.SKIPPED.value, Outcome.XFAILED.value)
+# The SWE-bench set each transition belongs to: ERROR_TO_PASS is a fail-to-pass by exception.
+_TO_PASS = {
+    Transition.FAIL_TO_PASS.value: "FAIL_TO_PASS",
+    Transition.ERROR_TO_PASS.value: "FAIL_TO_PASS",
+    Transition.PASS_TO_PASS.value: "PASS_TO_PASS",
 }
 RAISED = "raised"  # reserved observation: the exception type a case raised, or False
 
@@ -79,12 +96,24 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def test_rows(test_runs: Mapping[str, Mapping[str, Any]]) -> tuple[list[dict], dict[str, dict]]:
-    """Per-test transitions and per-file summaries from the two sides' test-run records."""
+def test_rows(
+    test_runs: Mapping[str, Mapping[str, Any]], *, legacy: bool = False
+) -> tuple[list[dict], dict[str, dict]]:
+    """Per-test transitions and per-file summaries from the two sides' test-run records.
+
+    A module one side could not collect is stated per test the other side ran
+    (``spread_collection_errors``); ``legacy`` keeps compare/2's rows (one ERROR row).
+    """
     rows, summary = [], {}
     for path, sides in sorted(test_runs.items()):
-        results = {side: _results(sides.get(side)) for side in SIDES}
-        moves = transitions(results["base"], results["head"])
+        ran = {side: _results(sides.get(side)) for side in SIDES}
+        results = dict(ran)
+        if not legacy:
+            results = {
+                "base": spread_collection_errors(ran["base"], ran["head"]),
+                "head": spread_collection_errors(ran["head"], ran["base"]),
+            }
+        moves = transitions(results["base"], results["head"], collection_states=not legacy)
         by_key = {side: {r.key: r for r in results[side]} for side in SIDES}
         for key in sorted(moves):
             row: dict[str, Any] = {"file": path, "test": key, "transition": moves[key].value}
@@ -96,7 +125,7 @@ def test_rows(test_runs: Mapping[str, Mapping[str, Any]]) -> tuple[list[dict], d
             rows.append(row)
         summary[path] = {
             "transitions": dict(Counter(m.value for m in moves.values())),
-            **{side: _side_summary(sides.get(side), results[side]) for side in SIDES},
+            **{side: _side_summary(sides.get(side), ran[side], legacy) for side in SIDES},
         }
     return rows, summary
 
@@ -107,10 +136,12 @@ def _results(run: Mapping[str, Any] | None) -> list[TestResult]:
     return results_from_report(run["report"])
 
 
-def _side_summary(run: Mapping[str, Any] | None, results: list[TestResult]) -> dict[str, Any]:
+def _side_summary(run: Mapping[str, Any] | None, results: list[TestResult], legacy: bool) -> dict[str, Any]:
     tests = [r for r in results if not r.subtest]
     subtests = [r for r in results if r.subtest]
+    extra = {} if legacy else {"collection_errors": collection_errors(results)}
     return {
+        **extra,
         "problem": (run or {}).get("problem") or ("no test run" if not run else None),
         "exit_code": (run or {}).get("exit_code"),
         "tests": dict(Counter(r.outcome.value for r in tests)),
@@ -125,28 +156,38 @@ def compare(
     probe_docs: Mapping[str, Mapping[str, Any]],
     probe_problems: Mapping[str, Mapping[str, str]],
     test_runs: Mapping[str, Mapping[str, Any]],
+    algorithm: str = ALGORITHM,
 ) -> dict[str, Any]:
-    """The comparison block of a receipt, verdict included."""
+    """The comparison block of a receipt, verdict included.
+
+    ``algorithm`` is ALGORITHM, or a predecessor when verify recomputes an older bundle
+    (their rules are compare/2's; their blocks name the algorithm they were made by).
+    """
+    legacy = algorithm != ALGORITHM
     tables = {side: case_table(probe_docs.get(side, {})) for side in SIDES}
     rows = observation_rows(expect, tables)
-    trows, tsummary = test_rows(test_runs)
-    verdict, reasons = _verdict(expect, rows, trows, tsummary, probe_problems, tables)
+    trows, tsummary = test_rows(test_runs, legacy=legacy)
+    declared_tests = {} if legacy else {p: e for p, e in (expect.get("tests") or {}).items() if p in tsummary}
+    verdict, reasons = _verdict(expect, rows, trows, tsummary, probe_problems, tables, declared_tests, legacy)
     declared = [r for r in rows if r["expected_base_declared"] or r["expected_head_declared"]]
+    counts = {
+        "observations_expected": len(declared),
+        "observations_matched": sum(1 for r in declared if r["base_ok"] and r["head_ok"]),
+        "observations_changed": sum(1 for r in rows if r["changed"]),
+        "tests": len(trows),
+        "fail_to_pass": sum(1 for r in trows if r["transition"] == Transition.FAIL_TO_PASS.value),
+    }
+    if not legacy:
+        counts["error_to_pass"] = sum(1 for r in trows if r["transition"] == Transition.ERROR_TO_PASS.value)
     return {
-        "algorithm": ALGORITHM,
+        "algorithm": algorithm,
         "verdict": verdict.value,
         "reasons": reasons,
         "cases": {side: tables[side] for side in SIDES},
         "observations": rows,
         "tests": trows,
         "test_summary": tsummary,
-        "counts": {
-            "observations_expected": len(declared),
-            "observations_matched": sum(1 for r in declared if r["base_ok"] and r["head_ok"]),
-            "observations_changed": sum(1 for r in rows if r["changed"]),
-            "tests": len(trows),
-            "fail_to_pass": sum(1 for r in trows if r["transition"] == Transition.FAIL_TO_PASS.value),
-        },
+        "counts": counts,
     }
 
 
@@ -157,7 +198,21 @@ def _verdict(
     tsummary: dict[str, dict[str, Any]],
     probe_problems: Mapping[str, Mapping[str, str]],
     tables: Mapping[str, dict[str, Any]],
+    declared_tests: Mapping[str, Any],
+    legacy: bool,
 ) -> tuple[Verdict, list[str]]:
+    """The verdict rules, in order (README, "How a verdict is reached"):
+
+    1. error: a check could not be observed (probe or test-run problem, a test hit the
+       timeout or an infrastructure error), or nothing ran at all;
+    2. not-reproduced: a declared observation differs; a head test does not pass; a test
+       file with declared sets has a test outside its FAIL_TO_PASS/PASS_TO_PASS sets (or a
+       declared one missing) or another base failure kind than declared; test files without
+       declared sets have no FAIL_TO_PASS (or ERROR_TO_PASS) at all;
+    3. no-expectations: the probes ran with no observation declared, or only tests ran and
+       no set was declared;
+    4. reproduced.
+    """
     errors = [f"{side}: {msg}" for side in SIDES for msg in probe_problems.get(side, {}).values()]
     for path, summary in tsummary.items():
         for side in SIDES:
@@ -178,17 +233,23 @@ def _verdict(
             if not r[f"{side}_ok"]:
                 got = repr(r[side]) if r[f"{side}_recorded"] else _missing(tables[side].get(r["case"]))
                 reasons.append(f"{side}: {r['case']}: {r['observation']} expected {r[f'expected_{side}']!r}, got {got}")
-    reasons += _test_reasons(trows)
+    reasons += _test_reasons(trows) if legacy else _test_reasons_v3(trows, tsummary, declared_tests)
     if reasons:
         return Verdict.NOT_REPRODUCED, reasons
     has_probe_cases = any(tables[s] for s in SIDES)
-    if has_probe_cases and not any(expect.get(s) for s in SIDES):
+    declared_probe = any(expect.get(s) for s in SIDES)
+    if has_probe_cases and not declared_probe:
         return Verdict.NO_EXPECTATIONS, [
             "no expectations declared: the probe ran, nothing was "
             "checked (review its output, then --record-expectations)"
         ]
-    if not has_probe_cases and not any(r["transition"] == "FAIL_TO_PASS" for r in trows):
+    if legacy and not has_probe_cases and not any(r["transition"] == "FAIL_TO_PASS" for r in trows):
         return Verdict.NOT_REPRODUCED, ["no upstream test went from fail to pass"]
+    if not legacy and not has_probe_cases and not declared_tests:
+        return Verdict.NO_EXPECTATIONS, [
+            "no FAIL_TO_PASS/PASS_TO_PASS sets declared: the upstream tests ran, nothing "
+            "pinned which tests (review them, then --record-expectations)"
+        ]
     return Verdict.REPRODUCED, []
 
 
@@ -198,16 +259,54 @@ def _infra(row: dict) -> bool:
 
 
 def _test_reasons(trows: list[dict]) -> list[str]:
-    """Head must pass every test; base must fail at least one (head tests on both sides)."""
+    """compare/2: head must pass every test; base must fail at least one."""
     if not trows:
         return []
-    reasons = [
-        f"head: {r['file']}: {r['test']} {r['head'] or 'not run'}"
-        for r in trows
-        if r["head"] not in (Outcome.PASSED.value, Outcome.SKIPPED.value, Outcome.XFAILED.value)
-    ]
+    reasons = [f"head: {r['file']}: {r['test']} {r['head'] or 'not run'}" for r in trows if r["head"] not in _PASSING]
     if not any(r["transition"] == Transition.FAIL_TO_PASS.value for r in trows):
         reasons.append("no upstream test went from fail on base to pass on head")
+    return reasons
+
+
+def _test_reasons_v3(trows: list[dict], tsummary: dict, declared: Mapping[str, Any]) -> list[str]:
+    """Head passes every test; per file, the declared sets hold, or else one test went to pass."""
+    reasons = [_head_reason(r) for r in trows if r["head"] not in _PASSING]
+    for path in tsummary:
+        file_rows = {r["test"]: r for r in trows if r["file"] == path}
+        if path in declared:
+            reasons += _set_reasons(path, file_rows, declared[path])
+        elif file_rows and not any(_TO_PASS.get(r["transition"]) == "FAIL_TO_PASS" for r in file_rows.values()):
+            reasons.append(f"{path}: no upstream test went from fail (or a collection error) on base to pass on head")
+    return reasons
+
+
+def _head_reason(row: dict) -> str:
+    if row["head"] is None:
+        return f"head: {row['file']}: {row['test']} not run"
+    if row["head_kind"] == FailureKind.COLLECTION.value:
+        return f"head: {row['file']}: {row['test']} could not be collected ({row['head_exc_type'] or 'no exception'})"
+    return f"head: {row['file']}: {row['test']} {row['head']}"
+
+
+def _set_reasons(path: str, rows: Mapping[str, dict], sets: Mapping[str, Any]) -> list[str]:
+    """Each test that moved out of (or into) a declared set, and each other base failure kind."""
+    want = {t: "FAIL_TO_PASS" for t in sets.get("FAIL_TO_PASS", [])}
+    want.update({t: "PASS_TO_PASS" for t in sets.get("PASS_TO_PASS", [])})
+    reasons = []
+    for test, group in want.items():
+        row = rows.get(test)
+        if row is None:
+            reasons.append(f"{path}: {test}: expected {group}, not run on either side")
+        elif _TO_PASS.get(row["transition"]) != group:
+            reasons.append(f"{path}: {test}: expected {group}, got {row['transition']}")
+    for test, row in rows.items():
+        if test not in want and row["transition"] in _TO_PASS:
+            reasons.append(f"{path}: {test}: {row['transition']}, in no declared set")
+    for test, label in sets.get("base_failure_kind", {}).items():
+        row = rows.get(test)
+        got = failure_label(row["base_kind"], row["base_exc_type"]) if row else None
+        if row is not None and got != label:
+            reasons.append(f"{path}: {test}: base failure expected {label}, got {got or 'none'}")
     return reasons
 
 

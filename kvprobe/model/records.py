@@ -59,6 +59,9 @@ class FailureKind(str, Enum):
 
 class Transition(str, Enum):
     FAIL_TO_PASS = "FAIL_TO_PASS"
+    # base could not even collect the test (e.g. ImportError of the fixed module), head
+    # passes it: a fail-to-pass by exception, never an assertion
+    ERROR_TO_PASS = "ERROR_TO_PASS"
     PASS_TO_PASS = "PASS_TO_PASS"
     PASS_TO_FAIL = "PASS_TO_FAIL"
     FAIL_TO_FAIL = "FAIL_TO_FAIL"

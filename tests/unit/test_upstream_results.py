@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.checks.results import count_results, failure_kinds, results_from_report, subtest_label, transitions
+from kvprobe.checks.results import (
+    collection_errors,
+    count_results,
+    failure_kinds,
+    results_from_report,
+    spread_collection_errors,
+    subtest_label,
+    transitions,
+)
 from kvprobe.checks.upstream import finalize_report, load_report
 from kvprobe.errors import SchemaError
 from kvprobe.model import records as models
@@ -342,20 +350,45 @@ def test_setup_errors_count_as_failures_and_xfail_as_pytest_judges_it():
     assert list(transitions(base, head).values()) == [Transition.FAIL_TO_PASS, Transition.PASS_TO_PASS]
 
 
-def test_collection_error_on_base():
+def test_collection_error_on_base_unspread_is_one_error_row():
     base = [models.TestResult(FILE, Outcome.ERROR, FailureKind.COLLECTION, "ImportError")]
     head = [R("test_a"), R("test_b")]
+    expected = {FILE: Transition.ERROR, f"{FILE}::test_a": Transition.NOT_RUN, f"{FILE}::test_b": Transition.NOT_RUN}
+    assert transitions(base, head) == expected
+    assert transitions(base, head, collection_states=False) == expected  # compare/2's rule
+
+
+def test_collection_error_on_base_spread_over_head_tests_is_error_to_pass():
+    error = models.TestResult(FILE, Outcome.ERROR, FailureKind.COLLECTION, "ImportError", "cannot import name 'x'")
+    head = [R("test_a"), R("test_b", *FAIL), R("test_b", subtest="i=1")]
+    base = spread_collection_errors([error], head)
+    assert [(r.key, r.kind, r.exc_type, r.message) for r in base] == [
+        (f"{FILE}::test_a", FailureKind.COLLECTION, "ImportError", "cannot import name 'x'"),
+        (f"{FILE}::test_b", FailureKind.COLLECTION, "ImportError", "cannot import name 'x'"),
+        (f"{FILE}::test_b [i=1]", FailureKind.COLLECTION, "ImportError", "cannot import name 'x'"),
+    ]
     assert transitions(base, head) == {
-        FILE: Transition.ERROR,
-        f"{FILE}::test_a": Transition.NOT_RUN,
-        f"{FILE}::test_b": Transition.NOT_RUN,
+        f"{FILE}::test_a": Transition.ERROR_TO_PASS,
+        f"{FILE}::test_b": Transition.ERROR,  # head failed: not a fail-to-pass of any kind
+        f"{FILE}::test_b [i=1]": Transition.ERROR_TO_PASS,
     }
+    assert transitions(base, head, collection_states=False)[f"{FILE}::test_a"] == Transition.ERROR
+    assert collection_errors([error]) == [
+        {"nodeid": FILE, "exc_type": "ImportError", "message": "cannot import name 'x'"}
+    ]
+
+
+def test_a_collection_error_elsewhere_is_not_spread():
+    error = models.TestResult("other/test_y.py", Outcome.ERROR, FailureKind.COLLECTION, "ImportError")
+    assert spread_collection_errors([error], [R("test_a")]) == [error]
 
 
 @pytest.mark.parametrize("kind", [FailureKind.TIMEOUT, FailureKind.INFRASTRUCTURE, FailureKind.COLLECTION])
 def test_errors_on_either_side_are_errors(kind):
     errored = R("t", Outcome.ERROR, kind)
-    assert transitions([errored], [R("t")]) == {f"{FILE}::t": Transition.ERROR}
+    to_pass = Transition.ERROR_TO_PASS if kind is FailureKind.COLLECTION else Transition.ERROR
+    assert transitions([errored], [R("t")]) == {f"{FILE}::t": to_pass}
+    assert transitions([errored], [R("t")], collection_states=False) == {f"{FILE}::t": Transition.ERROR}
     assert transitions([R("t", *FAIL)], [errored]) == {f"{FILE}::t": Transition.ERROR}
 
 

@@ -655,14 +655,22 @@ def test_bundle_from_another_comparison_algorithm_is_named_not_called_forged(env
     assert not any(d["code"] in ("forged-verdict", "comparison-mismatch") for d in defects(doc))
 
 
-def test_bundle_from_a_predecessor_comparison_verifies_where_its_output_is_the_same(env, tmp_path):
-    bundle = forge.copy(env["bundle"], tmp_path / "compare-1")
-    forge.edit_receipt(bundle, lambda r: r["comparison"].update(algorithm="kvprobe.compare/1"))
+@pytest.mark.parametrize("algorithm", sorted(compare.PREDECESSORS))
+def test_bundle_from_a_predecessor_comparison_verifies_where_its_output_is_the_same(env, tmp_path, algorithm):
+    bundle = forge.build(tmp_path / "older", algorithm=algorithm)
+    assert "error_to_pass" not in forge.load(bundle, "receipt.json")["comparison"]["counts"]  # compare/2's block
     verify(env, bundle, code=0)
 
 
+def test_a_current_bundle_relabelled_as_a_predecessor_is_named(env, tmp_path):
+    bundle = forge.copy(env["bundle"], tmp_path / "relabelled")
+    forge.edit_receipt(bundle, lambda r: r["comparison"].update(algorithm="kvprobe.compare/2"))
+    doc = verify(env, bundle, code=1)
+    assert_defect(doc, "comparison-algorithm-unknown", "receipt.json", step=4)
+
+
 def test_bundle_from_a_predecessor_comparison_that_differs_is_named_not_called_forged(env, tmp_path):
-    bundle = forge.copy(env["bundle"], tmp_path / "compare-1-differs")
+    bundle = forge.build(tmp_path / "compare-1-differs", algorithm="kvprobe.compare/1")
 
     def older(receipt):
         receipt["comparison"]["algorithm"] = "kvprobe.compare/1"
