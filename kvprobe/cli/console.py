@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -284,20 +285,34 @@ def print_prune(console: Console, outcomes: list[Any], dry_run: bool) -> None:
 
 
 def print_recording(console: Console, recording: Any) -> None:
-    """The observations ``--record-expectations`` is about to write, base vs head per case."""
-    table = Table(title=f"expectations to record into {recording.path}", title_justify="left")
-    for col in ("case", "observation", "base", "head", ""):
-        table.add_column(col, overflow="fold")
-    for case in recording.cases:
-        base = recording.values.get("base", {}).get(case, {})
-        head = recording.values.get("head", {}).get(case, {})
-        for name in sorted(set(base) | set(head)):
-            changed = (name in base) != (name in head) or repr(base.get(name)) != repr(head.get(name))
-            table.add_row(case, name, _val(base, name), _val(head, name), "≠" if changed else "")
-    console.print(table)
+    """What ``--record-expectations`` is about to write: observations base vs head per case,
+    then per upstream test file its FAIL_TO_PASS / PASS_TO_PASS sets."""
+    from rich.markup import escape
+
+    if recording.cases:
+        table = Table(title=f"expectations to record into {recording.path}", title_justify="left")
+        for col in ("case", "observation", "base", "head", ""):
+            table.add_column(col, overflow="fold")
+        for case in recording.cases:
+            base = recording.values.get("base", {}).get(case, {})
+            head = recording.values.get("head", {}).get(case, {})
+            for name in sorted(set(base) | set(head)):
+                changed = (name in base) != (name in head) or repr(base.get(name)) != repr(head.get(name))
+                table.add_row(case, name, _val(base, name), _val(head, name), "≠" if changed else "")
+        console.print(table)
+    for file, sets in recording.tests.items():
+        kinds = sets.get("base_failure_kind", {})
+        tally = ", ".join(f"{n} {k}" for k, n in sorted(Counter(kinds.values()).items())) or "no failure kind"
+        console.print(
+            f"{escape(file)}: FAIL_TO_PASS {len(sets['FAIL_TO_PASS'])} (on base: {escape(tally)}), "
+            f"PASS_TO_PASS {len(sets['PASS_TO_PASS'])}",
+            soft_wrap=True,
+        )
+        for test in sets["FAIL_TO_PASS"]:
+            console.print(f"  FAIL_TO_PASS {escape(test)}  [{escape(kinds.get(test, '-'))}]", soft_wrap=True)
     for item in recording.skipped:
         console.print(f"[yellow]not recorded[/]: {item}")
-    if not recording.differs:
+    if recording.cases and not recording.differs:
         console.print(
             "[bold yellow]warning[/]: no recorded observation differs between base and head; "
             "these expectations cannot tell the fix apart"

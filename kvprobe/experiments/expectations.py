@@ -1,10 +1,15 @@
-"""``kvprobe run ID --record-expectations``: observed base/head values -> ``[expect...]`` tables.
+"""``kvprobe run ID --record-expectations``: what a reviewed run observed -> ``[expect]`` tables.
 
-Only the ``[expect...]`` tables of experiment.toml are replaced; every other byte of the
-file is kept (comments above the first ``[expect...]`` table included; comments between
-``[expect...]`` tables go with the old values). The rewrite is checked before it is
-written: the new text must parse, hold exactly the same non-expectation data, hold exactly
-the recorded values, and load as an experiment. Then temp file + ``os.replace``.
+Two kinds of expectations are recorded: the probes' observations per side and case
+(``[expect.base."probe/case"]``, ``[expect.head."probe/case"]``), and per upstream test file
+the SWE-bench sets with each FAIL_TO_PASS test's base failure kind (``[expect.tests."path"]``).
+What this run observed replaces what was there; test files it did not run keep their sets.
+
+The rewrite goes through tomlkit, so every other table keeps its text and its comments (a
+comment below an ``[expect]`` table, up to the next header, belongs to that table and goes
+with the old values); it is checked before it is written (the new text must hold exactly the same non-expectation
+data, read back exactly the recorded values, and load as an experiment), then temp file +
+``os.replace``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomlkit
+
+from kvprobe.checks.results import failure_label
 from kvprobe.errors import CheckRunError, ExperimentError, UsageError
 from kvprobe.experiments import tomltext
 from kvprobe.experiments.experiment import load_file
@@ -26,15 +34,14 @@ from kvprobe.names import SIDES
 
 _CASE_KEY_RE = re.compile(r"[a-z][a-z0-9_]*/[a-z0-9_.]+")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.]+")
-_HEADER_RE = re.compile(
-    r"""^[ \t]*\[\[?[ \t]*(?P<first>"(?:[^"\\\n]|\\.)*"|'[^'\n]*'|[A-Za-z0-9_-]+)"""
-    r"""[^\n]*\]\]?[ \t]*(?:\#[^\n]*)?\r?\n?$"""
-)
+_PASSING = ("passed", "skipped", "xfailed")
+_SETS = {"FAIL_TO_PASS": "FAIL_TO_PASS", "ERROR_TO_PASS": "FAIL_TO_PASS", "PASS_TO_PASS": "PASS_TO_PASS"}
 
 
 @dataclass(frozen=True)
 class Recording:
-    """What would be written: per side, per ``probe/case``, observation -> value."""
+    """What would be written: per side, per ``probe/case``, observation -> value; per test
+    file, its FAIL_TO_PASS / PASS_TO_PASS sets and base failure kinds."""
 
     experiment_id: str
     path: Path
@@ -42,6 +49,7 @@ class Recording:
     run_id: str
     values: Mapping[str, Mapping[str, Mapping[str, Any]]]
     skipped: tuple[str, ...] = field(default=())
+    tests: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def cases(self) -> list[str]:
@@ -60,7 +68,8 @@ def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
     """The expectations a finished run observed.
 
     Raises CheckRunError (exit 3) when the run ended in error (nothing honest to record)
-    and UsageError when the probe still declares the template's mocks or nothing was observed.
+    and UsageError when the probe still declares the template's mocks, a head test does
+    not pass, a test file has no test that went to pass, or nothing was observed.
     """
     if receipt["verdict"] == "error":
         reasons = "; ".join(receipt["comparison"]["reasons"][:3])
@@ -73,11 +82,44 @@ def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
             kept = _recordable(side, key, case["observations"], skipped)
             if kept:
                 values.setdefault(side, {})[key] = kept
-    if not values:
-        raise UsageError(f"{exp.id}: no probe case recorded an observation: nothing to record")
+    tests = observed_test_sets(receipt["comparison"]["tests"])
+    if not values and not tests:
+        raise UsageError(f"{exp.id}: no probe case recorded an observation and no upstream test ran: nothing to record")
     return Recording(
-        exp.id, exp.directory / "experiment.toml", exp.file_sha256, receipt["run_id"], values, tuple(skipped)
+        exp.id, exp.directory / "experiment.toml", exp.file_sha256, receipt["run_id"], values, tuple(skipped), tests
     )
+
+
+def observed_test_sets(rows: list[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per test file: FAIL_TO_PASS (ERROR_TO_PASS included), PASS_TO_PASS, base failure kinds.
+
+    Raises UsageError when a head test does not pass or no test of a file went to pass:
+    such sets could never be reproduced, or would pin nothing about the fix.
+    """
+    by_file: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_file.setdefault(row["file"], []).append(row)
+    sets: dict[str, dict[str, Any]] = {}
+    for file, file_rows in sorted(by_file.items()):
+        failing = [r["test"] for r in file_rows if r["head"] not in _PASSING]
+        if failing:
+            raise UsageError(
+                f"not recording {file}: head does not pass {', '.join(failing[:5])}"
+                + (f" and {len(failing) - 5} more" if len(failing) > 5 else "")
+            )
+        grouped: dict[str, list[str]] = {"FAIL_TO_PASS": [], "PASS_TO_PASS": []}
+        kinds: dict[str, str] = {}
+        for r in file_rows:
+            group = _SETS.get(r["transition"])
+            if group:
+                grouped[group].append(r["test"])
+            label = failure_label(r["base_kind"], r["base_exc_type"])
+            if group == "FAIL_TO_PASS" and label:
+                kinds[r["test"]] = label
+        if not grouped["FAIL_TO_PASS"]:
+            raise UsageError(f"not recording {file}: no test went from fail (or a collection error) to pass")
+        sets[file] = {**grouped, **({"base_failure_kind": kinds} if kinds else {})}
+    return sets
 
 
 def _refuse_template(receipt: Mapping[str, Any]) -> None:
@@ -113,73 +155,78 @@ def _recordable(side: str, key: str, observations: Mapping[str, Any], skipped: l
     return kept
 
 
-# --- rendering and rewriting -------------------------------------------------------------
+# --- rewriting ---------------------------------------------------------------------------
 
 
-def render_section(rec: Recording, newline: str = "\n") -> str:
-    """``[expect.base."p/c"]`` / ``[expect.head."p/c"]`` per case, base then head."""
-    lines: list[str] = []
-    for key in rec.cases:
-        for side in SIDES:
-            observed = rec.values.get(side, {}).get(key)
-            if not observed:
-                continue
-            lines.append(f"[expect.{side}.{tomltext.string(key)}]")
-            if len(lines) == 1:  # inside the first table, so a re-record replaces it too
-                lines.append(
-                    f"# recorded by `kvprobe run {rec.experiment_id} --record-expectations` "
-                    f"from run {rec.run_id}; review before committing"
-                )
-            lines += [f"{tomltext.key(name)} = {tomltext.value(v)}" for name, v in observed.items()]
-        lines.append("")
-    return newline.join(lines[:-1]) + newline
+def rewrite(text: str, rec: Recording) -> str:
+    """``text`` with the expectations ``rec`` observed in place of the old ones (tomlkit keeps
+    every comment and table outside ``[expect]``; comments inside it go with the old values)."""
+    doc = tomlkit.parse(text)
+    old = doc.get("expect")
+    kept_tests = dict(old.get("tests", {})) if old is not None else {}
+    kept_sides = {s: dict(old.get(s, {})) for s in SIDES} if old is not None and not rec.values else {}
+    if old is not None:
+        del doc["expect"]
+    expect = tomlkit.table(is_super_table=True)
+    note = tomlkit.comment(
+        f"recorded by `kvprobe run {rec.experiment_id} --record-expectations` from run {rec.run_id}; "
+        "review before committing"
+    )
+    _add_sides(expect, rec.values or kept_sides, note)
+    tests = {**{f: _plain(v) for f, v in kept_tests.items() if f not in rec.tests}, **rec.tests}
+    if tests:
+        expect.add("tests", _tests_table(tests, None if rec.values else note))
+    if expect:
+        doc.add("expect", expect)
+    return tomlkit.dumps(doc)
 
 
-def replace_section(text: str, section: str) -> str:
-    """``text`` with its ``[expect...]`` tables replaced by ``section`` (appended if none)."""
-    lines = text.splitlines(keepends=True)
-    spans = _expect_spans(lines)
-    if not spans:
-        head = text if not text or text.endswith("\n") else text + "\n"
-        gap = "" if not head or head.endswith("\n\n") else "\n"
-        return head + gap + section
-    out = [*lines[: spans[0][0]], section]
-    for (_start, end), nxt in zip(spans, [*spans[1:], (len(lines), len(lines))], strict=True):
-        out += lines[end : nxt[0]]
-    return "".join(out)
-
-
-def _expect_spans(lines: list[str]) -> list[tuple[int, int]]:
-    """[start, end) line spans of [expect...] tables; adjacent tables form one span."""
-    headers = [i for i, line in enumerate(lines) if _HEADER_RE.match(line)]
-    spans: list[tuple[int, int]] = []
-    for n, start in enumerate(headers):
-        if not _is_expect(lines[start]):
+def _add_sides(expect, values: Mapping[str, Mapping[str, Mapping[str, Any]]], note) -> None:
+    for side in SIDES:
+        cases = values.get(side)
+        if not cases:
             continue
-        stop = headers[n + 1] if n + 1 < len(headers) else len(lines)
-        end = max((j + 1 for j in range(start, stop) if _is_content(lines[j])), default=start + 1)
-        if spans and not any(_is_content(line) for line in lines[spans[-1][1] : start]):
-            spans[-1] = (spans[-1][0], end)
-        else:
-            spans.append((start, end))
-    return spans
+        side_table = tomlkit.table(is_super_table=True)
+        for key, observed in cases.items():
+            table = tomlkit.table()
+            if note is not None and not expect and not side_table:
+                table.add(note)
+            for name, value in observed.items():
+                table.add(name, _plain(value))
+            side_table.add(key, table)
+        expect.add(side, side_table)
 
 
-def _is_expect(line: str) -> bool:
-    header = _HEADER_RE.match(line)
-    return header is not None and header.group("first").strip("\"'") == "expect"
+def _tests_table(tests: Mapping[str, Mapping[str, Any]], note):
+    table = tomlkit.table(is_super_table=True)
+    for file, sets in sorted(tests.items()):
+        body = tomlkit.table()
+        if note is not None and not table:
+            body.add(note)
+        for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+            items = tomlkit.array()
+            items.extend(sets[name])
+            items.multiline(bool(sets[name]))
+            body.add(name, items)
+        if sets.get("base_failure_kind"):
+            kinds = tomlkit.table()
+            for test, label in sets["base_failure_kind"].items():
+                kinds.add(test, label)
+            body.add("base_failure_kind", kinds)
+        table.add(file, body)
+    return table
 
 
-def _is_content(line: str) -> bool:
-    stripped = line.strip()
-    return bool(stripped) and not stripped.startswith("#")
+def _plain(value: Any) -> Any:
+    """A tomlkit item as plain Python (kept tables are re-added, not moved)."""
+    return value.unwrap() if hasattr(value, "unwrap") else value
 
 
 # --- writing -----------------------------------------------------------------------------
 
 
 def write(rec: Recording) -> Path:
-    """Replace the experiment's expectations with ``rec``, atomically.
+    """Replace the expectations ``rec`` observed, atomically.
 
     Raises UsageError if the file changed since the run, or if the rewrite would change
     anything but the expectations (nothing is written then).
@@ -188,8 +235,7 @@ def write(rec: Recording) -> Path:
     if hashlib.sha256(raw).hexdigest() != rec.file_sha256:
         raise UsageError(f"{rec.path} changed since the run started; run again, then record")
     text = raw.decode("utf-8")
-    newline = "\r\n" if "\r\n" in text else "\n"
-    new_text = replace_section(text, render_section(rec, newline))
+    new_text = rewrite(text, rec)
     _check_rewrite(rec, text, new_text)
     _replace_file(rec.path, new_text.encode("utf-8"))
     return rec.path
@@ -200,13 +246,13 @@ def _check_rewrite(rec: Recording, old_text: str, new_text: str) -> None:
     try:
         new = tomllib.loads(new_text)
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(
-            f"{rec.path}: could not place the expectations ({exc}); "
-            'write them as [expect.<side>."probe/case"] tables; nothing written'
-        ) from exc
-    old.pop("expect", None)
-    recorded = new.pop("expect", None)
-    if old != new or not _same(recorded, {s: v for s, v in rec.values.items() if v}):
+        raise UsageError(f"{rec.path}: the rewrite is not valid TOML ({exc}); nothing written") from exc
+    old_expect = old.pop("expect", {})
+    recorded = new.pop("expect", {})
+    sides = {s: v for s, v in rec.values.items() if v} or {s: old_expect[s] for s in SIDES if s in old_expect}
+    tests = {**{f: v for f, v in old_expect.get("tests", {}).items() if f not in rec.tests}, **rec.tests}
+    wanted = {**sides, **({"tests": tests} if tests else {})}
+    if old != new or not _same(recorded, wanted):
         raise UsageError(
             f"{rec.path}: rewriting the [expect] tables would change other data or "
             "not read back exactly; nothing written"

@@ -110,6 +110,7 @@ def _build(data: dict[str, Any], path: Path, digest: str) -> Experiment:
     if not probes and not tests:
         raise ExperimentError(f"{path}: checks: declare at least one probe or upstream test")
     _check_expectation_keys(data.get("expect", {}), probes, path)
+    _check_test_expectations(data.get("expect", {}).get("tests", {}), tests, path)
     return Experiment(
         id=data["id"],
         title=data["title"],
@@ -166,6 +167,24 @@ def _pin_set(name: str, spec: dict[str, Any], path: Path) -> PinSet:
 def _check_expectation_keys(expect: dict[str, Any], probes: tuple[ProbeCheck, ...], path: Path) -> None:
     names = {p.name for p in probes}
     for side, cases in expect.items():
+        if side == "tests":
+            continue
         for key in cases:
             if key.split("/", 1)[0] not in names:
                 raise ExperimentError(f"{path}: expect.{side}.{key!r}: no probe named {key.split('/', 1)[0]!r}")
+
+
+def _check_test_expectations(expect: dict[str, Any], tests: tuple[TestCheck, ...], path: Path) -> None:
+    """Sets per listed test file, disjoint; a base failure kind only for a FAIL_TO_PASS test."""
+    listed = {t.path for t in tests}
+    for file, sets in expect.items():
+        where = f"{path}: expect.tests.{file!r}"
+        if file not in listed:
+            raise ExperimentError(f"{where}: not a test file of checks.tests")
+        both = set(sets["FAIL_TO_PASS"]) & set(sets["PASS_TO_PASS"])
+        if both:
+            raise ExperimentError(f"{where}: in both FAIL_TO_PASS and PASS_TO_PASS: {', '.join(sorted(both))}")
+        stray = set(sets.get("base_failure_kind", {})) - set(sets["FAIL_TO_PASS"])
+        if stray:
+            names = ", ".join(sorted(stray))
+            raise ExperimentError(f"{where}: base_failure_kind for tests not in FAIL_TO_PASS: {names}")

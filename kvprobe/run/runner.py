@@ -298,6 +298,8 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> dict[str, Any]:
             p["run"].duration_s for p in c["probes"]
         )
     expectations = {s: exp.expectations.get(s, {}) for s in SIDES}
+    if exp.expectations.get("tests"):
+        expectations["tests"] = exp.expectations["tests"]
     comparison = compare.compare(
         expect=expectations, probe_docs=probe_docs, probe_problems=problems, test_runs=test_runs
     )

@@ -350,7 +350,7 @@ def experiment_defects(bundle: Bundle) -> list[BundleDefect]:
             )
         )
     expect = {side: data.get("expect", {}).get(side, {}) for side in SIDES}
-    if "tests" in data.get("expect", {}):
+    if data.get("expect", {}).get("tests"):
         expect["tests"] = data["expect"]["tests"]
     diffs = json_diff(receipt["expectations"], expect, "expectations")
     if diffs:

@@ -1,4 +1,5 @@
-"""Rewriting [expect] tables keeps every other byte; TOML values read back exactly."""
+"""Rewriting [expect] tables (tomlkit) keeps every other byte; TOML values read back exactly;
+test sets come from a run's rows."""
 
 from __future__ import annotations
 
@@ -7,43 +8,91 @@ from pathlib import Path
 
 import pytest
 
+from kvprobe.errors import UsageError
 from kvprobe.experiments import tomltext
-from kvprobe.experiments.expectations import Recording, render_section, replace_section
+from kvprobe.experiments.expectations import Recording, observed_test_sets, rewrite
 
 PROBES = Path(__file__).resolve().parents[2] / "probes"
+F = "tests/test_x.py"
 
 
-def _recording(values) -> Recording:
-    return Recording("x", Path("experiment.toml"), "0" * 64, "run-1", values)
+def _recording(values, tests=None) -> Recording:
+    return Recording("x", Path("experiment.toml"), "0" * 64, "run-1", values, tests=tests or {})
 
 
 @pytest.mark.parametrize("name", ["experiment-a", "experiment-b"])
 def test_replacing_keeps_the_rest_of_a_real_experiment(name):
     text = (PROBES / name / "experiment.toml").read_text()
     values = {"base": {"p/c.one": {"x": 1}}, "head": {"p/c.one": {"x": 2}}}
-    new = replace_section(text, render_section(_recording(values)))
+    new = rewrite(text, _recording(values))
     old_data, new_data = tomllib.loads(text), tomllib.loads(new)
     assert new_data.pop("expect") == values
     old_data.pop("expect")
     assert new_data == old_data
     first = text.index("[expect.")
-    assert new.startswith(text[:first])  # the comment above the first [expect] table stays
+    assert new.startswith(text[:first].rstrip("\n"))  # the comment above the first [expect] table stays
     assert new.count("[expect.") == 2
+    assert "# recorded by `kvprobe run x --record-expectations` from run run-1" in new
 
 
 def test_interleaved_tables_and_comments_outside_are_kept():
     text = (
-        'id = "x"  # keep\n\n[expect.base."p/a"]\nv = 1\n\n# about scope\n[scope]\nshows = "s"\n'
-        '[expect.head."p/a"]\nv = 2\n# trailing\n'
+        '# header\nid = "x"  # keep\n\n[expect.base."p/a"]\nv = 1\n\n[scope]  # about scope\nshows = "s"  # why\n'
+        '# inside scope\n[expect.head."p/a"]\nv = 2\n# trailing, inside [expect]: goes with the old values\n'
     )
-    new = replace_section(text, '[expect.base."p/b"]\nw = true\n')
-    assert new == (
-        'id = "x"  # keep\n\n[expect.base."p/b"]\nw = true\n\n# about scope\n[scope]\nshows = "s"\n# trailing\n'
-    )
+    new = rewrite(text, _recording({"base": {"p/b": {"w": True}}}))
+    assert tomllib.loads(new) == {"id": "x", "scope": {"shows": "s"}, "expect": {"base": {"p/b": {"w": True}}}}
+    assert new.startswith('# header\nid = "x"  # keep\n')
+    assert '[scope]  # about scope\nshows = "s"  # why\n# inside scope\n' in new
+    assert "trailing" not in new
 
 
 def test_appended_when_there_are_none():
-    assert replace_section('id = "x"', '[expect.base."p/a"]\nv = 1\n') == 'id = "x"\n\n[expect.base."p/a"]\nv = 1\n'
+    new = rewrite('id = "x"\n', _recording({"base": {"p/a": {"v": 1}}}))
+    assert new.startswith('id = "x"\n') and tomllib.loads(new)["expect"] == {"base": {"p/a": {"v": 1}}}
+
+
+def test_test_sets_are_written_and_other_files_keep_theirs():
+    text = (
+        'id = "x"\n[expect.base."p/a"]\nv = 1\n'
+        '[expect.tests."other.py"]\nFAIL_TO_PASS = ["o::t"]\nPASS_TO_PASS = []\n'
+        '[expect.tests."tests/test_x.py"]\nFAIL_TO_PASS = ["old"]\nPASS_TO_PASS = []\n'
+    )
+    sets = {F: {"FAIL_TO_PASS": ["a", "b [i=1]"], "PASS_TO_PASS": ["c"], "base_failure_kind": {"a": "ValueError"}}}
+    new = rewrite(text, _recording({}, sets))
+    assert tomllib.loads(new)["expect"] == {
+        "base": {"p/a": {"v": 1}},  # this run observed no probe case: the probe expectations stay
+        "tests": {"other.py": {"FAIL_TO_PASS": ["o::t"], "PASS_TO_PASS": []}, **sets},
+    }
+
+
+def row(test, transition, head="passed", kind=None, exc=None, file=F):
+    return {"file": file, "test": test, "transition": transition, "head": head, "base_kind": kind, "base_exc_type": exc}
+
+
+def test_sets_from_a_run_name_error_to_pass_as_fail_to_pass_with_its_kind():
+    rows = [
+        row("a", "FAIL_TO_PASS", kind="exception", exc="AttributeError"),
+        row("b", "FAIL_TO_PASS", kind="assertion", exc="AssertionError"),
+        row("c", "ERROR_TO_PASS", kind="collection", exc="ImportError"),
+        row("d", "FAIL_TO_PASS"),  # failed only through its subtests: no kind of its own
+        row("e", "PASS_TO_PASS"),
+        row("f", "NOT_RUN", head="skipped"),
+    ]
+    assert observed_test_sets(rows) == {
+        F: {
+            "FAIL_TO_PASS": ["a", "b", "c", "d"],
+            "PASS_TO_PASS": ["e"],
+            "base_failure_kind": {"a": "AttributeError", "b": "assertion", "c": "collection:ImportError"},
+        }
+    }
+
+
+def test_sets_are_refused_when_head_fails_or_nothing_went_to_pass():
+    with pytest.raises(UsageError, match="head does not pass b"):
+        observed_test_sets([row("a", "FAIL_TO_PASS"), row("b", "PASS_TO_FAIL", head="failed")])
+    with pytest.raises(UsageError, match="no test went from fail"):
+        observed_test_sets([row("a", "PASS_TO_PASS")])
 
 
 @pytest.mark.parametrize(
