@@ -146,3 +146,105 @@ def test_failure_kinds_of_a_subtest_rollup_are_its_subtests_root_causes():
     summary = compare(expect={}, probe_docs={}, probe_problems={}, test_runs=runs)["test_summary"]["t/test_x.py"]
     assert summary["base"]["failure_kinds"] == {"assertion": 0, "AttributeError": 1}
     assert summary["base"]["tests"] == {"failed": 1} and summary["base"]["subtests"] == {"passed": 1, "failed": 1}
+
+
+# --- upstream tests (compare/3): collection errors, declared sets ------------------------
+
+TF = "tests/test_x.py"
+
+
+def _report(tests=(), collection_errors=(), exitstatus=0) -> dict:
+    report = {
+        "schema": "kvprobe.pytest-report/1",
+        "complete": True,
+        "exitstatus": exitstatus,
+        "collected": len(tests),
+        "collection_errors": list(collection_errors),
+        "tests": list(tests),
+        "running": None,
+        "runner": {"file_nodeid": TF, "returncode": exitstatus, "timed_out": False},
+    }
+    return {"path": TF, "exit_code": exitstatus, "problem": None, "report": report}
+
+
+def _test(name, failure=None):
+    entry = {"nodeid": f"{TF}::{name}", "when": "call", "outcome": "failed" if failure else "passed"}
+    if failure:
+        entry["exception"] = {"root_type": failure, "top_type": failure, "root_message": "m"}
+    return entry
+
+
+def _tests_only(expect, base, head, algorithm=None):
+    kw = {"algorithm": algorithm} if algorithm else {}
+    return compare(expect=expect, probe_docs={}, probe_problems={}, test_runs={TF: {"base": base, "head": head}}, **kw)
+
+
+IMPORT_ERROR = {"nodeid": TF, "exception": {"root_type": "ImportError", "root_message": "cannot import name 'scrub'"}}
+HEAD_PASSES = _report([_test("a"), _test("b")])
+
+
+def test_base_that_cannot_collect_is_error_to_pass_per_head_test():
+    result = _tests_only({}, _report(collection_errors=[IMPORT_ERROR], exitstatus=2), HEAD_PASSES)
+    assert [(r["test"], r["transition"], r["base_kind"], r["base_exc_type"]) for r in result["tests"]] == [
+        (f"{TF}::a", "ERROR_TO_PASS", "collection", "ImportError"),
+        (f"{TF}::b", "ERROR_TO_PASS", "collection", "ImportError"),
+    ]
+    base = result["test_summary"][TF]["base"]
+    assert base["collection_errors"] == [
+        {"nodeid": TF, "exc_type": "ImportError", "message": "cannot import name 'scrub'"}
+    ]
+    assert result["test_summary"][TF]["head"]["tests"] == {"passed": 2}
+    assert result["counts"]["error_to_pass"] == 2 and result["counts"]["fail_to_pass"] == 0
+    assert result["verdict"] == "no-expectations"  # nothing declared: nothing pinned which tests
+    sets = {TF: {"FAIL_TO_PASS": [f"{TF}::a", f"{TF}::b"], "PASS_TO_PASS": []}}
+    again = _tests_only({"tests": sets}, _report(collection_errors=[IMPORT_ERROR], exitstatus=2), HEAD_PASSES)
+    assert again["verdict"] == "reproduced", again["reasons"]
+
+
+def test_compare_2_rules_keep_the_old_rows_for_old_bundles():
+    result = _tests_only(
+        {}, _report(collection_errors=[IMPORT_ERROR], exitstatus=2), HEAD_PASSES, algorithm="kvprobe.compare/2"
+    )
+    assert {r["test"]: r["transition"] for r in result["tests"]} == {
+        TF: "ERROR",
+        f"{TF}::a": "NOT_RUN",
+        f"{TF}::b": "NOT_RUN",
+    }
+    assert result["verdict"] == "not-reproduced" and f"head: {TF}: {TF} not run" in result["reasons"]
+    assert "error_to_pass" not in result["counts"] and "collection_errors" not in result["test_summary"][TF]["base"]
+
+
+def test_declared_sets_name_every_test_that_moved():
+    base = _report([_test("a", "AttributeError"), _test("b"), _test("c", "ValueError")], exitstatus=1)
+    head = _report([_test("a"), _test("b"), _test("c")])
+    declared = {
+        "FAIL_TO_PASS": [f"{TF}::a", f"{TF}::b", f"{TF}::gone"],
+        "PASS_TO_PASS": [],
+        "base_failure_kind": {f"{TF}::a": "ValueError"},
+    }
+    result = _tests_only({"tests": {TF: declared}}, base, head)
+    assert result["verdict"] == "not-reproduced"
+    assert sorted(result["reasons"]) == sorted(
+        [
+            f"{TF}: {TF}::b: expected FAIL_TO_PASS, got PASS_TO_PASS",
+            f"{TF}: {TF}::gone: expected FAIL_TO_PASS, not run on either side",
+            f"{TF}: {TF}::c: FAIL_TO_PASS, in no declared set",
+            f"{TF}: {TF}::a: base failure expected ValueError, got AttributeError",
+        ]
+    )
+
+
+def test_declared_sets_of_a_file_that_did_not_run_are_not_checked():
+    declared = {"other/test_y.py": {"FAIL_TO_PASS": ["other/test_y.py::z"], "PASS_TO_PASS": []}}
+    result = run(
+        {**EXPECT, "tests": declared}, doc("p", {"c": {"enqueued": True}}), doc("p", {"c": {"enqueued": False}})
+    )
+    assert result["verdict"] == "reproduced", result["reasons"]
+
+
+def test_a_head_that_cannot_collect_is_named():
+    base = _report([_test("a", "AttributeError")], exitstatus=1)
+    head = _report(collection_errors=[IMPORT_ERROR], exitstatus=2)
+    result = _tests_only({}, base, head)
+    assert result["verdict"] == "not-reproduced"
+    assert f"head: {TF}: {TF}::a could not be collected (ImportError)" in result["reasons"]
