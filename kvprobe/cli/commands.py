@@ -623,10 +623,15 @@ def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Cons
 @click.option("--head", help="Full 40-hex SHA of the commit with the fix (goes with --base).")
 @click.option("--pr", type=int, help="Pull request number (fetches a head reachable only via refs/pull/N/head).")
 @click.option(
-    "--repo",
+    "--upstream",
     default="https://github.com/sgl-project/sglang",
     show_default=True,
-    help="Upstream git URL (https://, file://) or local clone.",
+    help="Canonical upstream repository URL, written into the experiment.",
+)
+@click.option(
+    "--repo",
+    help="Where to fetch the commits from (a mirror: https://, file:// or a local clone); "
+    "never written into the experiment. Default: --upstream.",
 )
 @click.option(
     "--test",
@@ -634,6 +639,11 @@ def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Cons
     multiple=True,
     metavar="PATH",
     help="Upstream test file (path at head) to run on both sides; repeatable; needs --base/--head.",
+)
+@click.option(
+    "--tests-only",
+    is_flag=True,
+    help="The upstream tests are the evidence: scaffold no probe (needs --test).",
 )
 @click.option(
     "--release-base",
@@ -673,8 +683,10 @@ def new_cmd(
     base: str | None,
     head: str | None,
     pr: int | None,
-    repo: str,
+    upstream: str,
+    repo: str | None,
     tests: tuple[str, ...],
+    tests_only: bool,
     release_base: str | None,
     release_head: str | None,
     package: str,
@@ -711,17 +723,25 @@ def new_cmd(
         vulnerability_id=vulnerability_id,
         aliases=tuple(aliases),
         fix_kind=fix_kind,
+        upstream=upstream,
+        tests_only=tests_only,
     )
     console = stderr_console()
     created = scaffold.create(spec, cache_root=default_cache_root(), reporter=RichReporter(console))
-    console.print(f"created {created.experiment_file}\ncreated {created.probe_file}")
+    console.print(f"created {created.experiment_file}")
+    if created.probe_file is not None:
+        console.print(f"created {created.probe_file}")
     if not created.on_search_path:
         console.print(
             f"[yellow]note[/]: {created.directory.parent} is not on the experiment search path; "
             f"set KVPROBE_PROBES_PATH={created.directory.parent}"
         )
-    console.print(
-        f"next: kvprobe run {experiment_id}   (no expectations yet: exit 1, verdict no-expectations)\n"
-        f"then write the probe, run again, review, and: kvprobe run {experiment_id} --record-expectations"
-    )
+    run = f"kvprobe run {experiment_id}" + (f" --repo {repo}" if repo is not None else "")
+    if tests_only:
+        console.print(f"next: review the tests' transitions and record them: {run} --record-expectations")
+    else:
+        console.print(
+            f"next: {run}   (no expectations yet: exit 1, verdict no-expectations)\n"
+            f"then write the probe, run again, review, and: {run} --record-expectations"
+        )
     return EXIT_OK

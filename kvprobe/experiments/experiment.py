@@ -107,6 +107,11 @@ def _build(data: dict[str, Any], path: Path, digest: str) -> Experiment:
         for name in test.pin_sets or ():
             if name not in pin_sets:
                 raise ExperimentError(f"{path}: checks.tests: {test.path} names unknown pin set {name!r}")
+            if not pin_sets[name].runs_tests:
+                raise ExperimentError(
+                    f"{path}: checks.tests: {test.path} names pin set {name!r}, whose release wheels carry "
+                    f"no tests: give pins.{name}.tests_commit (the upstream commit to take the test files from)"
+                )
     if not probes and not tests:
         raise ExperimentError(f"{path}: checks: declare at least one probe or upstream test")
     _check_expectation_keys(data.get("expect", {}), probes, path)
@@ -141,6 +146,8 @@ def _vulnerability(table: dict[str, Any] | None, path: Path) -> Vulnerability | 
 
 def _pin_set(name: str, spec: dict[str, Any], path: Path) -> PinSet:
     kind = SourceKind(spec["kind"])
+    if "tests_commit" in spec and kind is not SourceKind.WHEEL:
+        raise ExperimentError(f"{path}: pins.{name}.tests_commit: only a wheel pin set takes its tests from git")
     sides: dict[str, Pin] = {}
     for side in SIDES:
         pin = spec[side]
@@ -153,6 +160,10 @@ def _pin_set(name: str, spec: dict[str, Any], path: Path) -> PinSet:
                 sides[side] = ModelPin(pin["switches"])
         except ValueError as exc:
             raise ExperimentError(f"{path}: pins.{name}.{side}: {exc}") from exc
+    try:
+        tests_commit = GitPin(spec["tests_commit"]) if "tests_commit" in spec else None
+    except ValueError as exc:
+        raise ExperimentError(f"{path}: pins.{name}.tests_commit: {exc}") from exc
     return PinSet(
         name=name,
         kind=kind,
@@ -161,6 +172,7 @@ def _pin_set(name: str, spec: dict[str, Any], path: Path) -> PinSet:
         pr=spec.get("pr"),
         python_path=tuple(spec.get("python_path", ["."])),
         description=spec.get("description", ""),
+        tests_commit=tests_commit,
     )
 
 

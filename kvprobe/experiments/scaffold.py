@@ -3,6 +3,10 @@
 The pair is git commits (``--base/--head``), release wheels (``--release-base/--release-head``),
 or both. Wheel-only (no commits) is for hosts that reach PyPI but not the git upstream: then
 there is only the ``release`` pin set, no upstream tests (wheels carry none) and no git at all.
+``--tests-only`` scaffolds a pair whose evidence is the upstream tests alone: no probe file.
+
+``--upstream`` is the canonical repository URL written into ``upstream``; ``--repo`` is only
+where the commits are fetched from (a mirror, a local clone) and is never written.
 
 Order of checks (cheap and local first, so bad input never starts git or pip):
 
@@ -61,7 +65,7 @@ class NewSpec:
     base: str | None = None  # None (with head) only when release wheels are the pins
     head: str | None = None
     pr: int | None = None
-    repo: str = DEFAULT_UPSTREAM
+    repo: str | None = None  # where to fetch from (a mirror); None: the upstream itself
     tests: tuple[str, ...] = ()
     release_base: str | None = None
     release_head: str | None = None
@@ -72,6 +76,8 @@ class NewSpec:
     vulnerability_id: str | None = None  # None: a TODO comment in place of [vulnerability]
     aliases: tuple[str, ...] = ()
     fix_kind: str | None = None
+    upstream: str = DEFAULT_UPSTREAM  # the canonical URL, written into the experiment
+    tests_only: bool = False  # the upstream tests are the evidence: no probe
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class Created:
 
     directory: Path
     experiment_file: Path
-    probe_file: Path
+    probe_file: Path | None  # None for --tests-only
     on_search_path: bool
 
 
@@ -89,7 +95,7 @@ class _Checked:
     """The spec after every check: normalized URL, pins, python path, wheel pins."""
 
     spec: NewSpec
-    url: str
+    url: str  # the canonical upstream, written
     tests: tuple[str, ...]
     python_path: str | None
     wheels: tuple[WheelPin, WheelPin] | None
@@ -99,22 +105,21 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
     """Check everything, then write ``probes_dir/<id>/``; raises UsageError/PinError (bad
     input, exit 2) or FetchError (git/pip could not be reached, exit 3). Writes nothing on error."""
     reporter = reporter or Reporter()
-    url, tests = check_local(spec)
-    python_path = _check_commits(spec, url, tests, cache_root, reporter) if has_commits(spec) else None
+    upstream, fetch_url, tests = check_local(spec)
+    python_path = _check_commits(spec, fetch_url, tests, cache_root, reporter) if has_commits(spec) else None
     wheels = _lookup_releases(spec, cache_root, reporter)
-    checked = _Checked(spec, url, tests, python_path, wheels)
+    checked = _Checked(spec, upstream, tests, python_path, wheels)
     directory = _write(checked)
     probes_dir = spec.probes_dir.resolve()
-    return Created(
-        directory, directory / FILENAME, directory / probe_filename(spec.experiment_id), probes_dir in experiment_dirs()
-    )
+    probe = None if spec.tests_only else directory / probe_filename(spec.experiment_id)
+    return Created(directory, directory / FILENAME, probe, probes_dir in experiment_dirs())
 
 
 # --- local checks (no git, no pip) -------------------------------------------------------
 
 
-def check_local(spec: NewSpec) -> tuple[str, tuple[str, ...]]:
-    """Everything checkable without a process; returns (validated URL, test paths)."""
+def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
+    """Everything checkable without a process; returns (upstream URL, URL to fetch from, test paths)."""
     from kvprobe.sources.git import validate_pr, validate_rel_path, validate_sha, validate_url
 
     check_id(spec.experiment_id)
@@ -142,9 +147,14 @@ def check_local(spec: NewSpec) -> tuple[str, tuple[str, ...]]:
     for test in tests:
         if not test.endswith(".py"):
             raise UsageError(f"--test {test}: an upstream test is a .py file")
+    if spec.tests_only and not (has_commits(spec) and tests):
+        raise UsageError(
+            "--tests-only needs --base/--head and at least one --test: the upstream tests are the evidence"
+        )
     _check_profile(spec.profile)
     _check_vulnerability(spec)
-    return validate_url(spec.repo), tests
+    upstream = validate_url(spec.upstream)
+    return upstream, validate_url(spec.repo) if spec.repo is not None else upstream, tests
 
 
 def check_id(experiment_id: str) -> str:
@@ -334,7 +344,8 @@ def _write(checked: _Checked) -> Path:
     try:
         staged = tmp / spec.experiment_id
         staged.mkdir()
-        (staged / probe_filename(spec.experiment_id)).write_text(render_probe(checked), encoding="utf-8")
+        if not spec.tests_only:
+            (staged / probe_filename(spec.experiment_id)).write_text(render_probe(checked), encoding="utf-8")
         (staged / FILENAME).write_text(render_experiment(checked), encoding="utf-8")
         load_file(staged / FILENAME)
         check_free(spec.experiment_id, probes_dir)  # again: someone may have been quicker
@@ -364,7 +375,7 @@ def render_experiment(checked: _Checked) -> str:
         f'schema = "{EXPERIMENT_SCHEMA}"',
         f"id = {s(spec.experiment_id)}",
         f"title = {s(title)}",
-        'layer = "diff-probe"',
+        f'layer = "{"upstream-tests" if spec.tests_only else "diff-probe"}"',
         f"upstream = {s(checked.url)}",
         f"profile = {s(spec.profile)}",
         f'default_pins = "{GIT_PINS if has_commits(spec) else RELEASE_PINS}"',
@@ -379,7 +390,7 @@ def render_experiment(checked: _Checked) -> str:
         *_wheel_pin_lines(checked),
         "[checks]",
         *_test_lines(checked),
-        f'probes = [{{ path = "{probe_filename(spec.experiment_id)}" }}]',
+        *([] if spec.tests_only else [f'probes = [{{ path = "{probe_filename(spec.experiment_id)}" }}]']),
         "",
         "[scope]",
         'shows = "TODO: what the evidence shows, in one paragraph, with what is mocked"',
@@ -387,8 +398,7 @@ def render_experiment(checked: _Checked) -> str:
         '  "TODO: what the evidence does not show (GPU, transport, a running server, ...)",',
         "]",
         "",
-        "# No expectations yet: `kvprobe run` reports no-expectations (exit 1) until they are",
-        f"# recorded. Write the probe, run, review, then: kvprobe run {spec.experiment_id} --record-expectations",
+        *_expect_note(spec),
     ]
     return "\n".join(lines) + "\n"
 
@@ -411,6 +421,15 @@ def _vulnerability_lines(spec: NewSpec) -> list[str]:
         f"aliases = [{aliases}]",
         f"fix_kind = {tomltext.string(spec.fix_kind or '')}",
         "",
+    ]
+
+
+def _expect_note(spec: NewSpec) -> list[str]:
+    """Where the expectations come from: a reviewed run, recorded below this line."""
+    first = "Run, review the upstream tests' transitions" if spec.tests_only else "Write the probe, run, review"
+    return [
+        "# Expectations: `kvprobe run` reports no-expectations (exit 1) until they are recorded.",
+        f"# {first}, then: kvprobe run {spec.experiment_id} --record-expectations",
     ]
 
 

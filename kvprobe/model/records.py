@@ -133,9 +133,16 @@ class PinSet:
     pr: int | None = None
     python_path: tuple[str, ...] = (".",)
     description: str = ""
+    # wheel pin sets only: the upstream commit whose test files run against both wheels
+    tests_commit: GitPin | None = None
 
     def pin(self, side: Side) -> Pin:
         return self.base if side is Side.BASE else self.head
+
+    @property
+    def runs_tests(self) -> bool:
+        """Git trees carry their tests; release wheels only with a tests commit beside them."""
+        return self.kind is SourceKind.GIT or self.tests_commit is not None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from kvprobe import __version__
@@ -139,15 +139,62 @@ def _materialize(
 
     Sides are unpacked in parallel with --jobs 2: a release wheel is thousands of small
     files, and unpacking one took 2-3 s of a ~30 s warm run (a git store's lock still
-    serializes git exports).
+    serializes git exports). A wheel pin set with a tests commit exports that commit first,
+    so an unreachable repository fails before any wheel is downloaded.
     """
+    tests_from = _tests_checkout(exp, pin_set, opts, work, reporter) if pin_set.tests_commit else None
     source = _source(exp, pin_set, opts, reporter)
     with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
         futures = {
             side: pool.submit(_materialize_side, source, pin_set, side, work, reporter)
             for side in (Side.BASE, Side.HEAD)
         }
-        return {side: f.result() for side, f in futures.items()}
+        sides = {side: f.result() for side, f in futures.items()}
+    if tests_from is not None:
+        tests_tree, identity = tests_from
+        support = _test_support(tests_tree, [t.path for t in exp.tests_for(pin_set.name)])
+        for side in sides.values():
+            _place(side["tree"], support)
+            side["tests_tree"] = tests_tree
+        sides[Side.HEAD]["tests_from"] = {**identity, "support_files": sorted(support)}
+    return sides
+
+
+def _tests_checkout(exp, pin_set, opts, work, reporter) -> tuple[Path, dict[str, Any]]:
+    """The tests commit's tree, exported from the upstream (or --repo) with its tree hash checked."""
+    from kvprobe.sources.git import GitSource, validate_url
+
+    url = validate_url(opts.repo or exp.upstream or "")
+    source = _GitWithHints(GitSource(url, opts.cache_root), exp, pin_set, opts.repo is not None)
+    tree = work / "tests-commit" / "tree"
+    tree.parent.mkdir(parents=True)
+    with reporter.step(f"tests: materializing {pin_set.tests_commit.commit[:12]} from {url}"):
+        identity = source.materialize(pin_set.tests_commit, tree, pr=pin_set.pr)
+    return tree, identity
+
+
+# pytest's own configuration along a test file's path: what makes test/ the rootdir upstream
+_SUPPORT_NAMES = ("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml")
+
+
+def _test_support(tests_tree: Path, test_paths: list[str]) -> dict[str, bytes]:
+    """conftest.py and pytest config files in the directories from the root to each test file."""
+    found: dict[str, bytes] = {}
+    for rel in test_paths:
+        for directory in reversed(PurePosixPath(rel).parents):
+            for name in _SUPPORT_NAMES:
+                candidate = tests_tree.joinpath(*directory.parts, name)
+                if candidate.is_file() and not candidate.is_symlink():
+                    found[(directory / name).as_posix()] = candidate.read_bytes()
+    return found
+
+
+def _place(tree: Path, files: dict[str, bytes]) -> None:
+    """Copy the tests commit's support files into a wheel tree (which has none of its own)."""
+    for rel, data in files.items():
+        target = tree.joinpath(*PurePosixPath(rel).parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
 
 
 def _materialize_side(
@@ -177,7 +224,7 @@ def _materialize_side(
 def _source(
     exp: Experiment, pin_set: PinSet, opts: RunOptions, reporter: Reporter
 ) -> WheelSource | _GitWithHints | None:
-    if opts.repo is not None and pin_set.kind is not SourceKind.GIT:
+    if opts.repo is not None and not pin_set.runs_tests:
         from kvprobe.sources.git import validate_url
 
         validate_url(opts.repo)  # a hostile value is named as such, not just as misplaced
@@ -212,10 +259,10 @@ class _GitWithHints:
         try:
             return self.source.materialize(pin, dest, pr=pr)
         except FetchError as exc:
-            others = [n for n, p in self.exp.pin_sets.items() if p.kind is not SourceKind.GIT]
+            others = [n for n, p in self.exp.pin_sets.items() if not p.runs_tests]
             hint = "point the run at a mirror or local clone with --repo URL_OR_PATH"
             if others:
-                hint += f", or use the release wheels with --pins {others[0]}"
+                hint += f", or use the release wheels without upstream tests with --pins {others[0]}"
             raise FetchError(f"{exc.message}; {hint}") from exc
 
     def read_file(self, pin: GitPin, path: str) -> bytes | None:
@@ -231,15 +278,21 @@ def _describe_pin(pin_set: PinSet, side: Side) -> str:
 
 
 def _head_test_files(exp: Experiment, pin_set: PinSet, sides: dict[Side, dict[str, Any]]) -> dict[str, bytes]:
-    """Head's version of each listed test file; a path absent at head is bad input."""
+    """Head's version of each listed test file (the tests commit's, for wheel pin sets); a
+    path absent there is bad input."""
     found = {}
     head = pin_set.head
     for test in exp.tests_for(pin_set.name):
-        if not isinstance(head, GitPin):  # only a git pin set has upstream tests
+        if isinstance(head, GitPin):
+            data, commit = sides[Side.HEAD]["git"].read_file(head, test.path), head.commit
+        elif pin_set.tests_commit is not None:
+            path = sides[Side.HEAD]["tests_tree"].joinpath(*PurePosixPath(test.path).parts)
+            data = path.read_bytes() if path.is_file() and not path.is_symlink() else None
+            commit = pin_set.tests_commit.commit
+        else:
             continue
-        data = sides[Side.HEAD]["git"].read_file(head, test.path)
         if data is None:
-            raise UsageError(f"{exp.id}: test {test.path} does not exist at head {head.commit}")
+            raise UsageError(f"{exp.id}: test {test.path} does not exist at {commit}")
         found[test.path] = data
     return found
 
@@ -324,6 +377,7 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> dict[str, Any]:
             "kind": pin_set.kind.value,
             "pr": pin_set.pr,
             "python_path": list(pin_set.python_path),
+            **({"tests_from": sides[Side.HEAD]["tests_from"]} if "tests_from" in sides[Side.HEAD] else {}),
         },
         "sides": side_blocks,
         "env": env,
@@ -359,7 +413,12 @@ def _experiment_sources(exp: Experiment) -> list[Path]:
 
 def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
     limits = [f"host: {platform.system()} {platform.machine()}, CPU only; no GPU, RDMA or model weights"]
-    if pin_set.kind is SourceKind.WHEEL:
+    if pin_set.kind is SourceKind.WHEEL and pin_set.tests_commit is not None:
+        limits.append(
+            f"code from release wheels, test files from upstream commit {pin_set.tests_commit.commit}: "
+            "the same tests on both sides, run against release code they were not written with"
+        )
+    elif pin_set.kind is SourceKind.WHEEL:
         limits.append("release wheels carry no upstream tests: only the probes ran on these pins")
     if env.get("torch"):
         t = env["torch"]

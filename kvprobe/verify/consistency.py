@@ -403,7 +403,7 @@ def _experiment_view(data: dict[str, Any], pin_set: str) -> dict[str, Any]:
     tests = [
         t["path"]
         for t in data["checks"].get("tests", [])
-        if spec.get("kind") == "git" and ("pins" not in t or pin_set in t["pins"])
+        if (spec.get("kind") == "git" or "tests_commit" in spec) and ("pins" not in t or pin_set in t["pins"])
     ]
     return {
         "experiment": {
@@ -480,6 +480,7 @@ def spec_pin_defects(rel: str, data: dict[str, Any], receipt: dict[str, Any]) ->
         "kind": ps["kind"],
         "pr": ps["pr"],
         "python_path": ps["python_path"],
+        **({"tests_commit": ps["tests_from"].get("commit")} if "tests_from" in ps else {}),
         **{side: receipt["sides"][side]["pin"] for side in SIDES},
     }
     try:
@@ -487,6 +488,7 @@ def spec_pin_defects(rel: str, data: dict[str, Any], receipt: dict[str, Any]) ->
             "kind": spec["kind"],
             "pr": spec.get("pr"),
             "python_path": list(spec.get("python_path", ["."])),
+            **({"tests_commit": spec["tests_commit"]} if "tests_commit" in spec else {}),
             **{side: pin_identity(spec["kind"], spec[side]) for side in SIDES},
         }
     except (KeyError, TypeError, ValueError) as exc:
