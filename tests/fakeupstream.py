@@ -8,12 +8,17 @@ every machine; git runs with no system/global config so user settings cannot lea
                                           | head      <- refs/pull/1/head only (the fix)
                                           \\
                                             nofix     <- refs/pull/2/head only (no fix)
+                                          \\
+                                            collect   <- refs/pull/3/head only (fix + a new
+                                                         test module base cannot import)
 
 ``minikv/`` is a tiny KV block pool (import it with python path entry "."). At base, a
 freed block keeps its data and a new owner can read it (the bug); head scrubs blocks on
 free and adds ``BlockPool.scrub``. ``tests/test_minikv.py`` at head and at nofix is the
 same file; at base it is an older version that passes on base. Per-test expectations for
-head's test file are in :data:`EXPECTED_TESTS`.
+head's test file are in :data:`EXPECTED_TESTS`. PR 3 adds ``minikv.pool.scrub_all`` and
+``tests/test_scrub_all.py``, which imports it: at base that module cannot be collected
+(``ImportError``), at PR 3's head its 3 tests (one with 3 subtests) pass.
 
 The tree also carries an executable script and a symlink so exports are checked for
 modes and links.
@@ -31,6 +36,8 @@ AUTHOR = ("Fake Upstream", "fake-upstream@example.invalid")
 TEST_PATH = "tests/test_minikv.py"
 FIX_PR = 1
 NOFIX_PR = 2
+COLLECT_PR = 3
+COLLECT_TEST_PATH = "tests/test_scrub_all.py"
 
 # Head's test file, per test: outcome on base and on head, and how base fails.
 EXPECTED_TESTS: dict[str, dict[str, str | None]] = {
@@ -71,6 +78,7 @@ class FakeUpstream:
     base_sha: str
     head_sha: str
     nofix_sha: str
+    collect_sha: str
     early_shas: tuple[str, ...]
     test_path: str = TEST_PATH
     fix_pr: int = FIX_PR
@@ -107,7 +115,15 @@ def build_fake_upstream(root: Path) -> FakeUpstream:
     base = _commit(repo, _BASE_FILES, "minikv: reuse freed blocks")
     head = _pr_commit(repo, base, FIX_PR, _HEAD_FILES, "minikv: scrub blocks on free (fix)")
     nofix = _pr_commit(repo, base, NOFIX_PR, _NOFIX_FILES, "minikv: add scrub tests only")
-    return FakeUpstream(path=repo, base_sha=base, head_sha=head, nofix_sha=nofix, early_shas=tuple(early))
+    collect = _pr_commit(repo, base, COLLECT_PR, _COLLECT_FILES, "minikv: scrub_all, tested in a new module")
+    return FakeUpstream(
+        path=repo, base_sha=base, head_sha=head, nofix_sha=nofix, collect_sha=collect, early_shas=tuple(early)
+    )
+
+
+def package_files(side: str) -> dict[str, str]:
+    """minikv's files at base or head: the code a release wheel of that side would carry."""
+    return {"minikv/__init__.py": _INIT, "minikv/pool.py": _POOL_BASE if side == "base" else _POOL_HEAD}
 
 
 # --------------------------------------------------------------------------- git plumbing
@@ -295,6 +311,45 @@ class FreeClearsEverySlot(unittest.TestCase):
                 self.assertEqual(data[slot], 0)
 """
 
+_POOL_COLLECT = (
+    _POOL_HEAD
+    + '''
+
+def scrub_all(pool):
+    """Zero every block of ``pool``."""
+    for idx in range(len(pool._data)):
+        pool.scrub(idx)
+'''
+)
+
+_TESTS_COLLECT = """import unittest
+
+from minikv import BlockPool
+from minikv.pool import scrub_all
+
+
+def test_scrub_all_zeroes_written_blocks():
+    pool = BlockPool(2)
+    for owner in ("a", "b"):
+        idx = pool.alloc(owner)
+        pool.write(idx, owner, [1, 2, 3, 4])
+    scrub_all(pool)
+    assert pool.read(0, "b") == [0, 0, 0, 0] or pool.read(1, "b") == [0, 0, 0, 0]
+
+
+def test_scrub_all_on_an_empty_pool():
+    scrub_all(BlockPool(0))
+
+
+class ScrubAllEveryBlock(unittest.TestCase):
+    def test_every_block(self):
+        pool = BlockPool(3)
+        scrub_all(pool)
+        for idx in range(3):
+            with self.subTest(block=idx):
+                self.assertEqual(pool._data[idx], [0, 0, 0, 0])
+"""
+
 _EARLY_COMMITS: list[tuple[dict, str]] = [
     ({"README.md": _README, "LICENSE": _LICENSE, "COPYING": ("symlink", "LICENSE")}, "initial commit"),
     ({"minikv/__init__.py": _INIT, "minikv/pool.py": _POOL_V1}, "minikv: block pool"),
@@ -303,10 +358,12 @@ _EARLY_COMMITS: list[tuple[dict, str]] = [
 _BASE_FILES = {"minikv/pool.py": _POOL_BASE}
 _HEAD_FILES = {"minikv/pool.py": _POOL_HEAD, "tests/test_minikv.py": _TESTS_HEAD}
 _NOFIX_FILES = {"minikv/pool.py": _POOL_NOFIX, "tests/test_minikv.py": _TESTS_HEAD}
+_COLLECT_FILES = {"minikv/pool.py": _POOL_COLLECT, COLLECT_TEST_PATH: _TESTS_COLLECT}
 
 _COMMIT_ORDER = [m for _f, m in _EARLY_COMMITS] + [
     "minikv: reuse freed blocks",
     "minikv: scrub blocks on free (fix)",
     "minikv: add scrub tests only",
+    "minikv: scrub_all, tested in a new module",
 ]
 _DATES = {message: f"2024-01-{day:02d}T12:00:00+0000" for day, message in enumerate(_COMMIT_ORDER, start=1)}

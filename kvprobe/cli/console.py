@@ -309,7 +309,9 @@ def print_recording(console: Console, recording: Any) -> None:
             soft_wrap=True,
         )
         for test in sets["FAIL_TO_PASS"]:
-            console.print(f"  FAIL_TO_PASS {escape(test)}  [{escape(kinds.get(test, '-'))}]", soft_wrap=True)
+            console.print(
+                f"  FAIL_TO_PASS {escape(test)}  ({escape(kinds.get(test, 'no failure kind'))})", soft_wrap=True
+            )
     for item in recording.skipped:
         console.print(f"[yellow]not recorded[/]: {item}")
     if recording.cases and not recording.differs:

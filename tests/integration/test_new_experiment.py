@@ -83,6 +83,7 @@ def new_args(fake, *extra: str, experiment_id: str = EXP_ID, **override: str) ->
         "--base": fake.base_sha,
         "--head": fake.head_sha,
         "--pr": str(fake.fix_pr),
+        "--upstream": fake.url,
         "--repo": fake.url,
         "--package": "minikv",
         "--profile": "pytest-minimal",
