@@ -163,6 +163,12 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
         console.print(
             f"upstream {path}: {summary['transitions']}; base failure kinds {summary['base']['failure_kinds']}"
         )
+        for side in ("base", "head"):
+            for error in summary[side].get("collection_errors", []):
+                console.print(
+                    f"  {side} could not collect {error['nodeid']}: {error['exc_type'] or 'error'}: {error['message']}",
+                    markup=False,
+                )
     style = _VERDICT_STYLE.get(receipt["verdict"], "bold")
     console.print(f"verdict: [{style}]{receipt['verdict']}[/]")
     for reason in comp["reasons"][:20]:

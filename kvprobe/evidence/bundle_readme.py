@@ -57,12 +57,15 @@ def render_readme(receipt: dict[str, Any]) -> str:
         "",
         f"Verdict: **{receipt['verdict']}** ({counts['observations_matched']}/"
         f"{counts['observations_expected']} expected observations matched, "
-        f"{counts['tests']} upstream test results, {counts['fail_to_pass']} fail-to-pass).",
+        f"{counts['tests']} upstream test results, {counts['fail_to_pass']} fail-to-pass"
+        + (f", {counts['error_to_pass']} error-to-pass" if counts.get("error_to_pass") else "")
+        + ").",
         f"Evidence layer: {receipt['evidence']['layer']}. Pin set: {receipt['pin_set']['name']}.",
         "",
         "Pins:",
         *_pins(receipt),
         "",
+        *_collection_errors(comp),
         f"What this shows: {receipt['evidence']['shows']}",
         "",
         "What this does not show:",
@@ -79,3 +82,14 @@ def render_readme(receipt: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _collection_errors(comp: dict[str, Any]) -> list[str]:
+    """A side that could not collect a test module, said first and plainly, root cause included."""
+    lines = [
+        f"The {side} could not collect `{e['nodeid']}`: {e['exc_type'] or 'error'}: {e['message']}"
+        for summary in comp["test_summary"].values()
+        for side in ("base", "head")
+        for e in summary[side].get("collection_errors", [])
+    ]
+    return [*lines, ""] if lines else []

@@ -147,8 +147,13 @@ def test_base_that_cannot_collect_the_head_tests(world, cli, probes_dir, tmp_pat
     (folder / "experiment.toml").write_text(
         experiment_text("collect", fake.url, fake.base_sha, fake.collect_sha, 3, COLLECT_TEST_PATH)
     )
-    code, summary = run_json(cli, "collect", "--out", str(tmp_path / "c1"))
+    result = cli("run", "collect", "--out", str(tmp_path / "c1"), "--json")
+    code, summary = result.exit_code, json.loads(result.stdout)
     assert (code, summary["verdict"]) == (1, "no-expectations"), summary["reasons"]
+    said = "ImportError: cannot import name 'scrub_all'"
+    assert f"base could not collect {COLLECT_TEST_PATH}: {said}" in result.stderr
+    readme = (tmp_path / "c1" / "README.md").read_text()
+    assert f"The base could not collect `{COLLECT_TEST_PATH}`: {said}" in readme and "6 error-to-pass" in readme
     file_summary = summary["test_summary"][COLLECT_TEST_PATH]
     [error] = file_summary["base"]["collection_errors"]
     assert error["exc_type"] == "ImportError" and "scrub_all" in error["message"]
