@@ -308,7 +308,7 @@ _TRANSITIONS = {
 def _transition(base: TestResult | None, head: TestResult | None, collection_states: bool) -> Transition:
     states = (_state(base, collection_states), _state(head, collection_states))
     if states in _TRANSITIONS:
-        return _TRANSITIONS[states]  # type: ignore[index]
+        return _TRANSITIONS[states]
     if "error" in states or "collect" in states:
         return Transition.ERROR
     return Transition.NOT_RUN

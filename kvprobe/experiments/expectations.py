@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import tomlkit
+from tomlkit.items import Comment, Table
 
 from kvprobe.checks.results import failure_label
 from kvprobe.errors import CheckRunError, ExperimentError, UsageError
@@ -181,7 +182,7 @@ def rewrite(text: str, rec: Recording) -> str:
     return tomlkit.dumps(doc)
 
 
-def _add_sides(expect, values: Mapping[str, Mapping[str, Mapping[str, Any]]], note) -> None:
+def _add_sides(expect: Table, values: Mapping[str, Mapping[str, Mapping[str, Any]]], note: Comment) -> None:
     for side in SIDES:
         cases = values.get(side)
         if not cases:
@@ -197,7 +198,7 @@ def _add_sides(expect, values: Mapping[str, Mapping[str, Mapping[str, Any]]], no
         expect.add(side, side_table)
 
 
-def _tests_table(tests: Mapping[str, Mapping[str, Any]], note):
+def _tests_table(tests: Mapping[str, Mapping[str, Any]], note: Comment | None) -> Table:
     table = tomlkit.table(is_super_table=True)
     for file, sets in sorted(tests.items()):
         body = tomlkit.table()

@@ -142,7 +142,8 @@ def _materialize(
     serializes git exports). A wheel pin set with a tests commit exports that commit first,
     so an unreachable repository fails before any wheel is downloaded.
     """
-    tests_from = _tests_checkout(exp, pin_set, opts, work, reporter) if pin_set.tests_commit else None
+    commit = pin_set.tests_commit
+    tests_from = _tests_checkout(exp, pin_set, commit, opts, work, reporter) if commit else None
     source = _source(exp, pin_set, opts, reporter)
     with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
         futures = {
@@ -160,7 +161,9 @@ def _materialize(
     return sides
 
 
-def _tests_checkout(exp, pin_set, opts, work, reporter) -> tuple[Path, dict[str, Any]]:
+def _tests_checkout(
+    exp: Experiment, pin_set: PinSet, commit: GitPin, opts: RunOptions, work: Path, reporter: Reporter
+) -> tuple[Path, dict[str, Any]]:
     """The tests commit's tree, exported from the upstream (or --repo) with its tree hash checked."""
     from kvprobe.sources.git import GitSource, validate_url
 
@@ -168,8 +171,8 @@ def _tests_checkout(exp, pin_set, opts, work, reporter) -> tuple[Path, dict[str,
     source = _GitWithHints(GitSource(url, opts.cache_root), exp, pin_set, opts.repo is not None)
     tree = work / "tests-commit" / "tree"
     tree.parent.mkdir(parents=True)
-    with reporter.step(f"tests: materializing {pin_set.tests_commit.commit[:12]} from {url}"):
-        identity = source.materialize(pin_set.tests_commit, tree, pr=pin_set.pr)
+    with reporter.step(f"tests: materializing {commit.commit[:12]} from {url}"):
+        identity = source.materialize(commit, tree, pr=pin_set.pr)
     return tree, identity
 
 
