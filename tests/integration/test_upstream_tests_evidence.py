@@ -19,6 +19,9 @@ from kvprobe.files import sha256_file
 from tests.fakeupstream import COLLECT_TEST_PATH, build_fake_upstream, package_files
 from tests.wheelfactory import build_wheel
 
+# Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
+pytestmark = pytest.mark.network
+
 CANONICAL = "https://example.invalid/minikv"
 EVERY_SLOT = "tests/test_minikv.py::FreeClearsEverySlot::test_every_slot"
 SCRUB = "tests/test_minikv.py::test_scrub_clears_block"
