@@ -380,7 +380,7 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> dict[str, Any]:
             "kind": pin_set.kind.value,
             "pr": pin_set.pr,
             "python_path": list(pin_set.python_path),
-            **({"tests_from": sides[Side.HEAD]["tests_from"]} if "tests_from" in sides[Side.HEAD] else {}),
+            **({"tests_from": out.sides[Side.HEAD]["tests_from"]} if "tests_from" in out.sides[Side.HEAD] else {}),
         },
         "sides": side_blocks,
         "env": env,
