@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -22,12 +23,13 @@ import tomllib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
+from urllib.parse import urlsplit
 
 from filelock import FileLock
 
 from kvprobe import proc
-from kvprobe.errors import EnvBuildError, ExperimentError
+from kvprobe.errors import EnvBuildError, ExperimentError, UsageError
 from kvprobe.model.records import EnvInfo
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
@@ -64,24 +66,112 @@ class Profile:
 
 
 def load_profile(name: str) -> Profile:
-    """Find ``profiles/<name>.toml`` on the experiment search path."""
+    """Find ``profiles/<name>.toml`` on the experiment search path and check it whole.
+
+    ExperimentError (exit 2) for a profile that is not TOML, names no lock, names a lock
+    outside its folder, or whose lock has a line that is not hash-pinned: all before any
+    fetch or env build, and the lock is never read from outside the profile folder.
+    """
     for directory in experiment_dirs():
         path = directory / "profiles" / f"{name}.toml"
         if path.is_file():
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-            lock = path.parent / data["lock"]
-            torch_index = data.get("torch_index", {})
-            return Profile(
-                name=data["name"],
-                description=data.get("description", ""),
-                python=str(data.get("python", "3")),
-                lock_name=lock.name,
-                lock_bytes=lock.read_bytes(),
-                torch_replaces=tuple(torch_index.get("replaces", ())),
-                torch_requirements=tuple(torch_index.get("requirements", ())),
-                env=tuple(sorted((k, str(v)) for k, v in data.get("env", {}).items())),
-            )
+            return _read_profile(path)
     raise ExperimentError(f"unknown dependency profile {name!r} (no profiles/{name}.toml)")
+
+
+def _read_profile(path: Path) -> Profile:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ExperimentError(f"profile {path}: not valid TOML: {str(exc).splitlines()[0]}") from None
+    lock = _lock_path(path, data.get("lock"))
+    lock_bytes = lock.read_bytes()
+    check_lock(lock_bytes, lock)
+    torch_index = data.get("torch_index", {})
+    return Profile(
+        name=str(data.get("name", path.stem)),
+        description=str(data.get("description", "")),
+        python=str(data.get("python", "3")),
+        lock_name=lock.name,
+        lock_bytes=lock_bytes,
+        torch_replaces=tuple(torch_index.get("replaces", ())),
+        torch_requirements=tuple(torch_index.get("requirements", ())),
+        env=tuple(sorted((k, str(v)) for k, v in data.get("env", {}).items())),
+    )
+
+
+def _lock_path(profile: Path, name: object) -> Path:
+    """The lock a profile names: a file in the profile's own folder, symlinks resolved."""
+    if not isinstance(name, str) or not name:
+        raise ExperimentError(f"profile {profile}: no `lock` key naming its hash-pinned lock file")
+    folder = profile.parent.resolve()
+    lock = (folder / name).resolve()
+    if PurePath(name).is_absolute() or lock.parent != folder:
+        raise ExperimentError(f"profile {profile}: lock {name!r} is outside the profile folder {folder}")
+    if not lock.is_file():
+        raise ExperimentError(f"profile {profile}: lock {name!r}: no such file in {folder}")
+    return lock
+
+
+_REQUIREMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[\w,.\s-]*\])?==\S+")
+_HASH_RE = re.compile(r"--hash=sha256:[0-9a-f]{64}")
+
+
+def check_lock(data: bytes, lock: Path) -> None:
+    """Every requirement in the lock is ``name==version`` with a sha256 ``--hash``; no options
+    (``-r``, ``--index-url``...), which could pull files or indexes from elsewhere."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ExperimentError(f"lock {lock}: not UTF-8 text") from None
+    for number, line in _logical_lines(text):
+        words = line.split()
+        if not _REQUIREMENT_RE.fullmatch(words[0]):
+            raise ExperimentError(f"lock {lock}:{number}: {words[0]!r} is not a name==version requirement")
+        rest = [w for w in words[1:] if not _HASH_RE.fullmatch(w)]
+        if len(rest) == len(words) - 1:
+            raise ExperimentError(f"lock {lock}:{number}: {words[0]} has no --hash=sha256: (every line is hash-pinned)")
+        if rest and not rest[0].startswith(";"):
+            raise ExperimentError(f"lock {lock}:{number}: {words[0]}: unexpected {rest[0]!r}")
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """(first line number, requirement text) with comments dropped and ``\\`` continuations joined."""
+    found: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = re.sub(r"(^|\s)#.*", "", raw).rstrip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        pending += line
+        if pending.strip():
+            found.append((start, pending.strip()))
+        pending = ""
+    if pending.strip():
+        found.append((start, pending.strip()))
+    return found
+
+
+def check_index_url(url: str | None) -> str | None:
+    """``--torch-index``: https, or file:// for a local mirror. Plain http lets anyone on the path
+    choose the torch that runs (those lines are not hash-pinned), and credentials in the URL
+    would be recorded in the receipt."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme == "file" or (parts.scheme == "https" and parts.hostname):
+        if parts.username or parts.password:
+            raise UsageError(
+                "--torch-index: credentials in the URL would be recorded in the receipt; use ~/.netrc or pip's keyring"
+            )
+        return url
+    raise UsageError(
+        f"--torch-index {url!r}: only https:// (or file:// for a local index) is accepted, "
+        f"not {parts.scheme or 'a bare path'}"
+    )
 
 
 def find_python(version: str) -> str:
@@ -96,6 +186,7 @@ def find_python(version: str) -> str:
 
 def split_lock(profile: Profile, torch_index: str | None) -> tuple[str, list[str]]:
     """(hash-pinned lock text, index requirements): with an index, torch lines move out."""
+    check_index_url(torch_index)
     if not torch_index:
         return profile.lock_bytes.decode("utf-8"), []
     if not profile.torch_requirements:

@@ -5,7 +5,10 @@ Shared by `kvprobe run` and `kvprobe gates` bundles.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,8 @@ def seal_bundle(
     """Validate, write, hash, check, then rename into place (nothing half-written).
 
     Returns manifest.json's sha256. ``check`` runs on the finished staging directory and
-    raises to keep it from being published.
+    raises to keep it from being published. ``final``'s parent is created only here, when
+    there is a bundle to publish: a run that fails earlier leaves nothing behind.
     """
     schema.validate(receipt, version, source="receipt")
     write_json(staging / RECEIPT, receipt)
@@ -40,7 +44,25 @@ def seal_bundle(
     digest = manifest.write(staging)
     if check is not None:
         check(staging)
+    publish(staging, final)
+    return digest
+
+
+def publish(staging: Path, final: Path) -> None:
+    """Move a finished directory to ``final`` atomically, even from another file system
+    (staging lives in the run's private temp dir): copied beside ``final``, then renamed."""
+    final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
         final.rmdir()  # empty, checked before the run
-    os.replace(staging, final)
-    return digest
+    try:
+        os.replace(staging, final)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    beside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    try:
+        shutil.copytree(staging, beside / "b", symlinks=True)
+        os.replace(beside / "b", final)
+    finally:
+        shutil.rmtree(beside, ignore_errors=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvprobe import __version__
 from kvprobe.env.cache import default_cache_root
+from kvprobe.env.venv import check_index_url, load_profile
 from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
 from kvprobe.evidence import compare
 from kvprobe.evidence.bundle import file_ref, seal_bundle
@@ -77,12 +78,13 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
     """Run ``exp`` and write its bundle; raises only when no honest receipt can be written."""
     reporter = reporter or Reporter()
     pin_set = _pin_set(exp, opts.pin_set)
+    check_inputs(exp, pin_set, opts)
     started = datetime.now(UTC)
     run_id = f"{exp.id}-{pin_set.name}-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
     final = _final_path(opts, exp, pin_set, started)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
     work = Path(tempfile.mkdtemp(prefix="kvprobe-run-"))
+    staging = work / "bundle"  # published beside `final` only once sealed and verified
+    staging.mkdir()
     timings: dict[str, float] = {}
     held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
@@ -109,8 +111,13 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
     finally:
         held.close()
         shutil.rmtree(work, ignore_errors=True)
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_inputs(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> None:
+    """Bad input is refused before anything runs (no fetch, no env build, nothing written)."""
+    check_index_url(opts.torch_index)
+    if pin_set.kind is not SourceKind.SYNTHETIC:
+        load_profile(exp.profile)  # the profile and its lock, checked whole
 
 
 def _pin_set(exp: Experiment, name: str | None) -> PinSet:
@@ -433,11 +440,11 @@ def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
 
 
 def _write_bundle(exp: Experiment, receipt: dict[str, Any], staging: Path, final: Path) -> RunResult:
-    digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=_verify_on_write)
+    digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=verify_on_write)
     return RunResult(final, receipt, digest)
 
 
-def _verify_on_write(staging: Path) -> None:
+def verify_on_write(staging: Path) -> None:
     """The bundle must pass the same offline verification a reader will run on it."""
     report = verify(staging)
     if report.outcome != "verified":
