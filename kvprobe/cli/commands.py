@@ -60,6 +60,16 @@ def guarded(func: Callable[..., int]) -> Callable[..., None]:
     return wrapper
 
 
+def _https_index(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--torch-index (or KVPROBE_TORCH_INDEX): https or file:// only, refused before anything runs."""
+    from kvprobe.env.venv import check_index_url
+
+    try:
+        return check_index_url(value)
+    except KvprobeError as exc:
+        raise click.BadParameter(exc.message, ctx, param) from None
+
+
 def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2, sort_keys=True))
 
@@ -161,7 +171,8 @@ def _run_options(
 @click.option(
     "--torch-index",
     envvar="KVPROBE_TORCH_INDEX",
-    help="Index for torch/torchvision (e.g. https://download.pytorch.org/whl/cpu).",
+    callback=_https_index,
+    help="Index for torch/torchvision, https:// or file:// (e.g. https://download.pytorch.org/whl/cpu).",
 )
 @click.option(
     "--jobs",
@@ -252,8 +263,12 @@ def run_summary(result: RunResult) -> dict[str, Any]:
     "intoto: in-toto Statement v1 with the receipt as predicate.",
 )
 @click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here (atomically) instead of stdout."
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write here (atomically) instead of stdout; an existing file is kept unless --force.",
 )
+@click.option("--force", is_flag=True, help="With -o: replace an existing file.")
 @click.option("--author", help="openvex (required): who states it, e.g. 'Security Team <sec@example.com>'.")
 @click.option("--author-role", help="openvex: the author's role, e.g. 'Document Creator' or 'vendor'.")
 @click.option(
@@ -266,6 +281,7 @@ def report_cmd(
     bundle: Path,
     fmt: str,
     output: Path | None,
+    force: bool,
     author: str | None,
     author_role: str | None,
     subject_archive: Path | None,
@@ -290,7 +306,7 @@ def report_cmd(
     if output is None:
         click.echo(text, nl=False)
     else:
-        write_atomic(output, text)
+        write_atomic(output, text, force=force)
         click.echo(f"wrote {output} ({fmt})", err=True)
     return EXIT_OK
 
@@ -306,7 +322,8 @@ def report_cmd(
 @click.option(
     "--sglang",
     metavar="PATH_OR_VERSION",
-    help="The SGLang that runs: an installed package path (holding sglang/), a wheel, or a pinned version.",
+    help="The SGLang that runs: an installed package path (holding sglang/), a wheel, or a release version "
+    "(any on the index; its wheel's sha256 is recorded).",
 )
 @click.option(
     "--server-args",
@@ -319,7 +336,12 @@ def report_cmd(
 @click.option(
     "--out", type=click.Path(file_okay=False, path_type=Path), help="Bundle directory (must not exist or be empty)."
 )
-@click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX", help="Index for torch/torchvision (gate 2 env).")
+@click.option(
+    "--torch-index",
+    envvar="KVPROBE_TORCH_INDEX",
+    callback=_https_index,
+    help="Index for torch/torchvision (gate 2 env), https:// or file://.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @guarded
 def gates_cmd(
@@ -419,7 +441,12 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
     "--key", type=click.Path(dir_okay=False, path_type=Path), help="With --attestation: the signer's PEM public key."
 )
 @click.option("--repo", help="With --rerun: git URL or local path to fetch pins from.")
-@click.option("--torch-index", envvar="KVPROBE_TORCH_INDEX", help="With --rerun: index for torch.")
+@click.option(
+    "--torch-index",
+    envvar="KVPROBE_TORCH_INDEX",
+    callback=_https_index,
+    help="With --rerun: index for torch, https:// or file://.",
+)
 @click.option(
     "--timeout", default=1800, show_default=True, type=click.IntRange(1), help="With --rerun: seconds per check."
 )
@@ -497,18 +524,25 @@ def bundle_group() -> None:
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Archive to write (default: BUNDLE_DIR.tar.gz next to it; never overwritten).",
+    help="Archive to write (default: BUNDLE_DIR.tar.gz next to it); an existing file is kept unless --force.",
 )
+@click.option("--force", is_flag=True, help="Replace an existing archive.")
 @_limit_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @guarded
 def bundle_pack_cmd(
-    bundle_dir: Path, output: Path | None, max_files: int, max_file_bytes: int, max_bytes: int, as_json: bool
+    bundle_dir: Path,
+    output: Path | None,
+    force: bool,
+    max_files: int,
+    max_file_bytes: int,
+    max_bytes: int,
+    as_json: bool,
 ) -> int:
     """Verify BUNDLE_DIR, then write a deterministic .tar.gz of it (same bundle, same bytes)."""
     from kvprobe.verify.pack import pack
 
-    result = pack(bundle_dir, output, _limits(max_files, max_file_bytes, max_bytes))
+    result = pack(bundle_dir, output, _limits(max_files, max_file_bytes, max_bytes), force=force)
     click.echo(f"wrote {result.archive} (sha256 {result.sha256}; manifest sha256 {result.manifest_sha256})", err=True)
     if as_json:
         emit_json(

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvprobe import files, schema
-from kvprobe.errors import UsageError
+from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.intoto import INTOTO_SCHEMA, intoto
 from kvprobe.exports.markdown import markdown
@@ -53,10 +53,13 @@ def render(view: BundleView, fmt: str, opts: ExportOptions = ExportOptions()) ->
     return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically; UsageError when its directory does not exist."""
+def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
+    """Write ``text`` to ``path`` atomically; an existing file is replaced only with ``force``
+    (the same policy as `bundle pack -o`). UsageError when the directory does not exist."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise UsageError(f"{path}: directory {directory} does not exist")
+    if path.exists() and not force:
+        raise BundleExistsError(f"{path} exists; refusing to overwrite it (--force replaces it)")
     files.write_atomic(path, text.encode("utf-8"))

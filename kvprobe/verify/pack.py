@@ -39,10 +39,11 @@ def default_output(bundle: Path) -> Path:
     return bundle.resolve().with_name(bundle.resolve().name + ".tar.gz")
 
 
-def pack(bundle: Path, out: Path | None = None, limits: Limits = Limits()) -> PackResult:
+def pack(bundle: Path, out: Path | None = None, limits: Limits = Limits(), *, force: bool = False) -> PackResult:
     """Verify ``bundle`` (a directory), then write its deterministic archive to ``out``.
 
-    Raises NotABundle, UsageError (the bundle does not verify), BundleExistsError.
+    Raises NotABundle, UsageError (the bundle does not verify), BundleExistsError (``out``
+    exists and ``force`` is not set).
     """
     if not Path(bundle).is_dir():
         raise NotABundle(f"{bundle}: not a bundle directory")
@@ -55,8 +56,8 @@ def pack(bundle: Path, out: Path | None = None, limits: Limits = Limits()) -> Pa
     if not top or path_problem(top) or "/" in top:
         raise UsageError(f"{bundle}: run_id {top!r} cannot name the archive's top directory")
     out = Path(out) if out else default_output(Path(bundle))
-    if out.exists():
-        raise BundleExistsError(f"{out} exists; refusing to overwrite")
+    if out.exists() and not (force and out.is_file()):
+        raise BundleExistsError(f"{out} exists; refusing to overwrite it (--force replaces a file)")
     digest = _write_atomic(Path(bundle), out, top, limits)
     return PackResult(out, digest, report.manifest_sha256 or "", top)
 
