@@ -1,7 +1,8 @@
 """The operator's files: startup logs and server-argument files, by role, with their sha256.
 
-The bundle never copies them (they can hold keys): it records their digests and the lines
-that decided.
+The bundle never copies them (they can hold keys): it records their file names (never the
+operator's paths), their digests, the lines that decided (secrets masked) and which secret
+keys were masked.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ class InputFile:
     sha256: str
     size: int
 
-    def to_json(self, role: str | None) -> dict[str, Any]:
+    def to_json(self, role: str | None, redacted: frozenset[str] | set[str]) -> dict[str, Any]:
+        """Name and digest only: the operator's directory layout is not the bundle's business."""
         return {
-            "path": str(self.path),
+            "name": self.path.name,
             "role_flag": self.role_flag,
             "role": role,
             "sha256": self.sha256,
             "size": self.size,
+            "redacted_keys": sorted(redacted),
         }
 
 
@@ -52,8 +55,7 @@ def read_logs(specs: list[str]) -> list[tuple[InputFile, serverlog.WorkerLog]]:
     found = []
     for spec in specs:
         role, path = split_role(spec, "--log")
-        text = path.read_text(encoding="utf-8", errors="replace")
-        found.append((_input(role, path), serverlog.parse_log(text, str(path), role)))
+        found.append((_input(role, path), serverlog.read_log(path, path.name, role)))
     return found
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe import __version__
+from kvprobe.env.venv import check_index_url
 from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.evidence.bundle import seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
@@ -42,6 +43,7 @@ from kvprobe.gates.settings import collect_sources, gate3, gate4
 from kvprobe.gates.target import Target, resolve_target
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
+from kvprobe.run.runner import verify_on_write
 
 
 @dataclass(frozen=True)
@@ -82,14 +84,15 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
     reporter = reporter or Reporter()
     if not (opts.logs or opts.server_args or opts.sglang):
         raise UsageError("nothing to check: give --log, --server-args and/or --sglang")
+    check_index_url(opts.torch_index)
     started = datetime.now(UTC)
     clock = time.monotonic()
     logs = read_logs(opts.logs)
     files = read_server_args(opts.server_args)
     final = _final_path(opts, started)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
     work = Path(tempfile.mkdtemp(prefix="kvprobe-gates-"))
+    staging = work / "bundle"  # published beside `final` only once sealed and verified
+    staging.mkdir()
     timings: dict[str, float] = {"read_inputs_s": time.monotonic() - clock}
     held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
@@ -108,13 +111,12 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         receipt = build_receipt(
             GateInputs(logs, files, target, code), GatesRun(started, gates, findings, probe_refs, env, timings)
         )
-        digest = seal_bundle(receipt, GATES_RECEIPT_SCHEMA, render_readme(receipt), staging, final)
+        readme = render_readme(receipt)
+        digest = seal_bundle(receipt, GATES_RECEIPT_SCHEMA, readme, staging, final, check=verify_on_write)
         return GatesResult(final, receipt, digest)
     finally:
         held.close()
         shutil.rmtree(work, ignore_errors=True)
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _final_path(opts: GateOptions, started: datetime) -> Path:
@@ -143,14 +145,14 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> dict[str, Any]:
         "exit_code": RECORDED_EXIT_CODE[verdict],
         "gates": [g.to_json() for g in gates],
         "inputs": {
-            "logs": [f.to_json(log.role) for f, log in logs],
-            "server_args": [f.to_json(role) for f, role, _a in files],
+            "logs": [f.to_json(log.role, log.redacted) for f, log in logs],
+            "server_args": [f.to_json(role, args.redacted) for f, role, args in files],
         },
         "workers": [_worker_json(log) for _f, log in logs],
         "target": None
         if target is None
         else {
-            "spec": target.spec,
+            "spec": target.spec if target.kind == "version" else Path(target.spec).name,
             "kind": target.kind,
             "identity": target.identity,
             "markers": [
@@ -212,7 +214,7 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> dict[str, Any]:
 def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:
     kv = main_kv(log)
     return {
-        "log": log.path,
+        "log": log.path,  # the file's name: logs are read by name, never recorded by path
         "role": log.role,
         "role_flag": log.role_flag,
         "role_from_log": log.role_from_log,

@@ -14,12 +14,13 @@ def _fmt(n: int) -> str:
 
 
 def main_kv(log: serverlog.WorkerLog) -> serverlog.KvLine | None:
-    """The pool that holds full-attention KV: post-capture size if resized, else the allocation."""
-    main = [k for k in log.kv_lines if k.label in (None, "Full")]
-    resized = [k for k in main if k.kind == "post-capture"]
-    allocated = [k for k in main if k.kind == "allocated"]
-    found = resized or allocated
-    return found[-1] if found else None
+    """The smallest full-attention KV pool the worker allocated (post-capture sizes included).
+
+    Every allocation line counts: a DP group or a restart that allocated less is the pool
+    some requests get, whatever a later, larger line says.
+    """
+    main = [k for k in log.kv_lines if k.label in (None, "Full") and k.kind in ("allocated", "post-capture")]
+    return min(main, key=lambda k: k.tokens, default=None)
 
 
 def pool_check(log: serverlog.WorkerLog) -> Check:
@@ -43,7 +44,23 @@ def pool_check(log: serverlog.WorkerLog) -> Check:
         pool, evidence = kv.tokens, kv.evidence
     numbers = f"pool {_fmt(pool)} tokens, context {_fmt(context)} tokens"
     if kv is not None:
-        numbers += f" (KV allocation #tokens {_fmt(kv.tokens)})"
+        numbers += f" (smallest KV allocation #tokens {_fmt(kv.tokens)})"
+    if log.role == "null":
+        return Check(
+            name,
+            Status.INFO,
+            f"{numbers}; not a PD worker (disaggregation_mode=null): not counted for the PD gate",
+            evidence.cite(),
+            decides=False,
+        )
+    if pool < context:  # short whatever the role: either side of a PD pair fails on it
+        unsure = "".join(f"; {p}" for p in log.problems) + ("; role not in the log" if log.role is None else "")
+        return Check(
+            name,
+            Status.FAIL,
+            f"{numbers}: the pool is {_fmt(context - pool)} tokens short of the context it declares{unsure}",
+            evidence.cite(),
+        )
     if log.role is None:
         return Check(
             name,
@@ -53,21 +70,6 @@ def pool_check(log: serverlog.WorkerLog) -> Check:
         )
     if log.problems:
         return Check(name, Status.UNKNOWN, f"{numbers}; " + "; ".join(log.problems), evidence.cite())
-    if log.role == "null":
-        return Check(
-            name,
-            Status.INFO,
-            f"{numbers}; not a PD worker (disaggregation_mode=null): not counted for the PD gate",
-            evidence.cite(),
-            decides=False,
-        )
-    if pool < context:
-        return Check(
-            name,
-            Status.FAIL,
-            f"{numbers}: the pool is {_fmt(context - pool)} tokens short of the context it declares",
-            evidence.cite(),
-        )
     return Check(name, Status.PASS, f"{numbers}: the pool covers the context", evidence.cite())
 
 

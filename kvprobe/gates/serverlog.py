@@ -21,18 +21,28 @@ The line formats come from SGLang's own source (0.5.19 .. 0.5.22 all print the s
   releases printed ``server_args=ServerArgs(...)``.
 - ``kv_canary/api.py``: ``install_canary: disaggregation_mode=M config=... ...`` when the canary runs.
 
-Every line carries the logging prefix ``[YYYY-mm-dd HH:MM:SS[.mmm][ DPn][ TPn]...] ``.
+Every line carries the logging prefix ``[YYYY-mm-dd HH:MM:SS[.mmm][ DPn][ TPn]...] ``
+(``utils/common.py`` configure_logger), and each of these messages starts right after it. A
+line counts only in that structure: a user's request logged while serving (``Receive:
+obj=GenerateReqInput(text='KV Cache is allocated...')``) quotes the text mid-line and is
+never read as the server's own line.
+
+Secrets (API keys, tokens, passwords) are masked in every excerpt before it is kept, and
+the keys masked are recorded, so nothing downstream can store or print them.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import re
 import shlex
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kvprobe import strict_json
+from kvprobe.defects import JsonDefect, JsonMalformed
 
 ROLES = ("prefill", "decode", "null")
 
@@ -70,9 +80,19 @@ ENV_KEYS = (
     "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE",
     "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT",
 )
-# key names that hold secrets: api_key, admin_api_key, hf_token, *_secret, *password* (not tokenizer_path)
-_SECRET_WORDS = r"(?:api_key|(?:^|_)tokens?(?:$|_)|secret|password|credential)"
-_SECRET_RE = re.compile(_SECRET_WORDS, re.IGNORECASE)
+# Key names that hold secrets (api_key, admin_api_key, hf_token, HF_TOKEN, --api-key,
+# ssl_keyfile_password, *_secret), matched after lower-casing and "-" -> "_". Not
+# tokenizer_path or max_total_num_tokens: "token" only as the last word of the name.
+_SECRET_RE = re.compile(r"api_?key|(?:^|_)key$|(?:^|_)token$|secret|passw(?:or)?d|credential")
+REDACTED = "<redacted>"
+_QUOTED = r"'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?"
+# 'key': v / "key": v (dict repr, JSON), key=v (dataclass repr, env), --key v / --key=v (command line)
+_SECRET_SPOTS = re.compile(
+    rf"(?P<lead>(?P<q>['\"])(?P<k1>[\w.-]+)(?P=q)\s*:\s*|(?<![\w-])--(?P<k3>[\w-]+)(?:=|\s+)|\b(?P<k2>\w+)=)"
+    rf"(?P<value>{_QUOTED}|[^\s,)}}\]]+)"
+)
+MAX_LINE_BYTES = 1 << 20  # a resolved server_args dump is ~10 KB; longer lines are cut here
+MAX_ARGS_FILE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -114,6 +134,7 @@ class ServerArgs:
     env: dict[str, str]
     full_dump: bool  # a resolved dump lists every field: a missing key is absent from the release
     evidence: Evidence
+    redacted: frozenset[str] = frozenset()  # secret keys seen in the source and never kept
 
     @property
     def role(self) -> str | None:
@@ -134,6 +155,7 @@ class WorkerLog:
     args: ServerArgs | None = None
     problems: list[str] = field(default_factory=list)
     lines: int = 0
+    redacted: set[str] = field(default_factory=set)
 
     @property
     def role(self) -> str | None:
@@ -141,38 +163,65 @@ class WorkerLog:
 
 
 def parse_log(text: str, path: str, role_flag: str | None = None) -> WorkerLog:
+    """Scan one worker's startup log held in memory (see ``parse_lines``)."""
+    return parse_lines(text.split("\n"), path, role_flag)
+
+
+def read_log(file: Path, name: str, role_flag: str | None = None) -> WorkerLog:
+    """Scan a log file line by line: memory stays flat however long the server ran."""
+    with open(file, "rb") as handle:
+        return parse_lines(_bounded_lines(handle), name, role_flag)
+
+
+def _bounded_lines(handle) -> Iterator[str]:
+    """Lines split on LF only (a CR or U+2028 in logged text does not start a line), each cut
+    at MAX_LINE_BYTES, the rest of an over-long line skipped."""
+    while chunk := handle.readline(MAX_LINE_BYTES):
+        if not chunk.endswith(b"\n"):
+            while (rest := handle.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                pass
+        yield chunk.decode("utf-8", errors="replace")
+
+
+def parse_lines(lines: Iterable[str], path: str, role_flag: str | None = None) -> WorkerLog:
     """Scan one worker's startup log; unknown lines are ignored, never guessed at."""
     log = WorkerLog(path=path, role_flag=role_flag)
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(lines, start=1):
         log.lines = number
-        _scan_line(log, raw.rstrip("\r"), number, path)
+        _scan_line(log, raw.rstrip("\r\n"), number, path)
     if log.role_flag and log.role_from_log and log.role_flag != log.role_from_log:
         log.problems.append(f"--log says {log.role_flag} but the log's server args say {log.role_from_log}")
     return log
 
 
 def _scan_line(log: WorkerLog, line: str, number: int, path: str) -> None:
+    """Only SGLang's own messages count: the logging prefix, then the message at its start."""
     prefix = PREFIX_RE.match(line)
-    body = line[prefix.end() :] if prefix else line
-    ranks = prefix["ranks"].strip() if prefix else ""
-    if match := SCHEDULER_RE.search(body):
-        log.pools.append(
-            PoolLine(int(match["pool"]), int(match["context"]), ranks, Evidence(path, number, _clip(body)))
-        )
-    elif "max_total_num_tokens=" in body and "context_len=" not in body:
+    if prefix is None:
+        return
+    body = line[prefix.end() :]
+    ranks = prefix["ranks"].strip()
+
+    def evidence() -> Evidence:
+        return Evidence(path, number, _excerpt(body, log.redacted))
+
+    if match := SCHEDULER_RE.match(body):
+        log.pools.append(PoolLine(int(match["pool"]), int(match["context"]), ranks, evidence()))
+    elif body.startswith("max_total_num_tokens=") and "context_len=" not in body:
         log.problems.append(f"line {number}: scheduler line without context_len (truncated?)")
-    if match := KV_RE.search(body):
+    if match := KV_RE.match(body):
         kind = "allocated" if match["kind"] == "is allocated" else "va-upper-bound"
-        log.kv_lines.append(KvLine(match["label"], kind, int(match["tokens"]), Evidence(path, number, _clip(body))))
-    elif match := POST_CAPTURE_RE.search(body):
-        log.kv_lines.append(KvLine(None, "post-capture", int(match["tokens"]), Evidence(path, number, _clip(body))))
-    if match := CANARY_RE.search(body):
-        log.canary = Evidence(path, number, _clip(body))
+        log.kv_lines.append(KvLine(match["label"], kind, int(match["tokens"]), evidence()))
+    elif match := POST_CAPTURE_RE.match(body):
+        log.kv_lines.append(KvLine(None, "post-capture", int(match["tokens"]), evidence()))
+    if match := CANARY_RE.match(body):
+        log.canary = evidence()
         _set_role(log, match["mode"])
-    if ARGS_MARK in body:
-        args = parse_args_text(body[body.index(ARGS_MARK) + len(ARGS_MARK) :], path, number)
+    if body.startswith(ARGS_MARK):
+        args = parse_args_text(body[len(ARGS_MARK) :], path, number)
         if args is not None:
             log.args = args
+            log.redacted |= args.redacted
             if args.role:
                 _set_role(log, args.role)
 
@@ -191,64 +240,103 @@ def _clip(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _excerpt(text: str, redacted: set[str], limit: int = 240) -> str:
+    """What may be kept of a line: secrets masked first (their keys added to ``redacted``), then clipped."""
+    masked, keys = redact(text)
+    redacted |= keys
+    return _clip(masked, limit)
+
+
+def is_secret_key(key: str) -> bool:
+    return bool(_SECRET_RE.search(key.lower().replace("-", "_")))
+
+
+def redact(text: str) -> tuple[str, frozenset[str]]:
+    """``text`` with the value of every secret-looking key masked, and the keys masked."""
+    keys: set[str] = set()
+
+    def mask(match: re.Match) -> str:
+        key = match["k1"] or match["k2"] or match["k3"]
+        if not is_secret_key(key):
+            return match[0]
+        keys.add(key.lower().replace("-", "_").lstrip("_"))
+        return match["lead"] + (f"'{REDACTED}'" if match["value"][:1] in "'\"" else REDACTED)
+
+    return _SECRET_SPOTS.sub(mask, text), frozenset(keys)
+
+
 # --- server arguments ----------------------------------------------------------------------
 
 
 def read_args_file(path: Path) -> ServerArgs:
     """A file holding one worker's arguments: JSON, a ``server_args=`` log line, or a command line.
 
-    Raises ValueError when none of those formats is recognised.
+    Raises ValueError when none of those formats is recognised, or for JSON that is not
+    strict (nested too deep, duplicate keys, NaN) or a file too large to be arguments.
     """
-    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.stat().st_size > MAX_ARGS_FILE_BYTES:
+        raise ValueError(f"{path.name}: larger than {MAX_ARGS_FILE_BYTES >> 20} MiB: not a server-arguments file")
+    data = path.read_bytes()
+    text = data.decode("utf-8", errors="replace")
     stripped = text.strip()
     if stripped.startswith("{"):
-        try:
-            doc = json.loads(stripped)
-        except ValueError:
-            doc = None
+        doc = _strict_json(data, path.name)
         if isinstance(doc, dict):
-            return _from_mapping(doc, Evidence(str(path), None, "JSON server arguments"))
-    for number, line in enumerate(text.splitlines(), start=1):
+            return _from_mapping(doc, Evidence(path.name, None, "JSON server arguments"))
+    for number, line in enumerate(text.split("\n"), start=1):
         if ARGS_MARK in line:
-            found = parse_args_text(line[line.index(ARGS_MARK) + len(ARGS_MARK) :], str(path), number)
+            found = parse_args_text(line[line.index(ARGS_MARK) + len(ARGS_MARK) :], path.name, number)
             if found is not None:
                 return found
     if "--" in stripped:
-        return _from_command_line(stripped, Evidence(str(path), None, "command-line server arguments"))
-    raise ValueError(f"{path}: not JSON, a server_args= line or a command line")
+        return _from_command_line(stripped, Evidence(path.name, None, "command-line server arguments"))
+    raise ValueError(f"{path.name}: not JSON, a server_args= line or a command line")
+
+
+def _strict_json(data: bytes, name: str) -> Any:
+    """The JSON document, or None when the text is not JSON at all (a dict repr, say)."""
+    try:
+        return strict_json.loads(data.strip(), name)
+    except JsonMalformed:
+        return None
+    except JsonDefect as defect:
+        raise ValueError(f"{name}: {defect.code}: {defect.detail}") from None
 
 
 def parse_args_text(text: str, path: str, line: int) -> ServerArgs | None:
     """``{...}`` (resolved dict repr) or ``ServerArgs(...)`` (dataclass repr) after ``server_args=``."""
     text = text.strip()
-    evidence = Evidence(path, line, "server_args=" + _clip(_redact_text(text), 120))
+    masked, keys = redact(text)
+    evidence = Evidence(path, line, "server_args=" + _clip(masked, 120))
     if text.startswith("{"):
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             value = None
         if isinstance(value, dict):  # the engine logs the whole resolved dict: a full dump
-            return _from_mapping(value, evidence, full=True)
-        return _from_pairs(text, evidence, r"'(?P<key>\w+)':\s*")
+            return _from_mapping(value, evidence, full=True, redacted=keys)
+        return _from_pairs(text, evidence, r"'(?P<key>\w+)':\s*", keys)
     if text.startswith("ServerArgs("):
-        return _from_pairs(text, evidence, r"\b(?P<key>\w+)=")
+        return _from_pairs(text, evidence, r"\b(?P<key>\w+)=", keys)
     return None
 
 
 _VALUE = r"(?P<value>'[^']*'|\"[^\"]*\"|True|False|None|-?\d+(?:\.\d+)?)"
 
 
-def _from_pairs(text: str, evidence: Evidence, key_pattern: str) -> ServerArgs:
+def _from_pairs(text: str, evidence: Evidence, key_pattern: str, redacted: frozenset[str]) -> ServerArgs:
     """Fallback for reprs that are not literals (an enum value, a truncated line): key by key."""
     values: dict[str, Any] = {}
     for match in re.finditer(key_pattern + _VALUE, text):
         if match["key"] in KEYS and match["key"] not in values:
             values[match["key"]] = ast.literal_eval(match["value"])
     complete = text.rstrip().endswith(("}", ")"))
-    return ServerArgs(values, {}, complete and "disaggregation_mode" in values, evidence)
+    return ServerArgs(values, {}, complete and "disaggregation_mode" in values, evidence, redacted)
 
 
-def _from_mapping(doc: dict[str, Any], evidence: Evidence, *, full: bool = False) -> ServerArgs:
+def _from_mapping(
+    doc: dict[str, Any], evidence: Evidence, *, full: bool = False, redacted: frozenset[str] = frozenset()
+) -> ServerArgs:
     """``full``: the mapping is a whole resolved dump (a log line, or a /server_info-sized JSON)."""
     flat = _flatten(doc)
     env_doc = doc.get("env")
@@ -256,7 +344,9 @@ def _from_mapping(doc: dict[str, Any], evidence: Evidence, *, full: bool = False
         env_doc = {}
     env = {k: str(v) for k, v in {**flat, **env_doc}.items() if k in ENV_KEYS}
     values = {k: flat[k] for k in KEYS if k in flat}
-    return ServerArgs(values, env, "disaggregation_mode" in flat and (full or len(flat) > 50), evidence)
+    secrets = redacted | {k.lower() for k in {**flat, **env_doc} if is_secret_key(k)}
+    full_dump = "disaggregation_mode" in flat and (full or len(flat) > 50)
+    return ServerArgs(values, env, full_dump, evidence, frozenset(secrets))
 
 
 def _flatten(doc: dict[str, Any]) -> dict[str, Any]:
@@ -298,19 +388,18 @@ def _from_command_line(text: str, evidence: Evidence) -> ServerArgs:
             value = True
         if key in KEYS:
             values[key] = value
-    return ServerArgs(values, env, False, evidence)
+    secrets = {_key_of(t) for t in tokens if is_secret_key(_key_of(t))}
+    return ServerArgs(values, env, False, evidence, frozenset(secrets))
+
+
+def _key_of(token: str) -> str:
+    """The key a command-line token names: ``--api-key=x`` / ``--api-key`` / ``HF_TOKEN=x``."""
+    return token.lstrip("-").partition("=")[0].lower().replace("-", "_")
 
 
 def redacted(values: dict[str, Any]) -> dict[str, Any]:
     """What a receipt may carry: the gate keys only, anything secret-looking masked."""
-    return {k: ("<redacted>" if _SECRET_RE.search(k) else v) for k, v in sorted(values.items())}
-
-
-def _redact_text(text: str) -> str:
-    def mask(match: re.Match) -> str:
-        return match[1] + "'<redacted>'" if _SECRET_RE.search(match["key"]) else match[0]
-
-    return re.sub(r"('(?P<key>\w+)':\s*)'[^']*'", mask, text)
+    return {k: (REDACTED if is_secret_key(k) else v) for k, v in sorted(values.items())}
 
 
 def as_bool(value: Any) -> bool | None:

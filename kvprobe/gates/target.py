@@ -42,27 +42,39 @@ def release_pins() -> dict[str, Any]:
 
 
 def resolve_target(spec: str, work: Path, cache_root: Path, reporter: Reporter) -> Target:
-    """A version (pinned wheel), a wheel file or an installed package path; UsageError otherwise."""
+    """A release version, a wheel file or an installed package path; UsageError otherwise."""
     path = Path(spec)
     if path.is_dir():
         return _target_from_dir(spec, path, work)
     if path.is_file() and path.suffix == ".whl":
         return _target_from_wheel(spec, path, work)
     if VERSION_RE.match(spec):
-        pins = release_pins()
-        if spec not in pins:
-            raise UsageError(
-                f"--sglang {spec}: no pinned wheel for this version (pinned: "
-                f"{', '.join(sorted(pins))}); pass a wheel file or an installed package path"
-            )
-        from kvprobe.sources.wheel import WheelSource
-
-        tree = work / "target" / "tree"
-        tree.parent.mkdir(parents=True)
-        with reporter.step(f"materializing {pins[spec].filename}"):
-            identity = WheelSource(cache_root, reporter=reporter).materialize(pins[spec], tree)
-        return Target(spec, "version", tree, tree, identity)
+        return _target_from_release(spec, work, cache_root, reporter)
     raise UsageError(f"--sglang {spec!r}: not a directory holding sglang/, a .whl file or a version like 0.5.22")
+
+
+def _target_from_release(version: str, work: Path, cache_root: Path, reporter: Reporter) -> Target:
+    """A version the experiments pin is fetched by its pinned digest; any other release on the
+    index is resolved by version and its digest recorded (issue #12: gates on any release)."""
+    from kvprobe.sources.wheel import WheelSource
+
+    source = WheelSource(cache_root, reporter=reporter)
+    pin = release_pins().get(version)
+    pinned_by = "experiment pin"
+    if pin is None:
+        with reporter.step(f"resolving sglang {version} on the index"):
+            try:
+                pin = source.resolve("sglang", version)
+            except UsageError as exc:
+                raise UsageError(f"--sglang {version}: {exc.message}") from None
+        pinned_by = "index (resolved by version; sha256 of the wheel received)"
+    tree = work / "target" / "tree"
+    tree.parent.mkdir(parents=True)
+    with reporter.step(f"materializing {pin.filename}"):
+        identity = source.materialize(pin, tree)
+    if not (tree / "sglang" / "srt").is_dir():
+        raise UsageError(f"--sglang {version}: the wheel {pin.filename} holds no sglang/srt package")
+    return Target(version, "version", tree, tree, {**identity, "pinned_by": pinned_by})
 
 
 def _target_from_dir(spec: str, path: Path, work: Path) -> Target:
@@ -79,7 +91,7 @@ def _target_from_dir(spec: str, path: Path, work: Path) -> Target:
     (link_root / "sglang").symlink_to(root / "sglang", target_is_directory=True)
     identity = {
         "kind": "path",
-        "path": str(root),
+        "path": root.name,  # the directory's name only: the operator's layout is not the bundle's
         "version": _dist_version(root),
         "tree_sha256": _tree_digest(root / "sglang"),
     }
