@@ -62,6 +62,10 @@ POST_CAPTURE_RE = re.compile(
 CANARY_RE = re.compile(r"install_canary: disaggregation_mode=(?P<mode>\w+) config=(?P<config>.*)")
 PREFIX_RE = re.compile(r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)(?P<ranks>[^\]]*)\] ")
 ARGS_MARK = "server_args="
+# How every message above starts: one cheap test skips the millions of serving lines.
+DECIDING_RE = re.compile(
+    r"max_total_num_tokens=|(?:\w+ )?KV Cache |Post-capture KV sizing: KV cache |install_canary: |server_args="
+)
 
 # Server-argument keys the gates read; nothing else is copied out of a log or args file.
 KEYS = (
@@ -197,7 +201,7 @@ def parse_lines(lines: Iterable[str], path: str, role_flag: str | None = None) -
 def _scan_line(log: WorkerLog, line: str, number: int, path: str) -> None:
     """Only SGLang's own messages count: the logging prefix, then the message at its start."""
     prefix = PREFIX_RE.match(line)
-    if prefix is None:
+    if prefix is None or not DECIDING_RE.match(line, prefix.end()):
         return
     body = line[prefix.end() :]
     ranks = prefix["ranks"].strip()
