@@ -39,7 +39,7 @@ import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from kvprobe import strict_json
 from kvprobe.defects import JsonDefect, JsonMalformed
@@ -177,7 +177,7 @@ def read_log(file: Path, name: str, role_flag: str | None = None) -> WorkerLog:
         return parse_lines(_bounded_lines(handle), name, role_flag)
 
 
-def _bounded_lines(handle) -> Iterator[str]:
+def _bounded_lines(handle: BinaryIO) -> Iterator[str]:
     """Lines split on LF only (a CR or U+2028 in logged text does not start a line), each cut
     at MAX_LINE_BYTES, the rest of an over-long line skipped."""
     while chunk := handle.readline(MAX_LINE_BYTES):
