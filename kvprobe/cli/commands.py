@@ -444,7 +444,6 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
 @click.option(
     "--torch-index",
     envvar="KVPROBE_TORCH_INDEX",
-    callback=_https_index,
     help="With --rerun: index for torch, https:// or file://.",
 )
 @click.option(
@@ -470,9 +469,12 @@ def verify_cmd(
     """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
     2 not a bundle, 3 could not re-run)."""
     from kvprobe.cli.console import RichReporter, print_verify_report, stderr_console
+    from kvprobe.env.venv import check_index_url
     from kvprobe.run.rerun import RerunOptions, rerun_step
     from kvprobe.verify.steps import VerifyOptions, parse_digest, verify
 
+    if rerun:  # only a rerun uses the index: a plain verify never refuses over it
+        check_index_url(torch_index)
     console = stderr_console()
     expected = parse_digest(expect_digest)
     signed = _signed_statement(attestation, key, expected)

@@ -132,6 +132,13 @@ def test_plain_http_index_is_refused_before_anything_runs(tmp_path, monkeypatch,
     assert via_env.exit_code == 2 and "only https://" in via_env.stderr
 
 
+def test_a_plain_verify_does_not_use_the_index_and_does_not_refuse_over_it(tmp_path):
+    result = CliRunner(env={"KVPROBE_TORCH_INDEX": "http://evil.example/simple"}).invoke(
+        main, ["verify", str(MODEL_BUNDLE)]
+    )
+    assert result.exit_code == 0, result.stderr
+
+
 # --- one overwrite policy: refuse unless --force ---------------------------------------------
 
 
