@@ -34,9 +34,9 @@ the keys masked are recorded, so nothing downstream can store or print them.
 from __future__ import annotations
 
 import ast
+import io
 import re
 import shlex
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -62,10 +62,21 @@ POST_CAPTURE_RE = re.compile(
 CANARY_RE = re.compile(r"install_canary: disaggregation_mode=(?P<mode>\w+) config=(?P<config>.*)")
 PREFIX_RE = re.compile(r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)(?P<ranks>[^\]]*)\] ")
 ARGS_MARK = "server_args="
-# How every message above starts: one cheap test skips the millions of serving lines.
-DECIDING_RE = re.compile(
-    r"max_total_num_tokens=|(?:\w+ )?KV Cache |Post-capture KV sizing: KV cache |install_canary: |server_args="
+# A line that can decide, as bytes: the logging prefix, then how one of the messages above
+# starts. Lines are found by the marks (bytes.find, C speed) and checked with the pattern,
+# so the millions of lines a serving worker logs cost seconds, not minutes.
+CANDIDATE_RE = re.compile(
+    rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?[^\]\n]*\] "
+    rb"(?:max_total_num_tokens=|(?:\w+ )?KV Cache |Post-capture KV sizing: KV cache |install_canary: |server_args=)"
 )
+_MARKS = (
+    b"max_total_num_tokens=",
+    b"KV Cache ",
+    b"Post-capture KV sizing: KV cache ",
+    b"install_canary: ",
+    b"server_args=",
+)
+_BLOCK = 8 << 20
 
 # Server-argument keys the gates read; nothing else is copied out of a log or args file.
 KEYS = (
@@ -167,41 +178,75 @@ class WorkerLog:
 
 
 def parse_log(text: str, path: str, role_flag: str | None = None) -> WorkerLog:
-    """Scan one worker's startup log held in memory (see ``parse_lines``)."""
-    return parse_lines(text.split("\n"), path, role_flag)
+    """Scan one worker's startup log held in memory (see ``read_log``)."""
+    return _read(io.BytesIO(text.encode("utf-8", errors="replace")), path, role_flag)
 
 
 def read_log(file: Path, name: str, role_flag: str | None = None) -> WorkerLog:
-    """Scan a log file line by line: memory stays flat however long the server ran."""
+    """Scan a worker's startup log file; unknown lines are ignored, never guessed at."""
     with open(file, "rb") as handle:
-        return parse_lines(_bounded_lines(handle), name, role_flag)
+        return _read(handle, name, role_flag)
 
 
-def _bounded_lines(handle: BinaryIO) -> Iterator[str]:
-    """Lines split on LF only (a CR or U+2028 in logged text does not start a line), each cut
-    at MAX_LINE_BYTES, the rest of an over-long line skipped."""
-    while chunk := handle.readline(MAX_LINE_BYTES):
-        if not chunk.endswith(b"\n"):
-            while (rest := handle.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
-                pass
-        yield chunk.decode("utf-8", errors="replace")
-
-
-def parse_lines(lines: Iterable[str], path: str, role_flag: str | None = None) -> WorkerLog:
-    """Scan one worker's startup log; unknown lines are ignored, never guessed at."""
+def _read(handle: BinaryIO, path: str, role_flag: str | None) -> WorkerLog:
+    """Block by block, so memory stays flat and a long-running server's log costs seconds:
+    lines split on LF only (a CR or U+2028 in logged text starts no line), each line cut at
+    MAX_LINE_BYTES, and only lines that can decide (CANDIDATE_RE) are decoded and read."""
     log = WorkerLog(path=path, role_flag=role_flag)
-    for number, raw in enumerate(lines, start=1):
-        log.lines = number
-        _scan_line(log, raw.rstrip("\r\n"), number, path)
+    carry, head = b"", None  # head: the start of an over-long line whose rest is skipped
+    while data := handle.read(_BLOCK):
+        if head is not None:
+            newline = data.find(b"\n")
+            if newline < 0:
+                continue
+            _scan_block(log, head)
+            log.lines += 1
+            head, data = None, data[newline + 1 :]
+        block = carry + data
+        cut = block.rfind(b"\n") + 1
+        carry = block[cut:]
+        _scan_block(log, block[:cut])
+        log.lines += block.count(b"\n", 0, cut)
+        if len(carry) > MAX_LINE_BYTES:
+            head, carry = carry[:MAX_LINE_BYTES], b""
+    tail = head if head is not None else carry
+    if tail:
+        _scan_block(log, tail)
+        log.lines += 1
     if log.role_flag and log.role_from_log and log.role_flag != log.role_from_log:
         log.problems.append(f"--log says {log.role_flag} but the log's server args say {log.role_from_log}")
     return log
 
 
+def _scan_block(log: WorkerLog, block: bytes) -> None:
+    """Read each candidate line of ``block`` (whole lines, starting after line ``log.lines``)."""
+    pos, number = 0, log.lines
+    for start in _candidate_starts(block):
+        number += block.count(b"\n", pos, start)
+        pos = start
+        end = block.find(b"\n", start)
+        end = min(len(block) if end < 0 else end, start + MAX_LINE_BYTES)
+        _scan_line(log, block[start:end].decode("utf-8", errors="replace").rstrip("\r"), number + 1, log.path)
+
+
+def _candidate_starts(block: bytes) -> list[int]:
+    """Where the lines holding a mark start, for those lines that match CANDIDATE_RE there."""
+    starts = set()
+    for mark in _MARKS:
+        at = block.find(mark)
+        while at >= 0:
+            start = block.rfind(b"\n", 0, at) + 1
+            if CANDIDATE_RE.match(block, start):
+                starts.add(start)
+            end = block.find(b"\n", at)
+            at = -1 if end < 0 else block.find(mark, end)
+    return sorted(starts)
+
+
 def _scan_line(log: WorkerLog, line: str, number: int, path: str) -> None:
     """Only SGLang's own messages count: the logging prefix, then the message at its start."""
     prefix = PREFIX_RE.match(line)
-    if prefix is None or not DECIDING_RE.match(line, prefix.end()):
+    if prefix is None:
         return
     body = line[prefix.end() :]
     ranks = prefix["ranks"].strip()

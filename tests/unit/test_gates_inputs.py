@@ -81,15 +81,20 @@ def test_lines_without_the_logging_prefix_do_not_count():
     assert [k.tokens for k in log.kv_lines] == [INCIDENT_POOL]
 
 
-def test_a_log_is_read_line_by_line_with_long_lines_cut(tmp_path):
+@pytest.mark.parametrize("long_line", [3 * serverlog.MAX_LINE_BYTES, 2 * (8 << 20) + 5])
+def test_a_log_is_read_in_blocks_with_long_lines_cut(tmp_path, long_line):
+    """Lines longer than the cap (within one block, or spanning blocks) are cut, the lines
+    after them still count, and so does a last line without a newline."""
     path = tmp_path / "decode.log"
+    last = f"{STAMP}KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, KV size: 1.00 GB"
     with open(path, "w") as handle:
         handle.write(_log("decode", RAISED_POOL))
-        handle.write(STAMP + "x" * (3 * serverlog.MAX_LINE_BYTES) + "\n")
-        handle.write(_log("decode", INCIDENT_POOL))
+        handle.write(f"{STAMP}KV Cache is allocated. dtype: d, #tokens: 7, KV size: 1.00 GB " + "x" * long_line + "\n")
+        handle.write(_log("decode", INCIDENT_POOL) + last)
     log = serverlog.read_log(path, "decode.log")
-    assert sorted(k.tokens for k in log.kv_lines) == [INCIDENT_POOL, RAISED_POOL]
-    assert log.lines == 2 * len(_log("decode", RAISED_POOL).splitlines()) + 1
+    assert [k.tokens for k in log.kv_lines] == [RAISED_POOL, 7, INCIDENT_POOL, 1000]
+    assert [k.evidence.line for k in log.kv_lines][-1] == log.lines == 2 * len(_log("decode", 1).splitlines()) + 2
+    assert all(len(k.evidence.text) <= 240 for k in log.kv_lines)
 
 
 # --- secrets ----------------------------------------------------------------------------------
