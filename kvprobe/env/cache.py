@@ -7,6 +7,8 @@ Layout under the cache root::
     envs/<profile>-<key>/   virtualenv, complete when kvprobe-env.json exists
                                                                     lock: envs/<name>.lock
                             runs in progress hold envs/<name>.users/<lease>.lock
+    uv/                     uv's download cache, shared by every lock (uv manages it;
+                            `uv cache clean --cache-dir <root>/uv` empties it)
     */.build-* .download-* .<key>.tmp-*   work in progress (or left behind by a crash)
     */.trash-*                            already condemned by a prune that was interrupted
 
