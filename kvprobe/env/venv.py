@@ -248,7 +248,7 @@ class EnvManager:
             env,
             what="uv pip install (lock)",
         )
-        if index_reqs:
+        if index_reqs and torch_index:  # split_lock moves lines out only for an index
             self._tool(
                 [*base, "--index-url", torch_index, *index_reqs],
                 tmp,
