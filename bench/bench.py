@@ -20,6 +20,11 @@ Sections (each figure: min / median / max over repetitions, and the ratio to its
            (target within 1.2x); `kvprobe verify` of a normal bundle (target < 0.3 s) and of
            that bundle with the 1 GiB file added.
   memory   peak RSS of a child hashing, and of `kvprobe verify`, as the file grows (flat).
+  env      a cold env build with uv against the same lock built with pip (the floor), each
+           into an empty temp cache: the small pytest-minimal lock, and with --full the
+           sglang-cpu lock (~6 GB). Target <= 0.5x. Also: a rebuild whose downloads are in
+           uv's cache (what another profile's lock sharing those files pays), and whether
+           both installers gave the same package set and versions.
 
 The warm and verify sections need the sglang-cpu env in the kvprobe cache (a first
 `kvprobe run experiment-a` builds it); the cold section needs only git. Scratch data goes
@@ -50,7 +55,7 @@ if str(REPO) not in sys.path:
 MiB = 1 << 20
 GiB = 1 << 30
 EXPERIMENT = "experiment-a"
-SECTIONS = ("startup", "verify", "memory", "cold", "warm")
+SECTIONS = ("startup", "verify", "memory", "cold", "warm", "env")
 
 
 # --- figures -----------------------------------------------------------------------------
@@ -503,6 +508,64 @@ def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
     )
 
 
+# --- env builds --------------------------------------------------------------------------
+
+
+def timed_build(profile, cache_root: Path, installer: str) -> tuple[float, dict]:
+    """Seconds for EnvManager.ensure() of ``profile`` in ``cache_root`` with one installer."""
+    from kvprobe.env.venv import EnvManager
+
+    saved = {k: os.environ.get(k) for k in ("KVPROBE_INSTALLER", "PIP_CACHE_DIR")}
+    os.environ["KVPROBE_INSTALLER"] = installer
+    os.environ["PIP_CACHE_DIR"] = str(cache_root / "pip-cache")  # pip's own cache starts empty too
+    try:
+        started = time.perf_counter()
+        info = EnvManager(cache_root).ensure(profile)
+        return time.perf_counter() - started, {"packages": info.packages, "installer": info.build["installer"]}
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def bench_env(figs: Figures, work: Path, full: bool) -> None:
+    from kvprobe.env.installer import find_uv
+    from kvprobe.env.venv import load_profile
+
+    if find_uv() is None:
+        _log("uv not found: env section skipped")
+        return
+    for name in ("pytest-minimal", "sglang-cpu") if full else ("pytest-minimal",):
+        profile = load_profile(name)
+        roots = {label: work / f"env-{name}-{label}" for label in ("pip", "uv")}
+        _log(f"building the {name} env cold with pip, then with uv (empty caches)")
+        pip_s, pip_env = timed_build(profile, roots["pip"], "pip")
+        shutil.rmtree(roots["pip"], ignore_errors=True)
+        uv_s, uv_env = timed_build(profile, roots["uv"], "uv")
+        shutil.rmtree(roots["uv"] / "envs")  # keep uv's download cache: the next lock's view
+        again_s, _ = timed_build(profile, roots["uv"], "uv")
+        shutil.rmtree(roots["uv"], ignore_errors=True)
+        same = pip_env["packages"] == uv_env["packages"]
+        figs.add(
+            "env",
+            f"cold env build, lock {name}: uv vs pip",
+            [uv_s],
+            floor=[pip_s],
+            target="<= 0.5x pip",
+            met=uv_s <= 0.5 * pip_s and same and uv_env["installer"]["tool"] == "uv",
+            note=f"same packages and versions: {same} ({len(uv_env['packages'])}); built by {uv_env['installer']}",
+        )
+        figs.add(
+            "env",
+            f"env build, lock {name}, downloads already in uv's cache",
+            [again_s],
+            floor=[pip_s],
+            note="what a second profile's lock pays for files it shares",
+        )
+
+
 # --- warm run ----------------------------------------------------------------------------
 
 
@@ -521,7 +584,10 @@ def prepare_trees(exp, pin_set, work: Path) -> dict[str, Path]:
         if pin_set.kind is SourceKind.WHEEL:
             from kvprobe.sources.wheel import WheelSource
 
-            WheelSource(default_cache_root()).materialize(pin, tree)
+            from kvprobe.env.venv import find_python, load_profile
+
+            python = find_python(load_profile(exp.profile).python)  # the same compiled trees as a run
+            WheelSource(default_cache_root()).materialize(pin, tree, python=python)
         elif pin_set.kind is SourceKind.GIT:
             from kvprobe.sources.git import GitSource
 
@@ -635,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a few minutes in all)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument("--full", action="store_true", help="env section: also the sglang-cpu lock (~6 GB, minutes)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     parser.add_argument("--workdir", type=Path, help="scratch directory (default: a temp dir, removed)")
     args = parser.parse_args(argv)
@@ -662,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
         if "cold" in only:
             bench_git(figs, work, 400 if args.quick else 2000)
             bench_reuse(figs, work, reps["fast"])
+        if "env" in only:
+            bench_env(figs, work, args.full)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -672,11 +741,30 @@ def main(argv: list[str] | None = None) -> int:
         "machine": _machine(),
         "figures": figs.items,
     }
+    print_goals(figs.items)
     missed = [f["name"] for f in figs.items if f["met"] is False]
     print(f"done in {doc['seconds']} s; targets missed: {', '.join(missed) or 'none'}", file=sys.stderr)
     if args.json:
         print(json.dumps(doc, indent=2))
     return 0
+
+
+def goal_line(fig: dict[str, Any]) -> str:
+    """One goal: figure, floor, ratio, target, met or missed."""
+    u = fig["unit"]
+    floor = _fmt(fig["floor"]["median"], u) if "floor" in fig else "-"
+    ratio = f"{fig['ratio']:.2f}x" if "ratio" in fig else "-"
+    verdict = "met" if fig["met"] else "MISSED"
+    figure = _fmt(fig["median"], u)
+    return f"{fig['name']}: figure {figure}; floor {floor}; ratio {ratio}; target {fig['target']}; {verdict}"
+
+
+def print_goals(items: list[dict[str, Any]]) -> None:
+    goals = [f for f in items if f["target"]]
+    if goals:
+        print("goals:", file=sys.stderr)
+        for fig in goals:
+            print(f"  [{fig['section']}] {goal_line(fig)}", file=sys.stderr)
 
 
 def _one_bundle(work: Path) -> Path:

@@ -631,6 +631,27 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
     return EXIT_OK
 
 
+@cache_group.command("verify")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@guarded
+def cache_verify_cmd(as_json: bool) -> int:
+    """Re-hash every file of every cached tree against its listing.
+
+    Exit 0 when all trees are intact, 1 when one is not (the next run rebuilds it).
+    """
+    from kvprobe.sources import treecache
+
+    report = {e.name: [str(p) for p in treecache.verify(e)] for e in treecache.entries(_cache_root())}
+    if as_json:
+        emit_json({"trees": report, "intact": not any(report.values())})
+    else:
+        for name, problems in report.items():
+            click.echo(f"{'ok' if not problems else 'DAMAGED'}  {name}", err=True)
+            for problem in problems[:20]:  # file names come from a wheel: escaped, not printed raw
+                click.echo(f"    {problem!r}", err=True)
+    return EXIT_FAIL if any(report.values()) else EXIT_OK
+
+
 # --- new: scaffold an experiment, record its expectations --------------------------------
 
 

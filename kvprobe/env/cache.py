@@ -7,6 +7,10 @@ Layout under the cache root::
     envs/<profile>-<key>/   virtualenv, complete when kvprobe-env.json exists
                                                                     lock: envs/<name>.lock
                             runs in progress hold envs/<name>.users/<lease>.lock
+    trees/<digest>-<tag>/   a wheel's verified tree, frozen, complete when kvprobe-tree.json
+                            exists (kvprobe.sources.treecache)    lock: trees/<name>.lock
+    uv/                     uv's download cache, shared by every lock (uv manages it;
+                            `uv cache clean --cache-dir <root>/uv` empties it)
     */.build-* .download-* .<key>.tmp-*   work in progress (or left behind by a crash)
     */.trash-*                            already condemned by a prune that was interrupted
 
@@ -35,7 +39,8 @@ from kvprobe.errors import UsageError
 
 ENV_MARKER = "kvprobe-env.json"  # kvprobe.env.venv.MARKER (not imported: cache needs none of venv)
 GIT_URL_MARKER = "kvprobe-url"  # kvprobe.sources.git.URL_MARKER
-KIND_DIRS = {"git": "git", "wheel": "wheels", "env": "envs"}
+TREE_MARKER = "kvprobe-tree.json"  # kvprobe.sources.treecache.MARKER
+KIND_DIRS = {"git": "git", "wheel": "wheels", "env": "envs", "tree": "trees"}
 PARTIAL_PREFIXES = (".build-", ".download-")
 TRASH_PREFIX = ".trash-"
 PARTIAL_GRACE_S = 6 * 3600.0
@@ -117,8 +122,8 @@ def _entry(kind: str, path: Path) -> Entry | None:
     if name.startswith(".") or not path.is_dir() or path.is_symlink():
         return None
     lock = path.parent / f"{name}.lock"
-    if kind == "env":
-        marker = path / ENV_MARKER
+    if kind in ("env", "tree"):
+        marker = path / (ENV_MARKER if kind == "env" else TREE_MARKER)
         complete = marker.is_file()
         used = _mtime(marker) if complete else _mtime(path)
         return Entry(kind, name, path, tree_size(path), used, lock, complete)
@@ -265,6 +270,8 @@ def _delete(path: Path) -> None:
     if path.is_symlink() or not path.is_dir():
         path.unlink(missing_ok=True)
     else:
+        for dirpath, _dirs, _files in os.walk(path):  # a frozen tree's dirs are read-only
+            os.chmod(dirpath, 0o755)
         shutil.rmtree(path, ignore_errors=True)  # rmtree never follows symlinks
 
 

@@ -1,9 +1,10 @@
 """Virtualenvs per (python, dependency lock, torch index), built once, cached and reused.
 
 A profile is ``probes/profiles/<name>.toml`` naming a hash-pinned lock file. An env is
-built in a temp dir beside its final place with ``virtualenv`` and ``pip install
---require-hashes --no-deps``, described in a marker file, and renamed into place only
-when complete; a file lock keeps concurrent builders from doing the work twice.
+built in a temp dir beside its final place with ``virtualenv`` and ``uv pip install`` (or
+``pip install`` without uv; see kvprobe.env.installer) ``--require-hashes --no-deps``,
+described in a marker file, and renamed into place only when complete; a file lock keeps
+concurrent builders from doing the work twice.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 from filelock import FileLock
 
 from kvprobe import proc
+from kvprobe.env import installer
 from kvprobe.errors import EnvBuildError, ExperimentError, UsageError
 from kvprobe.model.records import EnvInfo
 from kvprobe.progress import Reporter
@@ -213,6 +215,7 @@ class EnvManager:
 
     def __init__(self, cache_root: Path, *, reporter: Reporter | None = None, timeout_s: float = 3600.0) -> None:
         self.root = cache_root / "envs"
+        self.uv_cache = cache_root / "uv"  # shared by every profile's lock
         self.reporter = reporter or Reporter()
         self.timeout_s = timeout_s
 
@@ -256,10 +259,11 @@ class EnvManager:
                 started = time.monotonic()
                 env_dir = tmp / "env"
                 self._create(python, env_dir, tmp)
-                self._install(profile, env_dir, tmp, torch_index)
+                how = self._fill(profile, python, env_dir, tmp, torch_index)
                 info = self._describe(env_dir / "bin" / "python", tmp)
                 info.update(
                     {
+                        "installer": how,
                         "profile": profile.name,
                         "lock_name": profile.lock_name,
                         "lock_sha256": profile.lock_sha256,
@@ -293,6 +297,57 @@ class EnvManager:
         if not result.ok:
             raise EnvBuildError(f"virtualenv failed: {result.summary()}")
 
+    def _fill(self, profile: Profile, python: str, env_dir: Path, tmp: Path, torch_index: str | None) -> dict:
+        """Install the lock with uv if present, else (or if uv fails) pip; says which ran."""
+        uv = installer.find_uv()
+        if uv is None:
+            self._install(profile, env_dir, tmp, torch_index)
+            return {"tool": "pip"}
+        try:
+            self._install_uv(uv, profile, env_dir, tmp, torch_index)
+            return {"tool": "uv", "version": installer.uv_version(uv)}
+        except EnvBuildError as exc:
+            self.reporter.note(f"uv could not build env {profile.name} ({exc}); building it with pip")
+            shutil.rmtree(env_dir)
+            self._create(python, env_dir, tmp)
+            self._install(profile, env_dir, tmp, torch_index)
+            return {"tool": "pip", "fallback_from_uv": str(exc)[:400]}
+
+    def _install_uv(self, uv: str, profile: Profile, env_dir: Path, tmp: Path, torch_index: str | None) -> None:
+        lock_text, index_reqs = split_lock(profile, torch_index)
+        config = installer.pip_config(str(env_dir / "bin" / "python"))
+        reqs = installer.parse_lock(lock_text)
+        lock_file = tmp / "uv-lock.txt"
+        lock_file.write_text(installer.uv_requirements(reqs, installer.local_files(reqs, config)))
+        base = [
+            uv,
+            "pip",
+            "install",
+            "--python",
+            str(env_dir / "bin" / "python"),
+            "--no-deps",
+            "--compile-bytecode",  # as pip does: the env's own imports start from bytecode
+            "--cache-dir",
+            str(self.uv_cache),
+        ]
+        index = installer.uv_index_args(config)
+        env = installer.uv_env(config)
+        self._tool(
+            [*base, *index, "--require-hashes", "--only-binary", ":all:", "-r", str(lock_file)],
+            tmp,
+            "uv-lock",
+            env,
+            what="uv pip install (lock)",
+        )
+        if index_reqs and torch_index:  # split_lock moves lines out only for an index
+            self._tool(
+                [*base, "--index-url", torch_index, *index_reqs],
+                tmp,
+                "uv-torch",
+                env,
+                what="uv pip install (torch-index)",
+            )
+
     def _install(self, profile: Profile, env_dir: Path, tmp: Path, torch_index: str | None) -> None:
         lock_text, index_reqs = split_lock(profile, torch_index)
         lock_file = tmp / "lock.txt"
@@ -314,21 +369,20 @@ class EnvManager:
             self._pip([*base, "--index-url", torch_index, *index_reqs], tmp, "torch-index")
 
     def _pip(self, argv: list[str], tmp: Path, label: str) -> None:
-        out = tmp / f"pip-{label}.out"
+        env = proc.clean_env(network=True, passthrough_prefixes=("PIP_",))
+        self._tool(argv, tmp, f"pip-{label}", env, what=f"pip install ({label})")
+
+    def _tool(self, argv: list[str], tmp: Path, label: str, env: dict[str, str], *, what: str) -> None:
+        out = tmp / f"{label}.out"
 
         def poll() -> None:
             self.reporter.update(_last_pip_action(out))
 
         result = proc.run(
-            argv,
-            timeout_s=self.timeout_s,
-            stdout_path=out,
-            stderr_path=tmp / f"pip-{label}.err",
-            env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
-            poll=poll,
+            argv, timeout_s=self.timeout_s, stdout_path=out, stderr_path=tmp / f"{label}.err", env=env, poll=poll
         )
         if not result.ok:
-            raise EnvBuildError(f"pip install ({label}) failed: {result.summary()}")
+            raise EnvBuildError(f"{what} failed: {result.summary()}")
 
     def _describe(self, python: Path, tmp: Path) -> dict:
         result = proc.run(
@@ -388,5 +442,6 @@ def _read_marker(env_dir: Path) -> EnvInfo:
             "torch": data.get("torch"),
             "torch_index": data.get("torch_index"),
             "build_seconds": data.get("build_seconds"),
+            "installer": data.get("installer", {"tool": "pip"}),
         },
     )

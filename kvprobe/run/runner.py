@@ -152,9 +152,10 @@ def _materialize(
     commit = pin_set.tests_commit
     tests_from = _tests_checkout(exp, pin_set, commit, opts, work, reporter) if commit else None
     source = _source(exp, pin_set, opts, reporter)
+    python = _bytecode_python(exp, pin_set)
     with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
         futures = {
-            side: pool.submit(_materialize_side, source, pin_set, side, work, reporter)
+            side: pool.submit(_materialize_side, source, pin_set, side, work, reporter, python)
             for side in (Side.BASE, Side.HEAD)
         }
         sides = {side: f.result() for side, f in futures.items()}
@@ -207,8 +208,23 @@ def _place(tree: Path, files: dict[str, bytes]) -> None:
         target.write_bytes(data)
 
 
+def _bytecode_python(exp: Experiment, pin_set: PinSet) -> str | None:
+    """The interpreter the env is made from (same bytecode tag): wheel trees are cached
+    compiled for it, so no side pays SGLang's compile time again."""
+    if pin_set.kind is not SourceKind.WHEEL:
+        return None
+    from kvprobe.env.venv import find_python, load_profile
+
+    return find_python(load_profile(exp.profile).python)
+
+
 def _materialize_side(
-    source: WheelSource | _GitWithHints | None, pin_set: PinSet, side: Side, work: Path, reporter: Reporter
+    source: WheelSource | _GitWithHints | None,
+    pin_set: PinSet,
+    side: Side,
+    work: Path,
+    reporter: Reporter,
+    python: str | None = None,
 ) -> dict[str, Any]:
     pin = pin_set.pin(side)
     tree = work / side.value / "tree"
@@ -222,7 +238,7 @@ def _materialize_side(
             identity = source.materialize(pin, tree, pr=pin_set.pr)
         else:
             assert not isinstance(source, _GitWithHints) and isinstance(pin, WheelPin), "_source: wheel pins, wheels"
-            identity = source.materialize(pin, tree)
+            identity = source.materialize(pin, tree, python=python)
     return {
         "tree": tree,
         "pin": pin.identity(),

@@ -20,6 +20,7 @@ from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, UsageError
 from kvprobe.files import sha256_file
 from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
+from kvprobe.sources.treecache import TreeCache, link_copy
 
 
 def pip_download(requirement: str, scratch: Path, flags: list[str], *, timeout_s: float, failure: str) -> list[Path]:
@@ -148,20 +149,27 @@ class WheelSource:
             raise FetchError(f"pip download of {pin.package}=={pin.version} gave {names}, not {pin.filename}")
         return path
 
-    def materialize(self, pin: WheelPin, dest: Path) -> dict[str, str]:
-        """Unpack the verified wheel into ``dest`` (created atomically); returns its identity."""
-        self.store.mkdir(parents=True, exist_ok=True)
-        # held from check to unpack: `kvprobe cache prune` skips a wheel while it is locked
-        with FileLock(str(self.store / f"{pin.sha256}.lock")):
-            wheel, fetched_via = self.fetch(pin)
-            tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
-            try:
-                safe_unzip(wheel, tmp)
-                os.replace(tmp, dest)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        return {**pin.identity(), "fetched_via": fetched_via}
+    def materialize(self, pin: WheelPin, dest: Path, *, python: str | None = None) -> dict[str, str]:
+        """``dest``: the pinned wheel's verified tree, from the tree cache (RECORD checked,
+        unpacked and, for ``python``, byte-compiled once per digest); returns its identity."""
+        fetched: dict[str, str] = {}
+
+        def build(tree: Path) -> None:
+            self.store.mkdir(parents=True, exist_ok=True)
+            # held from check to unpack: `kvprobe cache prune` skips a wheel while it is locked
+            with FileLock(str(self.store / f"{pin.sha256}.lock")):
+                wheel, fetched["via"] = self.fetch(pin)
+                safe_unzip(wheel, tree)  # RECORD checked before anything is extracted
+
+        tag = cache_tag(python) if python else "source"
+        tree, how = TreeCache(self.store.parent).ensure(f"{pin.sha256}-{tag}", build, python=python)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
+        try:
+            link_copy(tree, tmp / "tree")
+            os.replace(tmp / "tree", dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return {**pin.identity(), "fetched_via": fetched.get("via", "cache"), "tree_cache": how, "bytecode": tag}
 
     def resolve(self, package: str, version: str) -> WheelPin:
         """The wheel the index serves for ``package==version``, kept in the cache and pinned by
@@ -192,6 +200,17 @@ class WheelSource:
             self.cached_path(pin).parent.mkdir(parents=True, exist_ok=True)
             os.replace(wheels[0], self.cached_path(pin))
         return pin
+
+
+def cache_tag(python: str) -> str:
+    """The interpreter's bytecode tag ("cpython-311"): compiled trees are kept per tag."""
+    result = proc.capture(
+        [python, "-c", "import sys; print(sys.implementation.cache_tag)"], timeout_s=60, env=proc.clean_env()
+    )
+    tag = result.stdout.strip()
+    if not result.ok or not tag.replace("-", "").isalnum():
+        raise CheckoutError(f"cannot ask {python} for its bytecode tag: {result.summary()}")
+    return tag
 
 
 def versions_offered(pip_stderr: str) -> str | None:

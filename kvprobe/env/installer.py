@@ -1,0 +1,170 @@
+"""Which installer fills a new env from a hash-pinned lock: uv when present, else pip.
+
+uv installs the same lock with the same guarantees (``--require-hashes --no-deps``,
+wheels only) several times faster, and its download cache under the kvprobe cache root
+is shared by every profile's lock. uv does not read pip's configuration, so the indexes
+pip is configured with (``pip config list``: index-url, extra-index-url, find-links,
+cert) are handed to it explicitly, with ``unsafe-best-match`` (pip's rule: any index may
+serve a version; the pinned hashes, not the index order, decide which file is trusted).
+
+uv takes all files of one version from the first index that has it (astral-sh/uv#14000),
+so a lock file can be unsatisfiable through uv where pip, which pools the files of all
+indexes, succeeds. For local (``file://``) indexes kvprobe therefore names the file whose
+sha256 the lock pins directly; anything uv still cannot install falls back to pip.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
+
+from kvprobe import proc
+
+INSTALLER_VAR = "KVPROBE_INSTALLER"  # "pip" forces pip; "uv" or unset: uv when found
+_HREF = re.compile(r'href="([^"]+)"', re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One lock entry: ``name==version`` and the sha256 digests it allows."""
+
+    name: str
+    version: str
+    hashes: tuple[str, ...]
+
+    @property
+    def normalized(self) -> str:
+        return re.sub(r"[-_.]+", "-", self.name).lower()
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """The package sources pip is configured with, in pip's terms."""
+
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
+    cert: str | None = None
+
+
+def find_uv() -> str | None:
+    """The uv binary to use, or None for pip (absent, or KVPROBE_INSTALLER=pip)."""
+    if os.environ.get(INSTALLER_VAR, "").strip().lower() == "pip":
+        return None
+    beside = Path(sys.executable).parent / "uv"  # installed with kvprobe (dependency `uv`)
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("uv")
+
+
+def parse_lock(text: str) -> list[Requirement]:
+    """``name==version`` entries with their ``--hash=sha256:`` lines (pip's lock format)."""
+    joined = re.sub(r"\\\s*\n", " ", text)
+    reqs = []
+    for line in joined.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        spec, *opts = line.split()
+        name, sep, version = spec.partition("==")
+        hashes = tuple(o.split(":", 1)[1] for o in opts if o.startswith("--hash=sha256:"))
+        if sep and hashes:
+            reqs.append(Requirement(name.strip(), version.strip(), hashes))
+    return reqs
+
+
+def pip_config(python: str) -> IndexConfig:
+    """pip's effective index settings as ``pip config list`` shows them (env vars win)."""
+    result = proc.capture(
+        [python, "-m", "pip", "config", "list"],
+        timeout_s=60,
+        env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
+    )
+    found: dict[str, str] = {}
+    for line in result.stdout.splitlines() if result.ok else []:
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        scope, _, name = key.rpartition(".")
+        if name not in found or scope == ":env:":
+            found[name] = value.strip().strip("'\"")
+    return IndexConfig(
+        index_url=found.get("index-url"),
+        extra_index_urls=tuple(found.get("extra-index-url", "").split()),
+        find_links=tuple(found.get("find-links", "").split()),
+        no_index=found.get("no-index", "").lower() in ("1", "true", "yes", "on"),
+        cert=found.get("cert"),
+    )
+
+
+def local_files(reqs: list[Requirement], config: IndexConfig) -> dict[str, str]:
+    """Lock name -> ``file://`` URL of the pinned file, from local simple indexes' pages."""
+    indexes = [u for u in (config.index_url, *config.extra_index_urls) if u and u.startswith("file://")]
+    chosen: dict[str, str] = {}
+    for req in reqs:
+        for index in indexes:
+            url = _pinned_href(index, req)
+            if url:
+                chosen[req.name] = url
+                break
+    return chosen
+
+
+def _pinned_href(index: str, req: Requirement) -> str | None:
+    page_url = index.rstrip("/") + f"/{req.normalized}/"
+    page = Path(unquote(urlparse(page_url).path)) / "index.html"
+    try:
+        text = page.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for href in _HREF.findall(text):
+        href = html.unescape(href)
+        target, _, fragment = href.partition("#")
+        if fragment.startswith("sha256=") and fragment[7:] in req.hashes and target.endswith(".whl"):
+            url = urljoin(page_url, target)
+            if url.startswith("file://") and Path(unquote(urlparse(url).path)).is_file():
+                return url
+    return None
+
+
+def uv_requirements(reqs: list[Requirement], direct: dict[str, str]) -> str:
+    """The lock for uv: pinned local files named directly, the rest as ``name==version``."""
+    lines = []
+    for req in reqs:
+        spec = f"{req.name} @ {direct[req.name]}" if req.name in direct else f"{req.name}=={req.version}"
+        lines.append(" ".join([spec, *(f"--hash=sha256:{h}" for h in req.hashes)]))
+    return "\n".join(lines) + "\n"
+
+
+def uv_index_args(config: IndexConfig) -> list[str]:
+    """uv flags for pip's sources (uv's own UV_* settings still apply on top)."""
+    args = ["--index-strategy", "unsafe-best-match"]
+    if config.no_index:
+        args.append("--no-index")
+    if config.index_url:
+        args += ["--index-url", config.index_url]
+    for url in config.extra_index_urls:
+        args += ["--extra-index-url", url]
+    for link in config.find_links:
+        args += ["--find-links", link]
+    return args
+
+
+def uv_env(config: IndexConfig) -> dict[str, str]:
+    """uv's environment: network settings, UV_* settings, and pip's CA bundle if it has one."""
+    env = proc.clean_env(network=True, passthrough_prefixes=("UV_",))
+    if config.cert and "SSL_CERT_FILE" not in env:
+        env["SSL_CERT_FILE"] = config.cert
+    return env
+
+
+def uv_version(uv: str) -> str:
+    result = proc.capture([uv, "--version"], timeout_s=30, env=proc.clean_env())
+    return result.stdout.strip() if result.ok else "uv (version unknown)"

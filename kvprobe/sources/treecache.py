@@ -1,0 +1,195 @@
+"""Verified trees, built once per key (a wheel digest and an interpreter), read-only after.
+
+An entry is ``trees/<key>/`` holding ``tree/`` and ``kvprobe-tree.json``, the sha256,
+size and mtime of every file. It is built in a ``.build-*`` directory (unpacked, checked
+against the wheel's RECORD, bytecode compiled once with checked-hash ``.pyc`` so a stale
+one can never be used), frozen (``chmod a-w``) and renamed into place only when complete:
+a build killed half way leaves a ``.build-*`` leftover that nothing reads and ``cache
+prune`` removes. A file lock serializes builders, so two first users build once.
+
+Each use re-checks the entry cheaply against its marker (the same files, sizes, mtimes
+and no write bits); a difference, or a missing or unreadable marker, makes it rebuilt.
+``verify`` re-hashes every file (`kvprobe cache verify`). A run gets its own copy made of
+hard links: cheap, and nothing a run adds to its copy reaches the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from kvprobe import proc
+from kvprobe.errors import CheckoutError
+from kvprobe.files import sha256_file, write_atomic
+
+MARKER = "kvprobe-tree.json"
+_WRITE = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why an entry cannot be trusted (a file name and what differs)."""
+
+    path: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.what}"
+
+
+class TreeCache:
+    """``cache_root/trees``: one frozen, verified tree per key."""
+
+    def __init__(self, cache_root: Path) -> None:
+        self.root = cache_root / "trees"
+
+    def ensure(self, key: str, build: Callable[[Path], None], *, python: str | None = None) -> tuple[Path, str]:
+        """The entry's tree and "cache" or "built"; ``build(dest)`` fills a new tree.
+
+        With ``python``, the tree's bytecode is compiled by that interpreter.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        entry = self.root / key
+        with FileLock(str(self.root / f"{key}.lock")):
+            if entry.exists():
+                if not quick_problems(entry):
+                    os.utime(entry / MARKER)  # last used, for `cache ls` / `prune`
+                    return entry / "tree", "cache"
+                discard(entry)  # tampered or half written: never reused
+            self._build(entry, build, python)
+        return entry / "tree", "built"
+
+    def _build(self, entry: Path, build: Callable[[Path], None], python: str | None) -> None:
+        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=f".build-{entry.name}-"))
+        try:
+            build(tmp / "tree")
+            if python:
+                compile_bytecode(python, tmp / "tree", tmp)
+            files = freeze(tmp / "tree")
+            write_atomic(tmp / MARKER, (json.dumps({"files": files}, sort_keys=True) + "\n").encode())
+            os.chmod(tmp, 0o755)
+            os.rename(tmp, entry)
+        except BaseException:
+            discard(tmp)
+            raise
+
+
+def compile_bytecode(python: str, tree: Path, scratch: Path) -> None:
+    """``.pyc`` for every module, checked by source hash (never by mtime) when imported."""
+    result = proc.run(
+        [python, "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "checked-hash", str(tree)],
+        timeout_s=900,
+        env=proc.clean_env(home=scratch),
+        stdout_path=scratch / "compileall.out",
+        stderr_path=scratch / "compileall.err",
+    )
+    # exit 1: some file is not valid Python (test data); it would not import either
+    if result.timed_out or result.returncode not in (0, 1):
+        raise CheckoutError(f"compiling bytecode failed: {result.summary()}")
+
+
+def freeze(tree: Path) -> dict[str, dict]:
+    """Drop write permission on everything under ``tree``; returns each file's record."""
+    files = {}
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in filenames:
+            path = Path(dirpath, name)
+            if path.is_symlink():
+                raise CheckoutError(f"tree cache: unexpected symlink {path.relative_to(tree)}")
+            os.chmod(path, os.lstat(path).st_mode & ~_WRITE)
+            st = os.lstat(path)
+            files[path.relative_to(tree).as_posix()] = {
+                "sha256": sha256_file(path),
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+            }
+        dirnames.sort()
+    for dirpath, _dirs, _files in os.walk(tree, topdown=False):
+        os.chmod(dirpath, os.lstat(dirpath).st_mode & ~_WRITE)
+    return files
+
+
+def _listing(entry: Path) -> dict[str, dict] | None:
+    try:
+        data = json.loads((entry / MARKER).read_text(encoding="utf-8"))
+        return data["files"] if isinstance(data.get("files"), dict) else None
+    except (OSError, ValueError, AttributeError, KeyError):
+        return None
+
+
+def _walk(tree: Path) -> dict[str, os.stat_result]:
+    found = {}
+    for dirpath, _dirs, filenames in os.walk(tree):
+        for name in filenames:
+            path = Path(dirpath, name)
+            found[path.relative_to(tree).as_posix()] = os.lstat(path)
+    return found
+
+
+def quick_problems(entry: Path) -> list[Problem]:
+    """Cheap check (stat only): the marker's files, sizes and mtimes, nothing writable."""
+    listing = _listing(entry)
+    if listing is None:
+        return [Problem(MARKER, "missing or unreadable (half-written entry)")]
+    found = _walk(entry / "tree")
+    problems = [Problem(p, "not in the listing") for p in sorted(set(found) - set(listing))]
+    problems += [Problem(p, "missing") for p in sorted(set(listing) - set(found))]
+    for rel, st in found.items():
+        want = listing.get(rel)
+        if want is None:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(Problem(rel, "not a regular file"))
+        elif st.st_size != want["size"] or st.st_mtime_ns != want["mtime_ns"] or st.st_mode & _WRITE:
+            problems.append(Problem(rel, "size, mtime or permissions changed"))
+    return problems
+
+
+def verify(entry: Path) -> list[Problem]:
+    """Full check: the quick one, then every file's sha256 against the listing."""
+    problems = quick_problems(entry)
+    listing = _listing(entry) or {}
+    for rel, want in sorted(listing.items()):
+        path = entry / "tree" / rel
+        if path.is_file() and not path.is_symlink() and sha256_file(path) != want["sha256"]:
+            problems.append(Problem(rel, "sha256 differs from the listing"))
+    return problems
+
+
+def entries(cache_root: Path) -> list[Path]:
+    root = cache_root / "trees"
+    if not root.is_dir() or root.is_symlink():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+
+
+def link_copy(tree: Path, dest: Path) -> None:
+    """``dest``: a private copy of ``tree`` whose files are hard links (dirs are new)."""
+    for dirpath, _dirs, filenames in os.walk(tree):
+        target = dest / Path(dirpath).relative_to(tree)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            try:
+                os.link(Path(dirpath, name), target / name)
+            except OSError:  # another file system, or no hard links there
+                shutil.copy2(Path(dirpath, name), target / name)
+
+
+def discard(path: Path) -> None:
+    """Remove a (frozen) tree: renamed aside first, so no reader sees it half deleted."""
+    if not path.exists():
+        return
+    aside = path.with_name(f".trash-{path.name}-{uuid.uuid4().hex[:8]}")
+    os.rename(path, aside)
+    for dirpath, _dirs, _files in os.walk(aside):
+        os.chmod(dirpath, 0o755)
+    shutil.rmtree(aside, ignore_errors=True)
