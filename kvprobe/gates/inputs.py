@@ -6,9 +6,10 @@ that decided.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from kvprobe import files
 from kvprobe.errors import UsageError
@@ -48,13 +49,23 @@ def _input(role: str | None, path: Path) -> InputFile:
     return InputFile(path, role, files.sha256_file(path), path.stat().st_size)
 
 
+_MAX_LINE_CHARS = 1 << 20  # a longer line is scanned in pieces of this size
+
+
 def read_logs(specs: list[str]) -> list[tuple[InputFile, serverlog.WorkerLog]]:
     found = []
     for spec in specs:
         role, path = split_role(spec, "--log")
-        text = path.read_text(encoding="utf-8", errors="replace")
-        found.append((_input(role, path), serverlog.parse_log(text, str(path), role)))
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            log = serverlog.parse_log(_lines(handle), str(path), role)
+        found.append((_input(role, path), log))
     return found
+
+
+def _lines(handle: TextIO) -> Iterator[str]:
+    """The log's lines as ``str.splitlines`` numbers them, read in bounded pieces (flat memory)."""
+    while chunk := handle.readline(_MAX_LINE_CHARS):
+        yield from chunk.splitlines()
 
 
 def read_server_args(specs: list[str]) -> list[tuple[InputFile, str | None, serverlog.ServerArgs]]:

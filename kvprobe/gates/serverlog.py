@@ -30,6 +30,7 @@ import ast
 import json
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,9 @@ POST_CAPTURE_RE = re.compile(
 CANARY_RE = re.compile(r"install_canary: disaggregation_mode=(?P<mode>\w+) config=(?P<config>.*)")
 PREFIX_RE = re.compile(r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)(?P<ranks>[^\]]*)\] ")
 ARGS_MARK = "server_args="
+# Every line the scan reads holds one of these: other lines (nearly all of a serving log) are
+# skipped before any regex runs.
+_MARKS = ("max_total_num_tokens=", "KV Cache ", "KV cache allocated", "install_canary:", ARGS_MARK)
 
 # Server-argument keys the gates read; nothing else is copied out of a log or args file.
 KEYS = (
@@ -140,10 +144,11 @@ class WorkerLog:
         return self.role_flag or self.role_from_log
 
 
-def parse_log(text: str, path: str, role_flag: str | None = None) -> WorkerLog:
-    """Scan one worker's startup log; unknown lines are ignored, never guessed at."""
+def parse_log(text: str | Iterable[str], path: str, role_flag: str | None = None) -> WorkerLog:
+    """Scan one worker's startup log (its text, or its lines as a stream: a long-running server's
+    log can be GBs); unknown lines are ignored, never guessed at."""
     log = WorkerLog(path=path, role_flag=role_flag)
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text.splitlines() if isinstance(text, str) else text, start=1):
         log.lines = number
         _scan_line(log, raw.rstrip("\r"), number, path)
     if log.role_flag and log.role_from_log and log.role_flag != log.role_from_log:
@@ -152,6 +157,8 @@ def parse_log(text: str, path: str, role_flag: str | None = None) -> WorkerLog:
 
 
 def _scan_line(log: WorkerLog, line: str, number: int, path: str) -> None:
+    if not any(mark in line for mark in _MARKS):
+        return
     prefix = PREFIX_RE.match(line)
     body = line[prefix.end() :] if prefix else line
     ranks = prefix["ranks"].strip() if prefix else ""
