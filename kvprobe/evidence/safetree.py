@@ -43,7 +43,7 @@ class Limits:
     max_files: int = 10_000
     max_file_bytes: int = 512 << 20
     max_total_bytes: int = 2 << 30
-    max_json_bytes: int = 16 << 20  # receipt, manifest, raw outputs (the largest seen: 0.2 MiB)
+    max_json_bytes: int = 8 << 20  # receipt, manifest, raw outputs (the largest seen: 0.2 MiB)
     max_json_values: int = strict_json.MAX_VALUES
     max_json_depth: int = strict_json.MAX_DEPTH
     max_toml_bytes: int = 1 << 20  # a bundled experiment.toml (a few KiB)
