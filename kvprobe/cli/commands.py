@@ -488,8 +488,8 @@ def verify_cmd(
             f"it signs manifest sha256 {signed.manifest_sha256}"
         )
     consent = _bundle_code_consent(console, trust_bundle_code)
-    step6 = rerun_step(RerunOptions(repo, torch_index, float(timeout), consent=consent), RichReporter(console))
-    step6 = step6 if rerun else None
+    rerun_opts = RerunOptions(repo, torch_index, float(timeout), consent=consent)
+    step6 = rerun_step(rerun_opts, RichReporter(console)) if rerun else None
     opts = VerifyOptions(
         limits=_limits(max_files, max_file_bytes, max_bytes),
         expect_manifest_sha256=signed.manifest_sha256 if signed else expected,
@@ -521,7 +521,7 @@ def _signed_statement(attestation: Path | None, key: Path | None, expected: str 
     return signed
 
 
-def _bundle_code_consent(console, trusted: bool):
+def _bundle_code_consent(console: Console, trusted: bool) -> Callable[[list[tuple[str, str]]], bool]:
     """Consent to run a bundle's own code: the flag, or a yes typed at a terminal; never a pipe."""
 
     def consent(files: list[tuple[str, str]]) -> bool:

@@ -80,11 +80,11 @@ class _CappedTarInfo(tarfile.TarInfo):
     outright (their continuation blocks are read until the archive says stop).
     """
 
-    def _proc_member(self, tarfile_: tarfile.TarFile):
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
         extended = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE)
         if self.type == tarfile.GNUTYPE_SPARSE or (self.type in extended and self.size > _HEADER_ALLOWANCE):
             raise _HeaderTooLargeError(self.type, self.size)
-        return super()._proc_member(tarfile_)
+        return super()._proc_member(tarfile_)  # type: ignore[misc]  # the hook typeshed leaves out
 
 
 _HEADER_KINDS = {

@@ -57,6 +57,7 @@ def load(bundle: Path, limits: Limits | None = None) -> BundleView:
     SchemaError for a bundle that verifies but holds no run receipt (a gates bundle, exit 2).
     """
     report = verified(Path(bundle), VerifyOptions(limits=limits or Limits()))
+    assert report.receipt is not None and report.manifest is not None, "a verified bundle's step 2 accepted both"
     _check_version(report.receipt, RECEIPT_SCHEMA, f"{bundle}/{RECEIPT}")
     name = Path(report.archive).name if report.archive else Path(report.bundle).resolve().name
     return BundleView(report.receipt, report.manifest, report.manifest_sha256 or "", name)

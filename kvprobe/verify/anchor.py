@@ -52,15 +52,16 @@ def installed_digests(directory: Path) -> dict[str, str]:
 def compare_installed(bundle: Bundle) -> Anchor | None:
     """The bundle's ``probes/<id>/`` against the installed copy (digests from the manifest,
     which step 3 checked); None when the bundle's experiment is not one kvprobe ships."""
-    exp_id = (bundle.receipt or {}).get("experiment", {}).get("id")
+    receipt = bundle.receipt
+    exp_id = (receipt or {}).get("experiment", {}).get("id")
     directory = installed_experiment(exp_id)
-    if directory is None or bundle.manifest is None:
+    if directory is None or receipt is None or bundle.manifest is None:
         return None
     anchor = Anchor(exp_id, directory)
     want = installed_digests(directory)
     prefix = f"{PROBES_DIR}/{exp_id}/"
     have = {rel[len(prefix) :]: e["sha256"] for rel, e in bundle.listed().items() if rel.startswith(prefix)}
-    made_by = bundle.receipt.get("tool", {}).get("version")
+    made_by = receipt.get("tool", {}).get("version")
     other = f" (the bundle was made by kvprobe {made_by})" if made_by != __version__ else ""
     for name in sorted(set(have) | set(want)):
         rel = prefix + name

@@ -440,14 +440,14 @@ def readme_defects(bundle: Bundle) -> tuple[list[BundleDefect], list[str]]:
     bundle from another kvprobe version may render differently: then it is said to be unchecked."""
     if README not in bundle.listed():
         return [], []
-    made_by = bundle.receipt["tool"]["version"]
+    made_by = bundle.accepted_receipt["tool"]["version"]
     if made_by != __version__:
         return [], [f"README.md not checked: made by kvprobe {made_by}, whose rendering this kvprobe does not have"]
     found: list[BundleDefect] = []
     data = read_bytes(bundle, README, _MAX_README_BYTES, found)
     if data is None:
         return [ReadmeMismatch(README, d.detail) for d in found], []
-    if data != render_readme(bundle.receipt).encode("utf-8"):
+    if data != render_readme(bundle.accepted_receipt).encode("utf-8"):
         return [ReadmeMismatch(README, "not the summary kvprobe renders from receipt.json (edited after the run)")], []
     return [], []
 
