@@ -25,6 +25,9 @@ Sections (each figure: min / median / max over repetitions, and the ratio to its
            sglang-cpu lock (~6 GB). Target <= 0.5x. Also: a rebuild whose downloads are in
            uv's cache (what another profile's lock sharing those files pays), and whether
            both installers gave the same package set and versions.
+  hostile  peak RSS of `kvprobe verify` and `kvprobe report` on hostile bundles built by
+           tests/forge.py (documents just under the old caps, a 1 GiB archive header): each
+           refused or read within tens of MiB (issue #11). Needs nothing cached.
 
 The warm and verify sections need the sglang-cpu env in the kvprobe cache (a first
 `kvprobe run experiment-a` builds it); the cold section needs only git. Scratch data goes
@@ -55,7 +58,7 @@ if str(REPO) not in sys.path:
 MiB = 1 << 20
 GiB = 1 << 30
 EXPERIMENT = "experiment-a"
-SECTIONS = ("startup", "verify", "memory", "cold", "warm", "env")
+SECTIONS = ("startup", "verify", "memory", "hostile", "cold", "warm", "env")
 
 
 # --- figures -----------------------------------------------------------------------------
@@ -322,6 +325,79 @@ def bench_memory(figs: Figures, work: Path, bundle: Path | None, big: Path) -> N
         met=max(rss) - min(rss) < 8,
         note=" / ".join(f"{r:.1f}" for r in rss),
     )
+
+
+# --- hostile bundles ---------------------------------------------------------------------
+
+
+def _hostile_inputs(work: Path) -> dict[str, Path]:
+    """name -> a bundle directory or archive a hostile publisher could hand a reviewer."""
+    from tests import forge
+
+    def bundle(name: str, change: Callable[[Path], None] | None = None) -> Path:
+        root = forge.build(work / "hostile" / name)
+        if change:
+            change(root)
+        return root
+
+    def pad_receipt(root: Path, mib: int) -> None:
+        pad = b"[" + b",".join([b"[]"] * ((mib * MiB) // 3)) + b"]"
+        path = root / "receipt.json"
+        path.write_bytes(path.read_bytes().replace(b'"cpus": 2', b'"cpus": 2, "pad": ' + pad, 1))
+        forge.rehash(root)
+
+    def pad_sums(root: Path) -> None:
+        with open(root / "SHA256SUMS", "a") as sums:
+            sums.write(("0" * 64 + "  raw/x\n") * ((60 * MiB) // 73))
+
+    def pad_toml(root: Path) -> None:
+        rel = f"probes/{forge.EXP_ID}/experiment.toml"
+        path = root / rel
+        path.write_bytes(path.read_bytes() + b"\n[pad]\nx = [" + b",".join([b"[]"] * ((16 * MiB) // 3)) + b"]\n")
+        forge.edit_receipt(root, lambda r: r["experiment"].update(sha256=forge.sha(path.read_bytes())))
+        forge.recite(root, rel)
+
+    inputs = {
+        "normal bundle": bundle("normal"),
+        "57 MiB receipt": bundle("receipt57", lambda r: pad_receipt(r, 57)),
+        "7 MiB receipt of []": bundle("receipt7", lambda r: pad_receipt(r, 7)),
+        "60 MiB SHA256SUMS": bundle("sums", pad_sums),
+        "16 MiB experiment.toml": bundle("toml", pad_toml),
+    }
+    inputs["1 GiB PAX header .tar.gz"] = _pax_bomb(work / "hostile" / "pax.tar.gz", GiB)
+    return inputs
+
+
+def _pax_bomb(path: Path, declared: int) -> Path:
+    import tarfile
+    import zlib
+
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, declared
+    gz = zlib.compressobj(1, zlib.DEFLATED, 31)
+    with open(path, "wb") as out:
+        out.write(gz.compress(info.tobuf(tarfile.USTAR_FORMAT) + f"{declared} path=".encode()))
+        chunk = b"a" * MiB
+        for _ in range(declared // MiB):
+            out.write(gz.compress(chunk))
+        out.write(gz.compress(b"\0" * 1024) + gz.flush())
+    return path
+
+
+def bench_hostile(figs: Figures, work: Path) -> None:
+    kv = kvprobe_argv()
+    inputs = _hostile_inputs(work)
+    for command in (["verify"], ["report", "--format", "openvex"]):
+        rss = [peak_rss_mib([*kv, command[0], str(path), *command[1:]], ok=(0, 1, 2)) for path in inputs.values()]
+        figs.add(
+            "hostile",
+            f"peak RSS kvprobe {command[0]}: " + " / ".join(inputs),
+            rss,
+            unit="MiB",
+            target="< 64 MiB each",
+            met=max(rss) < 64,
+            note=" / ".join(f"{r:.1f}" for r in rss),
+        )
 
 
 # --- cold path ---------------------------------------------------------------------------
@@ -726,6 +802,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench_verify(figs, work, bundle, big, reps["fast"])
             if "memory" in only:
                 bench_memory(figs, work, bundle, big)
+        if "hostile" in only:
+            bench_hostile(figs, work)
         if "cold" in only:
             bench_git(figs, work, 400 if args.quick else 2000)
             bench_reuse(figs, work, reps["fast"])

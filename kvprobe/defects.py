@@ -98,6 +98,12 @@ class ArchiveDuplicateMember(LayoutDefect):
     code = "archive-duplicate-member"
 
 
+class ArchiveHeaderTooLarge(LayoutDefect):
+    """A PAX or GNU long-name header (or a sparse map) larger than any bundle needs: never read."""
+
+    code = "archive-header-too-large"
+
+
 # --- step 2: JSON ------------------------------------------------------------------------
 
 
@@ -305,12 +311,25 @@ class RunIdMismatch(ConsistencyDefect):
     code = "run-id-mismatch"
 
 
+class ReadmeMismatch(ConsistencyDefect):
+    """README.md (what a reviewer reads first) is not the one kvprobe renders from the receipt."""
+
+    code = "readme-mismatch"
+
+
 # --- step 5: authenticity, step 6: rerun -------------------------------------------------
 
 
 class ManifestDigestMismatch(BundleDefect):
     step = 5
     code = "manifest-digest-mismatch"
+
+
+class DiffersFromInstalled(BundleDefect):
+    """A bundled file of an experiment kvprobe ships that is not the installed copy's."""
+
+    step = 5
+    code = "differs-from-installed"
 
 
 class RerunDiffers(BundleDefect):

@@ -21,6 +21,7 @@ from typing import Any
 
 from kvprobe import schema
 from kvprobe.evidence import compare, manifest
+from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.names import MANIFEST, SUMS
 
 EXP_ID = "forge-exp"
@@ -185,7 +186,7 @@ def build(root: Path, algorithm: str = compare.ALGORITHM) -> Path:
     receipt = _receipt(exp_ref, sides, expectations, comparison)
     schema.validate(receipt, "kvprobe.receipt/1", source="forge receipt")
     _write(root, "receipt.json", dumps(receipt))
-    _write(root, "README.md", b"# forge-exp\n\nVerdict: **reproduced**\n")
+    _write(root, "README.md", render_readme(receipt).encode("utf-8"))
     manifest.write(root)
     return root
 
@@ -251,10 +252,23 @@ def rehash(root: Path) -> None:
 
 
 def edit_receipt(root: Path, change: Callable[[dict], None]) -> None:
+    """Change the receipt, then re-derive what a writer derives from it: README.md (when it was
+    the rendering of the old receipt and the new one still renders) and the hashes."""
     receipt = load(root, "receipt.json")
+    readme = root / "README.md"
+    derived = readme.is_file() and not readme.is_symlink() and readme.read_bytes() == _rendered(receipt)
     change(receipt)
     (root / "receipt.json").write_bytes(dumps(receipt))
+    if derived and _rendered(receipt) is not None:
+        readme.write_bytes(_rendered(receipt))
     rehash(root)
+
+
+def _rendered(receipt: dict) -> bytes | None:
+    try:
+        return render_readme(receipt).encode("utf-8")
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None  # a tamper that breaks the receipt's shape
 
 
 def recite(root: Path, rel: str) -> None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from kvprobe.verify.attestation import SignedStatement
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
+EXIT_INTERNAL = 4  # a bug in kvprobe: never to be read as "the verdict does not hold" (1)
 _VERDICT_EXIT = {
     "reproduced": EXIT_OK,
     "not-reproduced": EXIT_FAIL,
@@ -44,6 +45,19 @@ def _fail(exc: KvprobeError, debug: bool) -> None:
     sys.exit(exc.exit_code)
 
 
+def _internal(exc: BaseException, debug: bool) -> None:
+    """A crash (a bug, or memory or recursion exhausted): one line, exit 4; the traceback with --debug."""
+    if debug:
+        import traceback
+
+        traceback.print_exception(exc)
+    detail = " ".join(str(exc).split())[:200]
+    click.echo(f"kvprobe: internal error: {type(exc).__name__}: {detail}", err=True)
+    if not debug:
+        click.echo("  this is a bug in kvprobe; rerun with --debug for the traceback", err=True)
+    sys.exit(EXIT_INTERNAL)
+
+
 def guarded(func: Callable[..., int]) -> Callable[..., None]:
     """Run a command body; map KvprobeError to its exit code, the body's int to the exit."""
     import functools
@@ -55,6 +69,10 @@ def guarded(func: Callable[..., int]) -> Callable[..., None]:
             code = func(*args, **kwargs)
         except KvprobeError as exc:
             _fail(exc, debug)
+        except (click.exceptions.Exit, click.Abort, click.ClickException, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # the catch-all that keeps a crash off exit 1
+            _internal(exc, debug)
         sys.exit(code or 0)
 
     return wrapper
@@ -81,7 +99,8 @@ def main(debug: bool) -> None:
     """Turn an upstream security fix into a pinned, checkable evidence bundle.
 
     Exit codes: 0 the verdict asked for holds; 1 it does not; 2 usage or bad input;
-    3 could not observe (network, git, pip, timeout, broken environment).
+    3 could not observe (network, git, pip, timeout, broken environment); 4 internal error
+    (a bug in kvprobe: one line, the traceback with --debug).
     """
 
 
@@ -252,8 +271,47 @@ def run_summary(result: RunResult) -> dict[str, Any]:
     }
 
 
+def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--max-files / --max-file-bytes / --max-bytes: caps that keep a hostile bundle cheap."""
+    from kvprobe.evidence.safetree import Limits
+
+    defaults = Limits()
+    for option in (
+        click.option(
+            "--max-bytes",
+            type=click.IntRange(1),
+            default=defaults.max_total_bytes,
+            show_default=True,
+            help="Cap on the bundle's total bytes.",
+        ),
+        click.option(
+            "--max-file-bytes",
+            type=click.IntRange(1),
+            default=defaults.max_file_bytes,
+            show_default=True,
+            help="Cap on any one file's bytes.",
+        ),
+        click.option(
+            "--max-files",
+            type=click.IntRange(1),
+            default=defaults.max_files,
+            show_default=True,
+            help="Cap on the number of files and directories.",
+        ),
+    ):
+        func = option(func)
+    return func
+
+
+def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
+    from kvprobe.evidence.safetree import Limits
+
+    return Limits(max_files=max_files, max_file_bytes=max_file_bytes, max_total_bytes=max_bytes)
+
+
 @main.command("report")
 @click.argument("bundle", type=click.Path(path_type=Path))
+@_limit_options
 @click.option(
     "--format",
     "fmt",
@@ -279,6 +337,9 @@ def run_summary(result: RunResult) -> dict[str, Any]:
 @guarded
 def report_cmd(
     bundle: Path,
+    max_files: int,
+    max_file_bytes: int,
+    max_bytes: int,
     fmt: str,
     output: Path | None,
     force: bool,
@@ -286,7 +347,8 @@ def report_cmd(
     author_role: str | None,
     subject_archive: Path | None,
 ) -> int:
-    """Render a bundle's receipt for a security review (exit 2: not a bundle or malformed).
+    """Render a bundle (directory or .tar.gz) that verifies for a security review (exit 1: it
+    does not verify, as `kvprobe verify` says; 2: not a bundle, or nothing to state).
 
     OpenVEX's document timestamp is when it is issued (now, or SOURCE_DATE_EPOCH); each
     statement's is the run's (the receipt's created_utc)."""
@@ -302,7 +364,7 @@ def report_cmd(
         raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds")
     issued = datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if epoch else None
     opts = ExportOptions(author=author, role=author_role, issued=issued, archive=subject_archive)
-    text = render(load(bundle), fmt, opts)
+    text = render(load(bundle, _limits(max_files, max_file_bytes, max_bytes)), fmt, opts)
     if output is None:
         click.echo(text, nl=False)
     else:
@@ -382,44 +444,6 @@ def gates_cmd(
 _VERIFY_EXIT = {"verified": EXIT_OK, "failed": EXIT_FAIL, "could-not-rerun": EXIT_UNOBSERVED}
 
 
-def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--max-files / --max-file-bytes / --max-bytes: caps that keep a hostile bundle cheap."""
-    from kvprobe.evidence.safetree import Limits
-
-    defaults = Limits()
-    for option in (
-        click.option(
-            "--max-bytes",
-            type=click.IntRange(1),
-            default=defaults.max_total_bytes,
-            show_default=True,
-            help="Cap on the bundle's total bytes.",
-        ),
-        click.option(
-            "--max-file-bytes",
-            type=click.IntRange(1),
-            default=defaults.max_file_bytes,
-            show_default=True,
-            help="Cap on any one file's bytes.",
-        ),
-        click.option(
-            "--max-files",
-            type=click.IntRange(1),
-            default=defaults.max_files,
-            show_default=True,
-            help="Cap on the number of files and directories.",
-        ),
-    ):
-        func = option(func)
-    return func
-
-
-def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
-    from kvprobe.evidence.safetree import Limits
-
-    return Limits(max_files=max_files, max_file_bytes=max_file_bytes, max_total_bytes=max_bytes)
-
-
 @main.command("verify")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option(
@@ -429,7 +453,15 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
     help="The bundle digest (manifest.json's sha256) published elsewhere: checks authenticity.",
 )
 @click.option(
-    "--rerun", is_flag=True, help="Run the bundle's experiment again (executes its probes) and compare check by check."
+    "--rerun",
+    is_flag=True,
+    help="Run the experiment again and compare check by check: kvprobe's installed copy when it "
+    "ships the experiment, else the bundle's own code (needs --trust-bundle-code or a yes at a terminal).",
+)
+@click.option(
+    "--trust-bundle-code",
+    is_flag=True,
+    help="With --rerun: allow running the bundle's own probe code (its sha256 digests are printed first).",
 )
 @click.option(
     "--attestation",
@@ -455,9 +487,10 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
 def verify_cmd(
     bundle: Path,
     expect_digest: str | None,
+    rerun: bool,
+    trust_bundle_code: bool,
     attestation: Path | None,
     key: Path | None,
-    rerun: bool,
     repo: str | None,
     torch_index: str | None,
     timeout: int,
@@ -483,7 +516,9 @@ def verify_cmd(
             f"attestation: signature verified with key {signed.keyid}; "
             f"it signs manifest sha256 {signed.manifest_sha256}"
         )
-    step6 = rerun_step(RerunOptions(repo, torch_index, float(timeout)), RichReporter(console)) if rerun else None
+    consent = _bundle_code_consent(console, trust_bundle_code)
+    rerun_opts = RerunOptions(repo, torch_index, float(timeout), consent=consent)
+    step6 = rerun_step(rerun_opts, RichReporter(console)) if rerun else None
     opts = VerifyOptions(
         limits=_limits(max_files, max_file_bytes, max_bytes),
         expect_manifest_sha256=signed.manifest_sha256 if signed else expected,
@@ -513,6 +548,20 @@ def _signed_statement(attestation: Path | None, key: Path | None, expected: str 
             f"but --expect-manifest-sha256 is {expected}: they cannot both hold"
         )
     return signed
+
+
+def _bundle_code_consent(console: Console, trusted: bool) -> Callable[[list[tuple[str, str]]], bool]:
+    """Consent to run a bundle's own code: the flag, or a yes typed at a terminal; never a pipe."""
+
+    def consent(files: list[tuple[str, str]]) -> bool:
+        if not trusted and not (sys.stdin.isatty() and sys.stderr.isatty()):
+            return False
+        console.print("the rerun will execute the bundle's own code:", markup=False, highlight=False)
+        for rel, digest in files:
+            console.print(f"  sha256 {digest}  {rel}", markup=False, highlight=False)
+        return trusted or click.confirm("Run this code as you, on this machine?", default=False, err=True)
+
+    return consent
 
 
 @main.group("bundle")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from kvprobe.defects import (
     ArchiveDuplicateMember,
+    ArchiveHeaderTooLarge,
     ArchiveLinkMember,
     ArchiveSpecialMember,
     ArchiveTraversal,
@@ -67,6 +68,34 @@ class _CappedReader(io.RawIOBase):
         return len(data)
 
 
+class _HeaderTooLargeError(Exception):
+    pass
+
+
+class _CappedTarInfo(tarfile.TarInfo):
+    """Refuses an extended header from its declared size, before tarfile reads it into memory.
+
+    ``_proc_member`` is tarfile's documented hook for subclasses (see its comment); PAX and GNU
+    long-name headers are read whole by the stock methods, and GNU sparse maps are refused
+    outright (their continuation blocks are read until the archive says stop).
+    """
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        extended = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE)
+        if self.type == tarfile.GNUTYPE_SPARSE or (self.type in extended and self.size > _HEADER_ALLOWANCE):
+            raise _HeaderTooLargeError(self.type, self.size)
+        return super()._proc_member(tarfile_)  # type: ignore[misc]  # the hook typeshed leaves out
+
+
+_HEADER_KINDS = {
+    tarfile.GNUTYPE_LONGNAME: "GNU long-name",
+    tarfile.GNUTYPE_LONGLINK: "GNU long-link",
+    tarfile.XHDTYPE: "PAX extended",
+    tarfile.XGLTYPE: "PAX global",
+    tarfile.GNUTYPE_SPARSE: "GNU sparse",
+}
+
+
 @dataclass(frozen=True)
 class Member:
     name: str
@@ -79,7 +108,9 @@ def _members(archive: Path, limits: Limits) -> Iterator[Iterator[tuple[tarfile.T
     cap = limits.max_total_bytes + (limits.max_files + 2) * _HEADER_ALLOWANCE
     with open(archive, "rb") as handle, gzip.GzipFile(fileobj=handle, mode="rb") as gz:
         reader = io.BufferedReader(_CappedReader(gz, cap), 1 << 16)
-        with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
+        with tarfile.open(
+            fileobj=reader, mode="r|", encoding="utf-8", errors="surrogateescape", tarinfo=_CappedTarInfo
+        ) as tar:
             yield ((member, tar) for member in tar)
 
 
@@ -106,6 +137,15 @@ def scan_archive(archive: Path, limits: Limits) -> tuple[list[Member], list[Bund
     except _Overflow:
         defects.append(
             BundleTooLarge(archive.name, "decompressed archive exceeds the size cap (raise with --max-bytes)")
+        )
+    except _HeaderTooLargeError as exc:
+        kind, size = exc.args
+        defects.append(
+            ArchiveHeaderTooLarge(
+                archive.name,
+                f"{_HEADER_KINDS[kind]} header of {size} bytes after member {len(members)} "
+                f"(cap {_HEADER_ALLOWANCE}); not read",
+            )
         )
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
         raise NotABundle(f"{archive}: not a readable .tar.gz ({exc})") from exc
@@ -208,7 +248,7 @@ def extracted(archive: Path, limits: Limits) -> Iterator[tuple[Path | None, list
         (private / "x").mkdir()
         try:
             extract(archive, members, private / "x", limits)
-        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, _Overflow) as exc:
+        except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, _Overflow, _HeaderTooLargeError) as exc:
             raise NotABundle(f"{archive}: not a readable .tar.gz ({exc})") from exc
         top = bundle_root(members)
         yield (private / "x" / top if top else private / "x"), []

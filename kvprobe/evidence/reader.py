@@ -8,12 +8,14 @@ caller's list, never an exception: verification reports every defect it finds.
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvprobe.defects import BundleDefect, Unreadable
+from kvprobe.defects import BundleDefect, TomlMalformed, Unreadable
 from kvprobe.evidence.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
 from kvprobe.names import SIDES
+from kvprobe.strict_json import depth, value_bound
 from kvprobe.strict_json import loads as strict_loads
 
 
@@ -84,10 +86,38 @@ def parse_json(bundle: Bundle, rel: str, data: bytes | None, defects: list[Bundl
     if data is None:
         return None
     try:
-        return strict_loads(data, rel, max_bytes=bundle.limits.max_json_bytes, max_depth=bundle.limits.max_json_depth)
+        return strict_loads(
+            data,
+            rel,
+            max_bytes=bundle.limits.max_json_bytes,
+            max_depth=bundle.limits.max_json_depth,
+            max_values=bundle.limits.max_json_values,
+        )
     except BundleDefect as defect:
         defects.append(defect)
         return None
+
+
+def read_toml(bundle: Bundle, rel: str, defects: list[BundleDefect]) -> tuple[bytes | None, Any]:
+    """(bytes, parsed document) of a TOML file within the TOML caps; (bytes or None, None) with
+    the defect appended. tomllib recurses, so nesting is bounded before parsing it."""
+    data = read_bytes(bundle, rel, bundle.limits.max_toml_bytes, defects)
+    if data is None:
+        return None, None
+    if value_bound(data) > bundle.limits.max_json_values:
+        defects.append(TomlMalformed(rel, f"more than {bundle.limits.max_json_values} values"))
+        return data, None
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        defects.append(TomlMalformed(rel, f"not valid TOML: {exc}"))
+        return data, None
+    except RecursionError:
+        doc = None
+    if doc is None or depth(doc) > bundle.limits.max_json_depth:
+        defects.append(TomlMalformed(rel, f"nested deeper than {bundle.limits.max_json_depth}"))
+        return data, None
+    return data, doc
 
 
 def cited_raw(receipt: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:

@@ -43,8 +43,10 @@ class Limits:
     max_files: int = 10_000
     max_file_bytes: int = 512 << 20
     max_total_bytes: int = 2 << 30
-    max_json_bytes: int = strict_json.MAX_BYTES
+    max_json_bytes: int = 8 << 20  # receipt, manifest, raw outputs (the largest seen: 0.2 MiB)
+    max_json_values: int = strict_json.MAX_VALUES
     max_json_depth: int = strict_json.MAX_DEPTH
+    max_toml_bytes: int = 1 << 20  # a bundled experiment.toml (a few KiB)
     max_path_chars: int = 1024
     max_path_depth: int = 32
     max_name_chars: int = 255

@@ -1,8 +1,8 @@
 """The bundle the renderers read, and the facts every format states the same way.
 
-:func:`load` reads a bundle directory strictly (schema-checked receipt and manifest, files on
-disk exactly the manifest's) into a :class:`BundleView`: the receipt, the manifest and
-manifest.json's sha256. The renderers (:mod:`~kvprobe.exports.markdown`,
+:func:`load` reads a bundle directory or .tar.gz through verification (the one reader, steps
+1-5) into a :class:`BundleView`: the receipt, the manifest and manifest.json's sha256. The
+renderers (:mod:`~kvprobe.exports.markdown`,
 :mod:`~kvprobe.exports.openvex`, :mod:`~kvprobe.exports.intoto`) are pure functions of it.
 """
 
@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from kvprobe import schema
-from kvprobe.errors import SchemaError, UsageError, VerificationFailed
-from kvprobe.evidence import manifest as manifest_mod
-from kvprobe.names import MANIFEST, MANIFEST_SCHEMA, RECEIPT, RECEIPT_SCHEMA, SIDES
-from kvprobe.strict_json import load_document
+from kvprobe.errors import SchemaError, UsageError
+from kvprobe.evidence.safetree import Limits
+from kvprobe.names import RECEIPT, RECEIPT_SCHEMA, SIDES
+from kvprobe.verify.steps import VerifyOptions, verified
 
 _GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
 
@@ -49,36 +48,19 @@ class BundleView:
 # --- reading a bundle ----------------------------------------------------------------------
 
 
-def load(bundle: Path) -> BundleView:
-    """Read ``bundle``'s receipt.json and manifest.json, both schema-checked, and check that the
-    files on disk are exactly the ones the manifest lists, byte for byte.
+def load(bundle: Path, limits: Limits | None = None) -> BundleView:
+    """A bundle directory or .tar.gz, read as `kvprobe verify` reads it: the one bundle reader
+    and the same steps (layout, strict documents, integrity, the verdict recomputed from the raw
+    outputs, the installed copy of a known experiment).
 
-    Raises UsageError (not a bundle directory), SchemaError (malformed or unknown-version JSON)
-    and VerificationFailed (files differ from the manifest).
+    Raises NotABundle (exit 2), VerificationFailed naming the first defect (exit 1), and
+    SchemaError for a bundle that verifies but holds no run receipt (a gates bundle, exit 2).
     """
-    root = Path(bundle)
-    if not root.is_dir():
-        raise UsageError(
-            f"{bundle}: not a bundle directory",
-            hints=["pass the directory `kvprobe run` wrote (it holds receipt.json and manifest.json)"],
-        )
-    missing = [n for n in (RECEIPT, MANIFEST) if not (root / n).is_file()]
-    if missing:
-        raise UsageError(f"{bundle}: not a kvprobe bundle: no {' and no '.join(missing)}")
-    manifest_bytes = (root / MANIFEST).read_bytes()
-    manifest = load_document(manifest_bytes, f"{bundle}/{MANIFEST}")
-    _check_version(manifest, MANIFEST_SCHEMA, f"{bundle}/{MANIFEST}")
-    schema.validate(manifest, MANIFEST_SCHEMA, source=f"{bundle}/{MANIFEST}")
-    receipt = load_document((root / RECEIPT).read_bytes(), f"{bundle}/{RECEIPT}")
-    _check_version(receipt, RECEIPT_SCHEMA, f"{bundle}/{RECEIPT}")
-    schema.validate(receipt, RECEIPT_SCHEMA, source=f"{bundle}/{RECEIPT}")
-    problems = _differences(manifest, manifest_mod.build(root))
-    if problems:
-        raise VerificationFailed(
-            f"{bundle}: files differ from manifest.json ({len(problems)} problem(s)); not rendering a report",
-            hints=[*problems[:20], f"run `kvprobe verify {bundle}` for the full check"],
-        )
-    return BundleView(receipt, manifest, manifest_mod.sha256_bytes(manifest_bytes), root.resolve().name)
+    report = verified(Path(bundle), VerifyOptions(limits=limits or Limits()))
+    assert report.receipt is not None and report.manifest is not None, "a verified bundle's step 2 accepted both"
+    _check_version(report.receipt, RECEIPT_SCHEMA, f"{bundle}/{RECEIPT}")
+    name = Path(report.archive).name if report.archive else Path(report.bundle).resolve().name
+    return BundleView(report.receipt, report.manifest, report.manifest_sha256 or "", name)
 
 
 def _check_version(doc: Any, version: str, source: str) -> None:
@@ -88,19 +70,6 @@ def _check_version(doc: Any, version: str, source: str) -> None:
             f"{source}: schema {found!r} is not {version!r}, the version this kvprobe reads",
             hints=["upgrade kvprobe if the bundle is newer"],
         )
-
-
-def _differences(recorded: Mapping[str, Any], actual: Mapping[str, Any]) -> list[str]:
-    want = {f["path"]: f for f in recorded["files"]}
-    have = {f["path"]: f for f in actual["files"]}
-    problems = [f"{p}: listed in manifest.json, missing on disk" for p in sorted(want.keys() - have.keys())]
-    problems += [f"{p}: on disk, not listed in manifest.json" for p in sorted(have.keys() - want.keys())]
-    problems += [
-        f"{p}: sha256 {have[p]['sha256']} on disk, manifest.json says {want[p]['sha256']}"
-        for p in sorted(want.keys() & have.keys())
-        if want[p]["sha256"] != have[p]["sha256"] or want[p]["size"] != have[p]["size"]
-    ]
-    return problems
 
 
 def project(receipt: Mapping[str, Any]) -> str | None:

@@ -1,9 +1,18 @@
 """Step 6: run a verified bundle's experiment again and compare check by check.
 
-The experiment is loaded from the bundle's own ``probes/<id>/`` (the probes that ran,
-byte for byte, copied out of the verified tree into a private temp dir), with the same pin
-set; the fresh bundle goes to a temp dir that is removed afterwards. Note: this executes the
-bundle's probe code on this machine, as ``kvprobe run`` would.
+The trust rule (README, "verify --rerun"): code from a bundle never runs without consent.
+
+- When the bundle names an experiment the installed kvprobe ships, the rerun uses kvprobe's
+  own installed copy; step 5 has already compared the bundle's experiment file and probes
+  with it digest by digest, and a difference stops verification before step 6.
+- Otherwise the rerun would execute the bundle's own probe code. It needs consent: the caller's
+  ``consent`` callback is shown the sha256 of every file that will run and says yes or no
+  (the CLI: ``--trust-bundle-code``, or a prompt on a terminal; never an implicit yes).
+  Those files are copied out of the verified tree into a private temp dir.
+
+Experiments and dependency profiles are looked up in kvprobe's own ``probes/`` only while a
+rerun lasts (:func:`kvprobe.resources.builtin_search_path`): never the bundle directory or the
+current directory's ``./probes``. The fresh bundle goes to a temp dir removed afterwards.
 """
 
 from __future__ import annotations
@@ -16,13 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvprobe import __version__
 from kvprobe.defects import RerunDiffers
 from kvprobe.errors import ExperimentError, ObserveError, UsageError
 from kvprobe.evidence.reader import Bundle
 from kvprobe.model.records import Experiment
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 from kvprobe.progress import Reporter
+from kvprobe.resources import builtin_search_path
+from kvprobe.verify.anchor import installed_experiment
 from kvprobe.verify.result import StepResult, step_result
+
+# Asked before a bundle's own code runs: [(path in the bundle, sha256)] -> yes or no.
+Consent = Callable[[list[tuple[str, str]]], bool]
+TRUST_FLAG = "--trust-bundle-code"
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,7 @@ class RerunOptions:
     torch_index: str | None = None
     timeout_s: float = 1800.0
     cache_root: Path | None = None
+    consent: Consent | None = None  # None: the bundle's own code never runs
 
 
 _RawPaths = dict[tuple[str, str], str]
@@ -41,26 +58,50 @@ def rerun_step(opts: RerunOptions, reporter: Reporter | None = None) -> Callable
     return functools.partial(rerun, opts=opts, reporter=reporter)
 
 
+def bundle_code(bundle: Bundle) -> list[tuple[str, str]]:
+    """(path, sha256) of every file under probes/<id>/: what a rerun of the bundle's copy runs."""
+    prefix = f"{PROBES_DIR}/{bundle.accepted_receipt['experiment']['id']}/"
+    return [(rel, e["sha256"]) for rel, e in sorted(bundle.listed().items()) if rel.startswith(prefix)]
+
+
 def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) -> StepResult:
+    exp_id = bundle.accepted_receipt["experiment"]["id"]
+    installed = installed_experiment(exp_id)
+    notes: list[str] = []
+    if installed is not None:
+        notes.append(f"re-ran kvprobe {__version__}'s installed {exp_id}, not the bundle's copy")
+    elif opts.consent is None or not opts.consent(bundle_code(bundle)):
+        return StepResult(
+            6,
+            "could-not-run",
+            "not re-run: the bundle's own code needs consent",
+            notes=[
+                f"{exp_id} is not an experiment kvprobe {__version__} ships: re-running it executes the "
+                f"bundle's own probe code as you; pass {TRUST_FLAG} to allow that (its digests are printed first)"
+            ],
+        )
+    else:
+        notes.append(f"re-ran the bundle's own code for {exp_id} ({TRUST_FLAG})")
     work = Path(tempfile.mkdtemp(prefix="kvprobe-rerun-"))
     try:
-        try:
-            exp = _bundled_experiment(bundle, work)
-        except ExperimentError as exc:
-            return StepResult(
-                6,
-                "fail",
-                "the bundled experiment cannot be loaded",
-                [RerunDiffers(bundle.accepted_receipt["experiment"]["file"], exc.message)],
-            )
-        try:
-            fresh = _run(exp, bundle.accepted_receipt["pin_set"]["name"], opts, work, reporter)
-        except (ObserveError, UsageError) as exc:
-            return StepResult(6, "could-not-run", f"could not re-run: {exc.message}", notes=exc.hints)
+        with builtin_search_path():
+            try:
+                exp = _load(installed, bundle, work)
+            except ExperimentError as exc:
+                return StepResult(
+                    6,
+                    "fail",
+                    "the experiment cannot be loaded",
+                    [RerunDiffers(bundle.accepted_receipt["experiment"]["file"], exc.message)],
+                )
+            try:
+                fresh = _run(exp, bundle.accepted_receipt["pin_set"]["name"], opts, work, reporter)
+            except (ObserveError, UsageError) as exc:
+                return StepResult(6, "could-not-run", f"could not re-run: {exc.message}", notes=exc.hints)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     defects = diff_runs(bundle.accepted_receipt, fresh)
-    notes = env_notes(bundle.accepted_receipt, fresh)
+    notes += env_notes(bundle.accepted_receipt, fresh)
     return step_result(
         6,
         defects,
@@ -69,17 +110,17 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
     )
 
 
-def _bundled_experiment(bundle: Bundle, work: Path) -> Experiment:
-    """Copy probes/<id>/ (manifest-listed, already verified) out, then load it."""
+def _load(installed: Path | None, bundle: Bundle, work: Path) -> Experiment:
+    """The installed experiment, or the bundle's copy (consented to) taken out of the verified tree."""
     from kvprobe.experiments.experiment import load_file
 
+    if installed is not None:
+        return load_file(installed / "experiment.toml")
     exp_id = bundle.accepted_receipt["experiment"]["id"]
-    prefix = f"{PROBES_DIR}/{exp_id}/"
-    for rel in bundle.listed():
-        if rel.startswith(prefix):
-            target = work / PROBES_DIR / rel[len(PROBES_DIR) + 1 :]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(bundle.tree.read_bytes(rel, bundle.limits.max_file_bytes))
+    for rel, _digest in bundle_code(bundle):
+        target = work / PROBES_DIR / rel[len(PROBES_DIR) + 1 :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(bundle.tree.read_bytes(rel, bundle.limits.max_file_bytes))
     return load_file(work / PROBES_DIR / exp_id / "experiment.toml")
 
 

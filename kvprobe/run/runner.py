@@ -26,7 +26,7 @@ from kvprobe.model.records import Experiment, GitPin, PinSet, Side, SourceKind, 
 from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.run.side import CheckContext, environment, run_side
-from kvprobe.verify.steps import verify
+from kvprobe.verify.steps import VerifyOptions, verify
 
 if TYPE_CHECKING:
     from kvprobe.sources.git import GitSource
@@ -461,8 +461,9 @@ def _write_bundle(exp: Experiment, receipt: dict[str, Any], staging: Path, final
 
 
 def verify_on_write(staging: Path) -> None:
-    """The bundle must pass the same offline verification a reader will run on it."""
-    report = verify(staging)
+    """The bundle must pass the same offline verification a reader will run on it (but for the
+    comparison with kvprobe's installed copy: a project may run its own edit of an experiment)."""
+    report = verify(staging, VerifyOptions(check_installed=False))
     if report.outcome != "verified":
         details = "; ".join(str(d) for d in report.defects[:3])
         raise CheckRunError(f"the new bundle failed its own verification: {details}")

@@ -12,6 +12,7 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
+from kvprobe import __version__
 from kvprobe.defects import (
     BadPin,
     BundleDefect,
@@ -26,16 +27,18 @@ from kvprobe.defects import (
     ForgedVerdict,
     PinMismatch,
     RawInvalid,
+    ReadmeMismatch,
     RecomputeFailed,
     RecordMismatch,
     RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
 from kvprobe.evidence import compare
+from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
-from kvprobe.evidence.reader import Bundle, cited_raw
+from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
-from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
+from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
 from kvprobe.verify.result import StepResult, step_result
 
 _MAX_DIFFS = 8
@@ -47,7 +50,8 @@ def step_consistency(bundle: Bundle) -> StepResult:
     defects += record_defects(bundle)
     defects += recompute_defects(bundle)
     defects += pin_defects(receipt) + run_id_defects(receipt)
-    notes = []
+    readme, notes = readme_defects(bundle)
+    defects += readme
     if bundle.experiment is not None:
         defects += experiment_defects(bundle)
     else:
@@ -423,6 +427,29 @@ def _experiment_view(data: dict[str, Any], pin_set: str) -> dict[str, Any]:
         },
         "sides": {side: {"probes": probes, "tests": tests} for side in SIDES},
     }
+
+
+# --- README.md ---------------------------------------------------------------------------
+
+_MAX_README_BYTES = 1 << 20
+
+
+def readme_defects(bundle: Bundle) -> tuple[list[BundleDefect], list[str]]:
+    """README.md, when present, is byte for byte the summary this kvprobe renders from the
+    receipt: a reviewer reads it first, and nothing else ties its claims to the evidence. A
+    bundle from another kvprobe version may render differently: then it is said to be unchecked."""
+    if README not in bundle.listed():
+        return [], []
+    made_by = bundle.accepted_receipt["tool"]["version"]
+    if made_by != __version__:
+        return [], [f"README.md not checked: made by kvprobe {made_by}, whose rendering this kvprobe does not have"]
+    found: list[BundleDefect] = []
+    data = read_bytes(bundle, README, _MAX_README_BYTES, found)
+    if data is None:
+        return [ReadmeMismatch(README, d.detail) for d in found], []
+    if data != render_readme(bundle.accepted_receipt).encode("utf-8"):
+        return [ReadmeMismatch(README, "not the summary kvprobe renders from receipt.json (edited after the run)")], []
+    return [], []
 
 
 # --- pins and run id ---------------------------------------------------------------------

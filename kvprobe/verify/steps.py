@@ -1,7 +1,8 @@
 """Verify a bundle as untrusted input, as numbered steps that each report every defect.
 
 1 layout  2 documents (strict JSON/TOML, kvprobe's own schemas)  3 integrity  4 consistency
-5 authenticity (self-consistent, or matches a digest published elsewhere)  6 rerun (opt-in).
+5 authenticity (matches a digest published elsewhere, or only self-consistent; for an experiment
+kvprobe ships, the bundled experiment file and probes equal the installed copy)  6 rerun (opt-in).
 
 A failed verification is an outcome (a :class:`Report`), not an exception; only a path that
 is not a bundle at all raises (:class:`~kvprobe.defects.NotABundle`, exit 2).
@@ -10,9 +11,8 @@ is not a bundle at all raises (:class:`~kvprobe.defects.NotABundle`, exit 2).
 from __future__ import annotations
 
 import hashlib
-import tomllib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,16 @@ from kvprobe.defects import (
     ManifestDigestMismatch,
     MissingRequired,
     NotABundle,
+    OversizedClaim,
     SchemaViolation,
-    TomlMalformed,
     UnknownSchemaVersion,
 )
-from kvprobe.errors import SchemaError, UsageError
+from kvprobe.errors import SchemaError, UsageError, VerificationFailed
 from kvprobe.evidence.archive import extracted
-from kvprobe.evidence.reader import Bundle, cited_raw, parse_json, read_bytes, read_json
+from kvprobe.evidence.reader import Bundle, cited_raw, parse_json, read_bytes, read_json, read_toml
 from kvprobe.evidence.safetree import Limits, Tree
-from kvprobe.names import MANIFEST, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
+from kvprobe.names import MANIFEST, PROBES_DIR, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
+from kvprobe.verify.anchor import compare_installed
 from kvprobe.verify.consistency import step_consistency, step_gates_consistency
 from kvprobe.verify.integrity import integrity_defects
 from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
@@ -49,6 +50,7 @@ class VerifyOptions:
     limits: Limits = Limits()
     expect_manifest_sha256: str | None = None
     rerun: RerunStep | None = None
+    check_installed: bool = True  # step 5 compares a known experiment with kvprobe's own copy
 
 
 @dataclass
@@ -59,6 +61,9 @@ class Report:
     manifest_sha256: str | None = None
     expected_manifest_sha256: str | None = None
     run_id: str | None = None
+    # the documents steps 2-4 checked, for readers that go on to use them (report, pack)
+    receipt: dict[str, Any] | None = field(default=None, repr=False)
+    manifest: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def defects(self) -> list[BundleDefect]:
@@ -127,6 +132,21 @@ def verify(path: Path, opts: VerifyOptions = VerifyOptions()) -> Report:
     raise NotABundle(f"{path}: not a bundle (expected a directory or a .tar.gz from `kvprobe bundle pack`)")
 
 
+def verified(path: Path, opts: VerifyOptions = VerifyOptions()) -> Report:
+    """``verify(path, opts)`` for readers that must say nothing verify would not (report, pack):
+    the Report of a bundle that verifies; VerificationFailed naming its first defect (exit 1)
+    otherwise, NotABundle (exit 2) when ``path`` is not a bundle."""
+    report = verify(path, opts)
+    if report.outcome == "verified":
+        return report
+    defects = report.defects
+    first = defects[0].message if defects else next(s.summary for s in report.steps if s.status != "pass")
+    raise VerificationFailed(
+        f"{path} does not verify: {first}",
+        hints=[d.message for d in defects[1:10]] + [f"`kvprobe verify {path}` lists every defect"],
+    )
+
+
 def verify_dir(root: Path, opts: VerifyOptions) -> Report:
     with Tree(root) as tree:
         bundle = Bundle(tree, opts.limits)
@@ -139,7 +159,7 @@ def verify_dir(root: Path, opts: VerifyOptions) -> Report:
         )
         consistency = step_gates_consistency if bundle.receipt_family != "kvprobe.receipt" else step_consistency
         steps.append(consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None else _skip(4, 2))
-        steps.append(step_authenticity(bundle, opts.expect_manifest_sha256))
+        steps.append(step_authenticity(bundle, opts.expect_manifest_sha256, opts.check_installed))
         if opts.rerun is not None:
             steps.append(_rerun_step(bundle, steps, opts.rerun))
         return Report(
@@ -148,6 +168,8 @@ def verify_dir(root: Path, opts: VerifyOptions) -> Report:
             manifest_sha256=_digest(bundle.manifest_bytes),
             expected_manifest_sha256=opts.expect_manifest_sha256,
             run_id=(bundle.receipt or {}).get("run_id") if isinstance(bundle.receipt, dict) else None,
+            receipt=bundle.receipt,
+            manifest=bundle.manifest,
         )
 
 
@@ -207,7 +229,7 @@ def step_documents(bundle: Bundle) -> StepResult:
     manifest = parse_json(bundle, MANIFEST, bundle.manifest_bytes, defects)
     bundle.receipt_family = _receipt_family(receipt)
     receipt_ok = receipt is not None and _append(defects, schema_defects(receipt, RECEIPT, bundle.receipt_family))
-    manifest_ok = manifest is not None and _append(defects, schema_defects(manifest, MANIFEST, "kvprobe.manifest"))
+    manifest_ok = manifest is not None and _append(defects, manifest_defects(manifest, bundle.limits))
     bundle.receipt = receipt if receipt_ok else None
     bundle.manifest = manifest if manifest_ok else None
     count = 2
@@ -215,6 +237,14 @@ def step_documents(bundle: Bundle) -> StepResult:
         count += _read_cited(bundle, defects)
         _read_experiment(bundle, defects)
     return step_result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
+
+
+def manifest_defects(manifest: Any, limits: Limits) -> list[BundleDefect]:
+    """More entries than a bundle may hold is refused before the (slow) schema check."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if isinstance(files, list) and len(files) > limits.max_files:
+        return [OversizedClaim(MANIFEST, f"lists {len(files)} files > cap {limits.max_files} (raise with --max-files)")]
+    return schema_defects(manifest, MANIFEST, "kvprobe.manifest")
 
 
 def _receipt_family(receipt: Any) -> str:
@@ -266,16 +296,8 @@ def test_run_defects(doc: Any, rel: str) -> list[BundleDefect]:
 
 def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
     rel = bundle.accepted_receipt["experiment"]["file"]
-    data = read_bytes(bundle, rel, bundle.limits.max_json_bytes, defects)
-    if data is None:
-        return
-    bundle.experiment_bytes = data
-    try:
-        doc = tomllib.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        defects.append(TomlMalformed(rel, f"not valid TOML: {exc}"))
-        return
-    if _append(defects, schema_defects(doc, rel, "kvprobe.experiment")):
+    bundle.experiment_bytes, doc = read_toml(bundle, rel, defects)
+    if doc is not None and _append(defects, schema_defects(doc, rel, "kvprobe.experiment")):
         bundle.experiment = doc
 
 
@@ -290,21 +312,40 @@ def step_integrity(bundle: Bundle) -> StepResult:
 
 # --- step 5: authenticity ----------------------------------------------------------------
 
+SELF_CONSISTENT_NOTE = (
+    "a bundle that agrees with itself proves that it agrees with itself, nothing more: its raw "
+    "outputs could have been written by hand. Pass --expect-manifest-sha256 with a digest published "
+    "elsewhere to tie it to its publisher"
+)
 
-def step_authenticity(bundle: Bundle, expected: str | None) -> StepResult:
+
+def step_authenticity(bundle: Bundle, expected: str | None, check_installed: bool = True) -> StepResult:
+    """The published digest (when given) and, for an experiment kvprobe ships, the installed copy."""
+    result = _digest_check(bundle, expected)
+    anchor = compare_installed(bundle) if check_installed else None
+    if anchor is None:
+        if bundle.receipt is not None and bundle.receipt_family == "kvprobe.receipt":
+            result.notes.append(
+                f"{bundle.receipt['experiment']['id']} is not an experiment this kvprobe ships: "
+                "its probe code is only as trustworthy as the bundle"
+            )
+        return result
+    prefix = f"{PROBES_DIR}/{anchor.experiment}/"
+    if anchor.defects:
+        result.status = "fail"
+        result.defects += anchor.defects
+        result.summary += f"; {prefix} differs from {anchor.label}"
+    else:
+        result.notes.insert(0, f"{prefix}: same as {anchor.label} (experiment file and probes, sha256 by sha256)")
+    return result
+
+
+def _digest_check(bundle: Bundle, expected: str | None) -> StepResult:
     digest = _digest(bundle.manifest_bytes)
     if expected is None:
         if digest is None:
             return StepResult(5, "skipped", "manifest.json unreadable")
-        return StepResult(
-            5,
-            "self-consistent",
-            f"manifest sha256 {digest}",
-            notes=[
-                "a bundle that agrees with itself is not thereby authentic: pass "
-                "--expect-manifest-sha256 with a digest published elsewhere"
-            ],
-        )
+        return StepResult(5, "self-consistent", f"manifest sha256 {digest}", notes=[SELF_CONSISTENT_NOTE])
     if digest == expected:
         return StepResult(5, "pass", f"manifest sha256 {digest} matches --expect-manifest-sha256")
     found = digest or "unreadable"
@@ -320,8 +361,8 @@ def step_authenticity(bundle: Bundle, expected: str | None) -> StepResult:
 
 
 def _rerun_step(bundle: Bundle, steps: list[StepResult], rerun: RerunStep) -> StepResult:
-    if any(s.status != "pass" for s in steps[:4]):
-        return StepResult(6, "skipped", "the bundle did not verify (steps 1-4); nothing to re-run")
+    if any(s.status != "pass" for s in steps[:4]) or steps[4].status == "fail":
+        return StepResult(6, "skipped", "an earlier step failed; nothing was re-run")
     if bundle.receipt_family != "kvprobe.receipt":
         return StepResult(
             6,

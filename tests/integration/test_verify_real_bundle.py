@@ -88,7 +88,9 @@ def test_runner_bundle_verifies_packs_and_reruns(real_bundle, tmp_path):
     code, doc = cli("verify", str(tmp_path / "b.tar.gz"), "--expect-manifest-sha256", digest)
     assert code == 0, doc
 
-    code, doc = cli("verify", str(real_bundle), "--rerun")
+    code, doc = cli("verify", str(real_bundle), "--rerun")  # not a shipped experiment, no consent
+    assert code == 3 and doc["steps"][5]["status"] == "could-not-run", doc
+    code, doc = cli("verify", str(real_bundle), "--rerun", "--trust-bundle-code")
     assert code == 0, doc
     assert doc["steps"][5]["status"] == "pass"
 

@@ -17,7 +17,7 @@ from kvprobe.errors import UsageError
 from kvprobe.exports import intoto
 from kvprobe.verify.pack import pack
 from tests import forge
-from tests.unit.test_report import COMMITS, make_bundle, make_receipt, vex, view_of
+from tests.unit.test_report import COMMITS, make_receipt, vex, view_of
 
 
 def official(text: str) -> Statement:
@@ -33,6 +33,22 @@ def receipt_with(**vulnerability):
     receipt["experiment"]["vulnerability"].update(vulnerability)
     schema.validate(receipt, "kvprobe.receipt/1", source="test receipt")
     return receipt
+
+
+def verified_bundle(root, fix_kind="security"):
+    """A bundle `report` accepts (it verifies, tests/forge.py) whose experiment states ``fix_kind``."""
+    bundle = forge.build(root)
+    rel = f"probes/{forge.EXP_ID}/experiment.toml"
+    toml = bundle / rel
+    toml.write_bytes(toml.read_bytes().replace(b'fix_kind = "security"', f'fix_kind = "{fix_kind}"'.encode(), 1))
+
+    def change(receipt):
+        receipt["experiment"]["vulnerability"]["fix_kind"] = fix_kind
+        receipt["experiment"]["sha256"] = forge.sha(toml.read_bytes())
+
+    forge.edit_receipt(bundle, change)
+    forge.recite(bundle, rel)
+    return bundle
 
 
 def report(bundle, *args, env=None):
@@ -67,7 +83,7 @@ def test_openvex_names_exactly_the_declared_id_and_aliases():
 def test_a_fix_that_is_not_a_security_fix_is_not_exported(tmp_path, kind):
     with pytest.raises(UsageError, match=f"tests a {kind} fix, not the security fix of KVPROBE-2026-0001:"):
         vex(view_of(receipt_with(fix_kind=kind)))
-    make_bundle(tmp_path / "b", receipt_with(fix_kind=kind))
+    verified_bundle(tmp_path / "b", kind)
     out = tmp_path / "vex.json"
     result = report(tmp_path / "b", "--format", "openvex", "--author", "x", "-o", str(out))
     assert result.exit_code == 2
@@ -93,7 +109,7 @@ def test_receipt_schema_refuses_an_unnamespaced_id():
 
 
 def test_openvex_needs_an_author_and_records_the_role(tmp_path):
-    make_bundle(tmp_path / "b", make_receipt())
+    verified_bundle(tmp_path / "b")
     missing = report(tmp_path / "b", "--format", "openvex")
     assert missing.exit_code == 2 and "--format openvex needs --author" in missing.stderr
     result = report(
@@ -114,7 +130,7 @@ def test_openvex_needs_an_author_and_records_the_role(tmp_path):
 
 
 def test_author_goes_with_openvex_only_and_a_bad_epoch_is_refused(tmp_path):
-    make_bundle(tmp_path / "b", make_receipt())
+    verified_bundle(tmp_path / "b")
     wrong = report(tmp_path / "b", "--format", "markdown", "--author", "x")
     assert wrong.exit_code == 2 and "--author and --author-role go with --format openvex" in wrong.stderr
     bad = report(tmp_path / "b", "--format", "openvex", "--author", "x", env={"SOURCE_DATE_EPOCH": "yesterday"})
@@ -122,7 +138,7 @@ def test_author_goes_with_openvex_only_and_a_bad_epoch_is_refused(tmp_path):
 
 
 def test_openvex_issue_time_defaults_to_now_and_is_a_date_time(tmp_path):
-    make_bundle(tmp_path / "b", make_receipt())
+    verified_bundle(tmp_path / "b")
     result = report(tmp_path / "b", "--format", "openvex", "--author", "x")
     doc = json.loads(result.stdout)
     assert doc["timestamp"] > "2026-01-01T00:00:00Z"

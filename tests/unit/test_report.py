@@ -14,11 +14,14 @@ from jsonschema import Draft202012Validator, FormatChecker
 
 from kvprobe import files, schema
 from kvprobe.cli import main
-from kvprobe.errors import SchemaError, UsageError, VerificationFailed
+from kvprobe.errors import UsageError, VerificationFailed
 from kvprobe.evidence import compare, manifest
 from kvprobe.exports import bundle_view, intoto, markdown, openvex, render
 from kvprobe.names import PYTEST_REPORT_SCHEMA
 from kvprobe.resources import schemas_dir
+from tests import forge
+
+COMMITTED_MODEL_BUNDLE = Path(__file__).resolve().parents[2] / "bundles" / "model-model-20261201T112733Z"
 
 TEST_FILE = "test/unit/test_door.py"
 HOSTILE = "a|b\nc\\|d `tick` <b>x</b> | end"
@@ -502,36 +505,47 @@ def test_synthetic_receipt_still_renders_markdown_and_intoto():
 # -------------------------------------------------------------------- bundles and CLI
 
 
+def verified_bundle(root: Path) -> str:
+    """A bundle that `kvprobe verify` accepts (tests/forge.py); returns manifest.json's sha256."""
+    forge.build(root)
+    return files.sha256_file(root / "manifest.json")
+
+
 def test_load_reads_a_bundle(tmp_path):
-    receipt = make_receipt()
-    digest = make_bundle(tmp_path / "b", receipt)
+    digest = verified_bundle(tmp_path / "b")
     view = bundle_view.load(tmp_path / "b")
     assert view.manifest_sha256 == digest
-    assert view.receipt == receipt
+    assert view.receipt == forge.load(tmp_path / "b", "receipt.json")
     assert view.receipt_sha256 == files.sha256_file(tmp_path / "b" / "receipt.json")
     assert view.name == "b"
 
 
-def test_load_refuses_duplicate_keys_and_tampering(tmp_path):
-    receipt = make_receipt()
-    make_bundle(tmp_path / "dup", receipt)
+def test_load_reads_an_archive_as_verify_does(tmp_path):
+    digest = verified_bundle(tmp_path / "b")
+    archive = forge.tar_of(tmp_path / "b", tmp_path / "b.tar.gz")
+    view = bundle_view.load(archive)
+    assert (view.manifest_sha256, view.name) == (digest, "b.tar.gz")
+
+
+def test_load_refuses_what_verify_refuses(tmp_path):
+    verified_bundle(tmp_path / "dup")
     path = tmp_path / "dup" / "receipt.json"
     path.write_text(
         path.read_text(encoding="utf-8").replace('{\n  "comparison"', '{\n  "verdict": "x",\n  "comparison"', 1),
         encoding="utf-8",
     )
-    with pytest.raises(SchemaError, match="duplicate key"):
+    with pytest.raises(VerificationFailed, match=r"json-duplicate-key: receipt\.json"):
         bundle_view.load(tmp_path / "dup")
-    make_bundle(tmp_path / "tampered", receipt)
+    verified_bundle(tmp_path / "tampered")
     (tmp_path / "tampered" / "README.md").write_text("# edited\n", encoding="utf-8")
-    with pytest.raises(VerificationFailed, match=r"differ from manifest\.json"):
+    with pytest.raises(VerificationFailed, match=r"size-mismatch: README\.md"):
         bundle_view.load(tmp_path / "tampered")
 
 
 @pytest.mark.parametrize("fmt", ["markdown", "openvex", "intoto"])
 def test_cli_report_to_stdout_and_file(tmp_path, fmt):
     bundle = tmp_path / "bundle"
-    digest = make_bundle(bundle, make_receipt())
+    digest = verified_bundle(bundle)
     runner = CliRunner()
     author = ["--author", "Security Team"] if fmt == "openvex" else []
     env = {"SOURCE_DATE_EPOCH": "1767225600"}  # 2026-01-01: the two runs write the same bytes
@@ -563,11 +577,11 @@ def test_cli_not_a_bundle_exits_2(tmp_path):
         assert result.exit_code == 2, (path, result.output)
         assert "not a" in result.output
     bad = tmp_path / "bad"
-    make_bundle(bad, make_receipt())
+    verified_bundle(bad)
     (bad / "manifest.json").write_text('{"schema": "kvprobe.manifest/1", "files": NaN}', encoding="utf-8")
     result = runner.invoke(main, ["report", str(bad), "--format", "intoto"], catch_exceptions=False)
-    assert result.exit_code == 2
-    assert "not strict JSON" in result.output
+    assert result.exit_code == 1, result.output  # a bundle that does not verify, as `verify` says
+    assert "json-non-finite: manifest.json" in result.output and result.stdout == ""
 
 
 def test_cli_tampered_bundle_exits_1_and_writes_nothing(tmp_path):
@@ -585,8 +599,7 @@ def test_cli_tampered_bundle_exits_1_and_writes_nothing(tmp_path):
 
 
 def test_cli_synthetic_openvex_exits_2(tmp_path):
-    bundle = tmp_path / "bundle"
-    make_bundle(bundle, make_receipt(MODEL, tests=False))
+    bundle = forge.copy(COMMITTED_MODEL_BUNDLE, tmp_path / "bundle")
     result = CliRunner().invoke(
         main, ["report", str(bundle), "--format", "openvex", "--author", "x"], catch_exceptions=False
     )

@@ -587,7 +587,7 @@ BUNDLE_UNDER_TEST: list[Path] = []
 def test_rerun_that_reproduces(env, monkeypatch):
     BUNDLE_UNDER_TEST[:] = [env["bundle"]]
     monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run())
-    doc = verify(env, env["bundle"], "--rerun", code=0)
+    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=0)
     assert step_status(doc)[6] == "pass"
 
 
@@ -599,7 +599,7 @@ def test_rerun_that_differs_reports_each_difference(env, monkeypatch):
 
     BUNDLE_UNDER_TEST[:] = [env["bundle"]]
     monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(change))
-    doc = verify(env, env["bundle"], "--rerun", code=1)
+    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=1)
     defect = assert_defect(doc, "rerun-differs", "raw/head/probes/doors.json", step=6)
     assert "enqueued" in defect["detail"] and "published bool:False, rerun bool:True" in defect["detail"]
     assert_defect(doc, "rerun-differs", "receipt.json")
@@ -613,7 +613,7 @@ def test_rerun_names_the_probe_that_could_not_run(env, monkeypatch):
 
     BUNDLE_UNDER_TEST[:] = [env["bundle"]]
     monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(change))
-    doc = verify(env, env["bundle"], "--rerun", code=1)
+    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=1)
     defect = assert_defect(doc, "rerun-differs", "raw/head/probes/doors.json", step=6)
     assert "could not run it" in defect["detail"] and "No module named 'helper'" in defect["detail"]
 
@@ -623,14 +623,14 @@ def test_rerun_that_cannot_observe_exits_3(env, monkeypatch):
 
     BUNDLE_UNDER_TEST[:] = [env["bundle"]]
     monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(error=FetchError("network unreachable")))
-    doc = verify(env, env["bundle"], "--rerun", code=3)
+    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=3)
     assert doc["outcome"] == "could-not-rerun" and step_status(doc)[6] == "could-not-run"
 
 
 def test_rerun_is_skipped_for_a_bundle_that_does_not_verify(env, monkeypatch):
     monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(error=AssertionError("must not run")))
     (env["bundle"] / "README.md").write_bytes(b"x")
-    doc = verify(env, env["bundle"], "--rerun", code=1)
+    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=1)
     assert step_status(doc)[6] == "skipped"
 
 
