@@ -67,6 +67,24 @@ def test_openvex_timestamp_that_is_no_date_time_fails_validation():
     assert schema.errors(doc, "openvex/0.2.0") == ["@id: 'not an iri' is not a 'iri'"]
 
 
+@pytest.mark.parametrize(
+    ("value", "iri", "uri"),
+    [
+        ("https://example.org/vex/1", True, True),
+        ("pkg:pypi/sglang@0.5.21", True, True),
+        ("https://例え.jp/ü", True, False),
+        ("https://example.org/a b", False, False),
+        ("no-scheme/path", False, False),
+        ("https://example.org/<script>", False, False),
+        ("https://example.org/\x1b[31m", False, False),
+    ],
+)
+def test_iri_and_uri_formats_are_checked(value, iri, uri):
+    checker = schema._format_checker()
+    assert checker.conforms(value, "iri") is iri
+    assert checker.conforms(value, "uri") is uri
+
+
 # ----------------------------------------------------------------- vulnerability names
 
 
