@@ -45,18 +45,29 @@ def builtin_search_path() -> Iterator[None]:
         _BUILTIN_ONLY.reset(token)
 
 
-def experiment_dirs() -> list[Path]:
-    """Search order: $KVPROBE_PROBES_PATH entries, ./probes of a project, built-ins."""
+# Where an experiment folder comes from, as `list`, `show` and the receipt name it.
+SOURCE_ENV, SOURCE_LOCAL, SOURCE_BUILTIN = "KVPROBE_PROBES_PATH", "./probes", "built-in"
+
+
+def experiment_search_path() -> list[tuple[Path, str]]:
+    """Search order, each folder with its source: $KVPROBE_PROBES_PATH entries, ./probes of
+    a project, built-ins. A folder reached twice keeps its first (higher) place; the
+    built-in folder is named built-in however it is reached (a checkout's ./probes is it)."""
     if _BUILTIN_ONLY.get():
-        return [builtin_probes_dir().resolve()]
-    dirs = [Path(p) for p in os.environ.get("KVPROBE_PROBES_PATH", "").split(os.pathsep) if p]
+        return [(builtin_probes_dir().resolve(), SOURCE_BUILTIN)]
+    dirs = [(Path(p), SOURCE_ENV) for p in os.environ.get("KVPROBE_PROBES_PATH", "").split(os.pathsep) if p]
     local = Path.cwd() / "probes"
     if local.is_dir():
-        dirs.append(local)
-    dirs.append(builtin_probes_dir())
-    unique: list[Path] = []
-    for d in dirs:
+        dirs.append((local, SOURCE_LOCAL))
+    dirs.append((builtin_probes_dir(), SOURCE_BUILTIN))
+    builtin = builtin_probes_dir().resolve()
+    unique: dict[Path, str] = {}
+    for d, source in dirs:
         resolved = d.resolve()
-        if resolved not in unique:
-            unique.append(resolved)
-    return unique
+        unique.setdefault(resolved, SOURCE_BUILTIN if resolved == builtin else source)
+    return list(unique.items())
+
+
+def experiment_dirs() -> list[Path]:
+    """Search order: $KVPROBE_PROBES_PATH entries, ./probes of a project, built-ins."""
+    return [d for d, _ in experiment_search_path()]

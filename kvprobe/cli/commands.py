@@ -12,6 +12,7 @@ import click
 
 from kvprobe import __version__
 from kvprobe.errors import KvprobeError
+from kvprobe.text import for_shell, for_terminal
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -38,7 +39,7 @@ def _fail(exc: KvprobeError, debug: bool) -> None:
         import traceback
 
         traceback.print_exception(exc)
-    lines = exc.diagnostics()
+    lines = [for_terminal(line) for line in exc.diagnostics()]
     click.echo(f"kvprobe: error: {lines[0]}", err=True)
     for hint in lines[1:]:
         click.echo(f"  {hint}", err=True)
@@ -64,7 +65,7 @@ def guarded(func: Callable[..., int]) -> Callable[..., None]:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> None:
-        debug = click.get_current_context().find_root().params.get("debug", False)
+        debug = click.get_current_context().meta.get(_DEBUG, False)
         try:
             code = func(*args, **kwargs)
         except KvprobeError as exc:
@@ -88,14 +89,111 @@ def _https_index(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(exc.message, ctx, param) from None
 
 
+def _results(as_json: bool) -> bool:
+    """Whether the human result is printed on stdout: not under --json, not with -qq."""
+    return _streams(as_json).results
+
+
 def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2, sort_keys=True))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="kvprobe")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-def main(debug: bool) -> None:
+_DEBUG, _VERBOSE, _QUIET = "kvprobe.debug", "kvprobe.verbose", "kvprobe.quiet"
+
+
+def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    """Store a common option in ctx.meta (shared by a command and its group), so that
+    ``kvprobe -v verify`` and ``kvprobe verify -v`` mean the same; counts add up."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if isinstance(value, bool):
+            ctx.meta[key] = ctx.meta.get(key, False) or value
+        else:
+            ctx.meta[key] = ctx.meta.get(key, 0) + value
+
+    return callback
+
+
+def _common_params() -> list[click.Parameter]:
+    """-q, -v and --debug: accepted before or after the subcommand."""
+    return [
+        click.Option(
+            ["-q", "--quiet"],
+            count=True,
+            expose_value=False,
+            callback=_remember(_QUIET),
+            help="Less output: -q no progress, -qq no results either (errors and the exit code only).",
+        ),
+        click.Option(
+            ["-v", "--verbose"],
+            count=True,
+            expose_value=False,
+            callback=_remember(_VERBOSE),
+            help="More output: every row and every defect, not a summary.",
+        ),
+        click.Option(
+            ["--debug"],
+            is_flag=True,
+            expose_value=False,
+            callback=_remember(_DEBUG),
+            help="Show tracebacks for errors.",
+        ),
+    ]
+
+
+class _Command(click.Command):
+    """A kvprobe command: the common options, and its whole first help line in `--help`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(_common_params())
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return " ".join((self.short_help or (self.help or "").split("\n\n")[0]).split())
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(_common_params())
+
+    get_short_help_str = _Command.get_short_help_str
+
+
+_Group.group_class = _Group
+
+
+def _streams(as_json: bool = False) -> Any:
+    """The current command's streams and verbosity (cli.console.Output)."""
+    from kvprobe.cli.console import Output
+
+    meta = click.get_current_context().meta
+    return Output(meta.get(_VERBOSE, 0) - meta.get(_QUIET, 0), as_json=as_json)
+
+
+_EPILOG = """\b
+Streams: results on stdout; progress, warnings and errors on stderr; --json puts one
+JSON document on stdout. On a pipe, output is plain lines, one record per line.
+
+\b
+Environment:
+  KVPROBE_CACHE_DIR    where the cache lives (default: the platform's user cache dir)
+  KVPROBE_PROBES_PATH  extra experiment folders (':'-separated), searched before ./probes
+                       and the built-in experiments
+  KVPROBE_TORCH_INDEX  default for --torch-index (run, gates, verify --rerun)
+  NO_COLOR             no colours on a terminal
+
+\b
+Shell completion (bash; zsh and fish likewise):
+  eval "$(_KVPROBE_COMPLETE=bash_source kvprobe)"
+"""
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EPILOG)
+@click.version_option(__version__, "-V", "--version", prog_name="kvprobe")
+def main() -> None:
     """Turn an upstream security fix into a pinned, checkable evidence bundle.
 
     Exit codes: 0 the verdict asked for holds; 1 it does not; 2 usage or bad input;
@@ -112,6 +210,9 @@ def list_cmd(as_json: bool) -> int:
     from kvprobe.experiments import experiment
 
     exps = [experiment.load(i, validate=False) for i in experiment.list_ids()]  # fast start
+    out = _streams(as_json)
+    for exp in exps:
+        _warn_shadowing(out, exp.id)
     if as_json:
         emit_json(
             [
@@ -122,15 +223,31 @@ def list_cmd(as_json: bool) -> int:
                     "prs": list(e.fix.prs),
                     "pin_sets": list(e.pin_sets),
                     "default_pins": e.default_pin_set,
+                    "source": e.source,
                 }
                 for e in exps
             ]
         )
-    else:
-        from kvprobe.cli.console import Console, experiments_table
+    elif out.results:
+        from kvprobe.cli.console import emit, experiments_table
 
-        Console(highlight=False).print(experiments_table(exps))
+        emit(out.out, experiments_table(exps))
     return EXIT_OK
+
+
+def _warn_shadowing(out: Any, experiment_id: str) -> None:
+    """Say so on stderr when the experiment used hides another of the same id (a project's
+    ./probes or KVPROBE_PROBES_PATH over kvprobe's built-in one)."""
+    from kvprobe.cli.console import data
+    from kvprobe.experiments import experiment
+
+    found = experiment.sources(experiment_id)
+    for folder, source in found[1:]:
+        used, used_source = found[0]
+        out.warn(
+            f"experiment {data(experiment_id)} from {data(used_source)} ({data(used)}) "
+            f"shadows the {data(source)} one ({data(folder)})"
+        )
 
 
 @main.command("show")
@@ -142,10 +259,14 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
     from kvprobe.experiments import experiment
 
     exp = experiment.load(experiment_id)
+    out = _streams(as_json)
+    _warn_shadowing(out, exp.id)
     if as_json:
         emit_json(
             {
                 "id": exp.id,
+                "source": exp.source,
+                "directory": str(exp.directory),
                 "title": exp.title,
                 "layer": exp.layer.value,
                 "upstream": exp.upstream,
@@ -162,10 +283,10 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
                 "scope": {"shows": exp.scope.shows, "does_not_show": list(exp.scope.does_not_show)},
             }
         )
-    else:
-        from kvprobe.cli.console import Console, print_experiment
+    elif out.results:
+        from kvprobe.cli.console import print_experiment
 
-        print_experiment(Console(highlight=False), exp)
+        print_experiment(out.out, exp)
     return EXIT_OK
 
 
@@ -222,18 +343,20 @@ def run_cmd(
     yes: bool = False,
 ) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not)."""
-    from kvprobe.cli.console import RichReporter, print_run_summary, stderr_console
+    from kvprobe.cli.console import print_run_summary
     from kvprobe.experiments import experiment
     from kvprobe.run.runner import run_experiment
 
     exp = experiment.load(experiment_id)
-    console = stderr_console()
-    result = run_experiment(exp, _run_options(pins, out, repo, torch_index, jobs, timeout), RichReporter(console))
-    print_run_summary(console, result.receipt, str(result.bundle), result.manifest_sha256)
+    streams = _streams(as_json)
+    _warn_shadowing(streams, exp.id)
+    result = run_experiment(exp, _run_options(pins, out, repo, torch_index, jobs, timeout), streams.reporter())
+    if streams.results:
+        print_run_summary(streams.out, result.receipt, str(result.bundle), result.manifest_sha256, streams.verbosity)
     if as_json:
         emit_json(run_summary(result))
     if record:
-        return _record_expectations(exp, result.receipt, console, yes)
+        return _record_expectations(exp, result.receipt, streams.err, yes)
     return _VERDICT_EXIT[result.receipt["verdict"]]
 
 
@@ -369,7 +492,7 @@ def report_cmd(
         click.echo(text, nl=False)
     else:
         write_atomic(output, text, force=force)
-        click.echo(f"wrote {output} ({fmt})", err=True)
+        click.echo(f"wrote {for_terminal(output)} ({fmt})", err=True)
     return EXIT_OK
 
 
@@ -415,14 +538,17 @@ def gates_cmd(
     as_json: bool,
 ) -> int:
     """Check a deployment against the four acceptance gates (exit 0 all pass, 1 a gate failed, 3 undecided)."""
-    from kvprobe.cli.console import RichReporter, print_gates, stderr_console
+    from kvprobe.cli.console import print_gate_diagnostics, print_gates
     from kvprobe.gates.gate import GateOptions
     from kvprobe.gates.pipeline import run_gates
 
-    console = stderr_console()
+    streams = _streams(as_json)
     opts = GateOptions(logs=list(logs), server_args=list(server_args), sglang=sglang, out=out, torch_index=torch_index)
-    result = run_gates(opts, RichReporter(console))
-    print_gates(console, result.receipt, str(result.bundle), result.manifest_sha256)
+    result = run_gates(opts, streams.reporter())
+    if streams.verbosity > -2:
+        print_gate_diagnostics(streams.err, result.receipt)
+    if streams.results:
+        print_gates(streams.out, result.receipt, str(result.bundle), result.manifest_sha256)
     code = _GATES_EXIT[result.overall.value]
     if as_json:
         emit_json(
@@ -501,31 +627,34 @@ def verify_cmd(
 ) -> int:
     """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
     2 not a bundle, 3 could not re-run)."""
-    from kvprobe.cli.console import RichReporter, print_verify_report, stderr_console
+    from kvprobe.cli.console import data, print_verify_diagnostics, print_verify_report
     from kvprobe.env.venv import check_index_url
     from kvprobe.run.rerun import RerunOptions, rerun_step
     from kvprobe.verify.steps import VerifyOptions, parse_digest, verify
 
     if rerun:  # only a rerun uses the index: a plain verify never refuses over it
         check_index_url(torch_index)
-    console = stderr_console()
+    streams = _streams(as_json)
     expected = parse_digest(expect_digest)
     signed = _signed_statement(attestation, key, expected)
     if signed is not None:
-        console.print(
-            f"attestation: signature verified with key {signed.keyid}; "
+        streams.err.print(
+            f"attestation: signature verified with key {data(signed.keyid)}; "
             f"it signs manifest sha256 {signed.manifest_sha256}"
         )
-    consent = _bundle_code_consent(console, trust_bundle_code)
+    consent = _bundle_code_consent(streams.err, trust_bundle_code)
     rerun_opts = RerunOptions(repo, torch_index, float(timeout), consent=consent)
-    step6 = rerun_step(rerun_opts, RichReporter(console)) if rerun else None
+    step6 = rerun_step(rerun_opts, streams.reporter()) if rerun else None
     opts = VerifyOptions(
         limits=_limits(max_files, max_file_bytes, max_bytes),
         expect_manifest_sha256=signed.manifest_sha256 if signed else expected,
         rerun=step6,
     )
     report = verify(Path(bundle), opts)
-    print_verify_report(console, report)
+    if streams.verbosity > -2:
+        print_verify_diagnostics(streams.err, report, None if streams.verbosity > 0 else 200)
+    if streams.results:
+        print_verify_report(streams.out, report)
     if as_json:
         emit_json({**report.to_json(), **({"attestation": signed.to_json()} if signed else {})})
     return _VERIFY_EXIT[report.outcome]
@@ -558,7 +687,7 @@ def _bundle_code_consent(console: Console, trusted: bool) -> Callable[[list[tupl
             return False
         console.print("the rerun will execute the bundle's own code:", markup=False, highlight=False)
         for rel, digest in files:
-            console.print(f"  sha256 {digest}  {rel}", markup=False, highlight=False)
+            console.print(f"  sha256 {digest}  {for_terminal(rel)}", markup=False, highlight=False)
         return trusted or click.confirm("Run this code as you, on this machine?", default=False, err=True)
 
     return consent
@@ -594,7 +723,10 @@ def bundle_pack_cmd(
     from kvprobe.verify.pack import pack
 
     result = pack(bundle_dir, output, _limits(max_files, max_file_bytes, max_bytes), force=force)
-    click.echo(f"wrote {result.archive} (sha256 {result.sha256}; manifest sha256 {result.manifest_sha256})", err=True)
+    if _results(as_json):
+        click.echo(
+            f"wrote {for_terminal(result.archive)} (sha256 {result.sha256}; manifest sha256 {result.manifest_sha256})"
+        )
     if as_json:
         emit_json(
             {
@@ -636,10 +768,10 @@ def cache_ls_cmd(as_json: bool) -> int:
         emit_json(
             {"root": str(root), "total_size": cache.total_size(entries), "entries": [e.to_json() for e in entries]}
         )
-    else:
-        from kvprobe.cli.console import print_cache, stderr_console
+    elif _results(as_json):
+        from kvprobe.cli.console import print_cache, stdout_console
 
-        print_cache(stderr_console(), str(root), entries, time.time())
+        print_cache(stdout_console(), str(root), entries, time.time())
     return EXIT_OK
 
 
@@ -673,10 +805,10 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
                 "freed": sum(o.entry.size for o in outcomes if o.action == "deleted"),
             }
         )
-    else:
-        from kvprobe.cli.console import print_prune, stderr_console
+    elif _results(as_json):
+        from kvprobe.cli.console import print_prune, stdout_console
 
-        print_prune(stderr_console(), outcomes, dry_run)
+        print_prune(stdout_console(), outcomes, dry_run)
     return EXIT_OK
 
 
@@ -706,7 +838,7 @@ def cache_verify_cmd(as_json: bool) -> int:
 
 def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Console, yes: bool) -> int:
     """Show what the run observed, confirm, write it as the experiment's expectations."""
-    from kvprobe.cli.console import print_recording
+    from kvprobe.cli.console import data, print_recording
     from kvprobe.experiments import expectations
 
     recording = expectations.plan(exp, receipt)
@@ -715,7 +847,7 @@ def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Cons
         console.print("nothing written")
         return EXIT_FAIL
     path = expectations.write(recording)
-    console.print(f"expectations written to {path}; check them with: kvprobe run {exp.id}")
+    console.print(f"expectations written to {data(path)}; check them with: kvprobe run {exp.id}")
     return EXIT_OK
 
 
@@ -809,7 +941,7 @@ def new_cmd(
     both. Wheel-only needs just PyPI (no git is run): the probe runs on both wheels, and there
     are no upstream tests, since wheels carry none.
     """
-    from kvprobe.cli.console import RichReporter, stderr_console
+    from kvprobe.cli.console import data
     from kvprobe.env.cache import default_cache_root
     from kvprobe.experiments import scaffold
 
@@ -832,22 +964,23 @@ def new_cmd(
         upstream=upstream,
         tests_only=tests_only,
     )
-    console = stderr_console()
-    created = scaffold.create(spec, cache_root=default_cache_root(), reporter=RichReporter(console))
-    console.print(f"created {created.experiment_file}")
-    if created.probe_file is not None:
-        console.print(f"created {created.probe_file}")
+    streams = _streams()
+    created = scaffold.create(spec, cache_root=default_cache_root(), reporter=streams.reporter())
+    if streams.results:
+        streams.out.print(f"created {data(created.experiment_file)}")
+        if created.probe_file is not None:
+            streams.out.print(f"created {data(created.probe_file)}")
     if not created.on_search_path:
-        console.print(
-            f"[yellow]note[/]: {created.directory.parent} is not on the experiment search path; "
-            f"set KVPROBE_PROBES_PATH={created.directory.parent}"
+        streams.err.print(
+            f"[yellow]note[/]: {data(created.directory.parent)} is not on the experiment search path; "
+            f"set KVPROBE_PROBES_PATH={data(created.directory.parent)}"
         )
-    run = f"kvprobe run {experiment_id}" + (f" --repo {repo}" if repo is not None else "")
+    run = f"kvprobe run {experiment_id}" + (f" --repo {for_shell(repo)}" if repo is not None else "")
     if tests_only:
-        console.print(f"next: review the tests' transitions and record them: {run} --record-expectations")
+        streams.err.print(f"next: review the tests' transitions and record them: {data(run)} --record-expectations")
     else:
-        console.print(
-            f"next: {run}   (no expectations yet: exit 1, verdict no-expectations)\n"
-            f"then write the probe, run again, review, and: {run} --record-expectations"
+        streams.err.print(
+            f"next: {data(run)}   (no expectations yet: exit 1, verdict no-expectations)\n"
+            f"then write the probe, run again, review, and: {data(run)} --record-expectations"
         )
     return EXIT_OK

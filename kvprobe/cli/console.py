@@ -1,20 +1,31 @@
-"""rich on stderr: the Reporter the core is handed, and the tables humans read."""
+"""rich rendering: results on stdout, progress and diagnostics on stderr, data escaped.
+
+Every string kvprobe did not write (a bundle, a log, an experiment file) reaches rich as
+``data(...)``: control characters shown as escapes (kvprobe.text.for_terminal) and rich
+markup escaped, so no such string can move the cursor, reorder text or open a link.
+
+When a stream is not a terminal it gets plain lines: no wrapping, no boxes, no spinner; a
+table row is one line, so an identifier or a digest is never split (``| grep`` finds it).
+"""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
 from kvprobe.model.records import Experiment
 from kvprobe.progress import Reporter
+from kvprobe.text import for_terminal
 
 _VERDICT_STYLE = {
     "reproduced": "bold green",
@@ -22,10 +33,66 @@ _VERDICT_STYLE = {
     "no-expectations": "bold yellow",
     "error": "bold magenta",
 }
+_PLAIN_WIDTH = 1_000_000  # a line on a pipe is as long as its record
+HEARTBEAT_S = 15.0  # a long step on a pipe says it is alive this often
+
+
+def data(value: Any) -> str:
+    """Untrusted text as rich markup that shows it literally, on one line."""
+    return escape(for_terminal(value))
+
+
+def make_console(file: IO[str]) -> Console:
+    """A terminal gets rich's normal output; anything else plain unwrapped lines."""
+    if file.isatty():
+        return Console(file=file, highlight=False, soft_wrap=False)
+    return Console(file=file, highlight=False, soft_wrap=True, width=_PLAIN_WIDTH, no_color=True)
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=False)
+    return make_console(sys.stderr)
+
+
+def stdout_console() -> Console:
+    return make_console(sys.stdout)
+
+
+def emit(console: Console, renderable: Any) -> None:
+    """Print a table (or text): boxed on a terminal; on a pipe, one unpadded line per row."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    if isinstance(renderable, Table):
+        renderable.box = None
+        renderable.pad_edge = False
+    with console.capture() as captured:
+        console.print(renderable)
+    for line in captured.get().splitlines():
+        console.file.write(line.rstrip() + "\n")
+
+
+class Output:
+    """A command's two streams and its verbosity (-q/-v: 0 is the default).
+
+    Results go to ``out`` (stdout) unless ``--json`` owns stdout or -qq silenced them;
+    progress (``reporter()``) and diagnostics go to ``err`` (stderr); -q silences progress.
+    """
+
+    def __init__(self, verbosity: int = 0, as_json: bool = False) -> None:
+        self.verbosity = verbosity
+        self.err = stderr_console()
+        self.results = not as_json and verbosity > -2
+        self.out = stdout_console()
+
+    def reporter(self) -> Reporter:
+        quiet = self.verbosity < 0
+        if self.err.is_terminal:
+            return RichReporter(self.err, quiet=quiet)
+        return PlainReporter(self.err, quiet=quiet)
+
+    def warn(self, text: str) -> None:
+        """A diagnostic (already escaped markup) on stderr; shown even with -q."""
+        self.err.print(f"[bold yellow]warning[/]: {text}")
 
 
 class RichReporter(Reporter):
@@ -50,7 +117,7 @@ class RichReporter(Reporter):
             yield
         finally:
             self._end()
-        self.console.print(f"[green]✓[/] {title} [dim]({time.monotonic() - started:.1f}s)[/]")
+        self.console.print(f"[green]✓[/] {data(title)} [dim]({time.monotonic() - started:.1f}s)[/]")
 
     def _begin(self, title: str) -> None:
         with self._lock:
@@ -71,7 +138,10 @@ class RichReporter(Reporter):
                 self._status.update(self._text())
 
     def _text(self) -> str:
-        return "\n".join(f"{title} [dim]— {detail}[/]" if detail else title for title, detail in self._active.values())
+        return "\n".join(
+            f"{data(title)} [dim]— {data(detail)}[/]" if detail else data(title)
+            for title, detail in self._active.values()
+        )
 
     def update(self, text: str) -> None:
         with self._lock:
@@ -82,37 +152,88 @@ class RichReporter(Reporter):
 
     def note(self, text: str) -> None:
         if not self.quiet:
-            self.console.print(f"[dim]·[/] {text}")
+            self.console.print(f"[dim]·[/] {data(text)}")
+
+
+class PlainReporter(Reporter):
+    """Progress for a log (CI, a pipe): a line when a step starts, a heartbeat with the
+    elapsed time every ``heartbeat_s`` while it runs, and a line when it ends."""
+
+    def __init__(self, console: Console, quiet: bool = False, heartbeat_s: float = HEARTBEAT_S) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.heartbeat_s = heartbeat_s
+        self._lock = threading.Lock()
+        self._detail: dict[int, str] = {}
+
+    def _line(self, text: str) -> None:
+        with self._lock:
+            self.console.print(text, markup=False)
+
+    @contextmanager
+    def step(self, title: str) -> Iterator[None]:
+        if self.quiet:
+            yield
+            return
+        started, stop, ident = time.monotonic(), threading.Event(), threading.get_ident()
+        self._line(f"… {for_terminal(title)}")
+        beat = threading.Thread(target=self._beat, args=(title, started, stop, ident), daemon=True)
+        beat.start()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            stop.set()
+            beat.join()
+            self._detail.pop(ident, None)
+            mark = "✓" if ok else "✗"
+            self._line(f"{mark} {for_terminal(title)} ({time.monotonic() - started:.1f}s)")
+
+    def _beat(self, title: str, started: float, stop: threading.Event, ident: int) -> None:
+        while not stop.wait(self.heartbeat_s):
+            detail = self._detail.get(ident)
+            extra = f" — {for_terminal(detail)}" if detail else ""
+            self._line(f"  {for_terminal(title)}: still running, {time.monotonic() - started:.0f}s{extra}")
+
+    def update(self, text: str) -> None:
+        self._detail[threading.get_ident()] = text
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self._line(f"· {for_terminal(text)}")
 
 
 def experiments_table(experiments: list[Experiment]) -> Table:
     table = Table(title="experiments", title_justify="left")
-    for col in ("id", "layer", "fix", "pin sets", "title"):
+    for col in ("id", "layer", "fix", "pin sets", "source", "title"):
         table.add_column(col)
     for exp in experiments:
         prs = ", ".join(f"#{n}" for n in exp.fix.prs) or "-"
         sets = ", ".join(f"{n}*" if n == exp.default_pin_set else n for n in exp.pin_sets)
-        table.add_row(exp.id, exp.layer.value, prs, sets, exp.title)
+        table.add_row(data(exp.id), exp.layer.value, prs, data(sets), data(exp.source or "-"), data(exp.title))
     return table
 
 
 def print_experiment(console: Console, exp: Experiment) -> None:
-    console.print(f"[bold]{exp.id}[/]: {exp.title}")
-    console.print(f"layer: {exp.layer.value}   profile: {exp.profile}   upstream: {exp.upstream or '-'}")
+    console.print(f"[bold]{data(exp.id)}[/]: {data(exp.title)}")
+    console.print(f"source: {data(exp.source or '-')} ({data(exp.directory)})")
+    console.print(f"layer: {exp.layer.value}   profile: {data(exp.profile)}   upstream: {data(exp.upstream or '-')}")
     console.print(
-        f"fix: {', '.join(f'#{n}' for n in exp.fix.prs) or '-'} (release {exp.fix.release or '-'}): {exp.fix.summary}"
+        f"fix: {', '.join(f'#{n}' for n in exp.fix.prs) or '-'} (release {data(exp.fix.release or '-')}): "
+        f"{data(exp.fix.summary)}"
     )
     pins = Table(title="pin sets (* = default)", title_justify="left")
     for col in ("name", "kind", "base", "head"):
         pins.add_column(col, overflow="fold")
     for name, ps in exp.pin_sets.items():
         label = f"{name}*" if name == exp.default_pin_set else name
-        pins.add_row(label, ps.kind.value, _pin_text(ps.base.identity()), _pin_text(ps.head.identity()))
-    console.print(pins)
+        pins.add_row(data(label), ps.kind.value, _pin_text(ps.base.identity()), _pin_text(ps.head.identity()))
+    emit(console, pins)
     for test in exp.tests:
-        console.print(f"upstream test: {test.path} (pins: {', '.join(test.pin_sets or ['all'])})")
+        console.print(f"upstream test: {data(test.path)} (pins: {data(', '.join(test.pin_sets or ['all']))})")
     for probe in exp.probes:
-        console.print(f"probe: {probe.path}")
+        console.print(f"probe: {data(probe.path)}")
     exp_table = Table(title="expectations", title_justify="left")
     for col in ("case", "observation", "base", "head"):
         exp_table.add_column(col, overflow="fold")
@@ -123,66 +244,88 @@ def print_experiment(console: Console, exp: Experiment) -> None:
         )
         for name in names:
             exp_table.add_row(
-                key,
-                name,
+                data(key),
+                data(name),
                 _val(exp.expectations.get("base", {}).get(key, {}), name),
                 _val(exp.expectations.get("head", {}).get(key, {}), name),
             )
-    console.print(exp_table if keys else "expectations: none declared")
-    console.print(f"shows: {exp.scope.shows}")
+    if keys:
+        emit(console, exp_table)
+    else:
+        console.print("expectations: none declared")
+    console.print(f"shows: {data(exp.scope.shows)}")
     for item in exp.scope.does_not_show:
-        console.print(f"does not show: {item}")
+        console.print(f"does not show: {data(item)}")
 
 
 def _val(values: Mapping[str, Any], name: str) -> str:
-    return repr(values[name]) if name in values else "-"
+    return data(repr(values[name])) if name in values else "-"
 
 
 def _pin_text(identity: dict[str, Any]) -> str:
     if identity["kind"] == "git":
-        return identity["commit"]
+        return data(identity["commit"])
     if identity["kind"] == "wheel":
-        return f"{identity['filename']}\nsha256:{identity['sha256']}"
-    return ", ".join(f"{k}={v}" for k, v in identity["switches"].items())
+        return data(f"{identity['filename']} sha256:{identity['sha256']}")
+    return data(", ".join(f"{k}={v}" for k, v in identity["switches"].items()))
 
 
-def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str) -> None:
+def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str, verbosity: int) -> None:
+    """The verdict, its reasons, the bundle and its digest. The observation table too on a
+    terminal or with -v; on a pipe by default only the rows that did not match."""
     comp = receipt["comparison"]
+    full = console.is_terminal or verbosity > 0
     table = Table(title="observations (base vs head)", title_justify="left")
     for col in ("case", "observation", "base", "head", "expected", "ok"):
         table.add_column(col, overflow="fold")
     for row in comp["observations"]:
         if not (row["expected_base_declared"] or row["expected_head_declared"] or row["changed"]):
             continue
+        good = row["base_ok"] and row["head_ok"]
+        if not full and good:
+            continue
         expected = f"{_exp(row, 'base')} → {_exp(row, 'head')}"
-        ok = "✓" if row["base_ok"] and row["head_ok"] else "✗"
-        table.add_row(row["case"], row["observation"], _obs(row, "base"), _obs(row, "head"), expected, ok)
+        table.add_row(
+            data(row["case"]),
+            data(row["observation"]),
+            _obs(row, "base"),
+            _obs(row, "head"),
+            expected,
+            "✓" if good else "✗",
+        )
     if table.row_count:
-        console.print(table)
+        emit(console, table)
+    c = comp["counts"]
+    console.print(
+        f"observations: {c['observations_matched']}/{c['observations_expected']} expected matched, "
+        f"{c['observations_changed']} changed from base to head"
+    )
     for path, summary in comp["test_summary"].items():
         console.print(
-            f"upstream {path}: {summary['transitions']}; base failure kinds {summary['base']['failure_kinds']}"
+            f"upstream {data(path)}: {data(summary['transitions'])}; "
+            f"base failure kinds {data(summary['base']['failure_kinds'])}"
         )
         for side in ("base", "head"):
             for error in summary[side].get("collection_errors", []):
                 console.print(
-                    f"  {side} could not collect {error['nodeid']}: {error['exc_type'] or 'error'}: {error['message']}",
-                    markup=False,
+                    f"  {side} could not collect {data(error['nodeid'])}: "
+                    f"{data(error['exc_type'] or 'error')}: {data(error['message'])}"
                 )
     style = _VERDICT_STYLE.get(receipt["verdict"], "bold")
-    console.print(f"verdict: [{style}]{receipt['verdict']}[/]")
-    for reason in comp["reasons"][:20]:
-        console.print(f"  - {reason}")
-    console.print(f"bundle: {bundle}")
+    console.print(f"verdict: [{style}]{data(receipt['verdict'])}[/]")
+    limit = None if verbosity > 0 else 20
+    for reason in comp["reasons"][:limit]:
+        console.print(f"  - {data(reason)}")
+    console.print(f"bundle: {data(bundle)}")
     console.print(f"manifest sha256: {digest}")
 
 
 def _obs(row: dict[str, Any], side: str) -> str:
-    return repr(row[side]) if row[f"{side}_recorded"] else "—"
+    return data(repr(row[side])) if row[f"{side}_recorded"] else "—"
 
 
 def _exp(row: dict[str, Any], side: str) -> str:
-    return repr(row[f"expected_{side}"]) if row[f"expected_{side}_declared"] else "·"
+    return data(repr(row[f"expected_{side}"])) if row[f"expected_{side}_declared"] else "·"
 
 
 _STEP_STYLE = {
@@ -195,30 +338,38 @@ _STEP_STYLE = {
 _OUTCOME_STYLE = {"verified": "bold green", "failed": "bold red", "could-not-rerun": "bold magenta"}
 
 
-def print_verify_report(console: Console, report: Any, max_defects: int = 200) -> None:
-    """The step table, then every defect (up to ``max_defects``; --json has them all)."""
-    from rich.markup import escape
-
-    table = Table(title=f"verify {escape(report.bundle)}", title_justify="left")
+def print_verify_report(console: Console, report: Any) -> None:
+    """The result on stdout: the step table, the manifest digest and the outcome."""
+    table = Table(title=f"verify {data(report.bundle)}", title_justify="left")
     for col in ("#", "step", "result", "detail"):
         table.add_column(col, overflow="fold")
     for step in report.steps:
         count = f" ({len(step.defects)} defect{'s' if len(step.defects) != 1 else ''})" if step.defects else ""
         style = _STEP_STYLE.get(step.status, "bold")
-        table.add_row(str(step.number), step.name, f"[{style}]{step.status}[/]", escape(step.summary + count))
-    console.print(table)
+        table.add_row(str(step.number), data(step.name), f"[{style}]{data(step.status)}[/]", data(step.summary + count))
+    emit(console, table)
+    console.print(f"manifest sha256: {report.manifest_sha256 or '-'}")
+    console.print(f"result: [{_OUTCOME_STYLE.get(report.outcome, 'bold')}]{data(report.outcome)}[/]")
+
+
+def print_verify_diagnostics(console: Console, report: Any, max_defects: int | None = 200) -> None:
+    """On stderr, one line each: the notes, every step that did not pass, and every defect
+    (up to ``max_defects``; -v or --json: all)."""
     shown = 0
     for step in report.steps:
         for note in step.notes:
-            console.print(f"[dim]·[/] {escape(note)}")
+            console.print(f"[dim]·[/] {data(note)}")
+        if step.status != "pass":
+            style = _STEP_STYLE.get(step.status, "bold")
+            console.print(
+                f"step {step.number} {data(step.name)}: [{style}]{data(step.status)}[/] — {data(step.summary)}"
+            )
         for defect in step.defects:
-            if shown < max_defects:
-                console.print(f"  [red]✗[/] [{step.number}] {escape(defect.message)}")
+            if max_defects is None or shown < max_defects:
+                console.print(f"  [red]✗[/] [{step.number}] {data(defect.message)}")
             shown += 1
-    if shown > max_defects:
-        console.print(f"  … {shown - max_defects} more defects (use --json for all)")
-    console.print(f"manifest sha256: {report.manifest_sha256 or '-'}")
-    console.print(f"result: [{_OUTCOME_STYLE.get(report.outcome, 'bold')}]{report.outcome}[/]")
+    if max_defects is not None and shown > max_defects:
+        console.print(f"  … {shown - max_defects} more defects (use -v or --json for all)")
 
 
 _GATE_STYLE = {"pass": "bold green", "fail": "bold red", "unknown": "bold magenta", "info": "dim"}
@@ -229,19 +380,37 @@ def print_gates(console: Console, receipt: dict[str, Any], bundle: str, digest: 
     for gate in receipt["gates"]:
         style = _GATE_STYLE[gate["status"]]
         table = Table(
-            title=f"gate {gate['number']}: [{style}]{gate['status']}[/] — {gate['title']}", title_justify="left"
+            title=f"gate {gate['number']}: [{style}]{gate['status']}[/] — {data(gate['title'])}",
+            title_justify="left",
         )
         for col in ("check", "status", "detail", "evidence"):
             table.add_column(col, overflow="fold")
         for check in gate["checks"]:
             status = check["status"] if check["decides"] else f"{check['status']} (info)"
             table.add_row(
-                check["name"], f"[{_GATE_STYLE[check['status']]}]{status}[/]", check["detail"], check["evidence"]
+                data(check["name"]),
+                f"[{_GATE_STYLE[check['status']]}]{status}[/]",
+                data(check["detail"]),
+                data(check["evidence"]),
             )
-        console.print(table)
+        emit(console, table)
     console.print(f"overall: [{_GATE_STYLE[receipt['overall']]}]{receipt['overall']}[/]")
-    console.print(f"bundle: {bundle}")
+    console.print(f"bundle: {data(bundle)}")
     console.print(f"manifest sha256: {digest}")
+
+
+def print_gate_diagnostics(console: Console, receipt: dict[str, Any]) -> None:
+    """On stderr, one line per deciding check of a gate that did not pass (or the gate)."""
+    for gate in receipt["gates"]:
+        if gate["status"] == "pass":
+            continue
+        style = _GATE_STYLE[gate["status"]]
+        head = f"gate {gate['number']}: [{style}]{gate['status']}[/] —"
+        checks = [c for c in gate["checks"] if c["decides"] and c["status"] != "pass"]
+        for check in checks:
+            console.print(f"{head} {data(check['name'])}: {data(check['detail'])}")
+        if not checks:
+            console.print(f"{head} {data(gate['title'])}")
 
 
 def _age(seconds: float) -> str:
@@ -253,37 +422,35 @@ def _age(seconds: float) -> str:
 
 
 def print_cache(console: Console, root: str, entries: list[Any], now: float) -> None:
-    """`kvprobe cache ls`: one row per entry, newest use last, and the total."""
-    from rich.markup import escape
-
+    """`kvprobe cache ls`: one row per entry, newest use last, and the total. A terminal
+    shows keys shortened; a pipe gets them whole."""
     from kvprobe.env.cache import human_size
 
-    table = Table(title=f"cache {escape(root)}", title_justify="left")
+    table = Table(title=f"cache {data(root)}", title_justify="left")
     for col in ("kind", "key", "size", "last used"):
         table.add_column(col, overflow="fold", justify="right" if col == "size" else "left")
+    short = console.is_terminal
     for entry in entries:
-        key = escape(entry.key[:24] + ("…" if len(entry.key) > 24 else ""))
-        key += f" [dim]{escape(entry.label)}[/]" if entry.label else ""
+        key = data(entry.key[:24] + "…" if short and len(entry.key) > 24 else entry.key)
+        key += f" [dim]{data(entry.label)}[/]" if entry.label else ""
         key += "" if entry.complete else " [yellow](incomplete)[/]"
-        table.add_row(entry.kind, key, human_size(entry.size), _age(now - entry.last_used))
-    console.print(table)
+        table.add_row(data(entry.kind), key, human_size(entry.size), _age(now - entry.last_used))
+    emit(console, table)
     console.print(f"total: {human_size(sum(e.size for e in entries))} in {len(entries)} entries")
 
 
 def print_prune(console: Console, outcomes: list[Any], dry_run: bool) -> None:
     """`kvprobe cache prune`: what went (or would go), what stayed and why, bytes freed."""
-    from rich.markup import escape
-
     from kvprobe.env.cache import human_size
 
     for o in outcomes:
         mark = {"deleted": "[green]deleted[/]", "would-delete": "[yellow]would delete[/]"}.get(
             o.action, "[magenta]skipped[/]"
         )
-        why = f": {escape(o.reason)}" if o.reason else ""
-        label = f" {escape(o.entry.label)}" if o.entry.label else ""
+        why = f": {data(o.reason)}" if o.reason else ""
+        label = f" {data(o.entry.label)}" if o.entry.label else ""
         console.print(
-            f"{mark} {o.entry.kind} {escape(o.entry.key)}{label} ({human_size(o.entry.size)}){why}", soft_wrap=True
+            f"{mark} {data(o.entry.kind)} {data(o.entry.key)}{label} ({human_size(o.entry.size)}){why}", soft_wrap=True
         )
     freed = sum(o.entry.size for o in outcomes if o.action in ("deleted", "would-delete"))
     verb = "would free" if dry_run else "freed"
@@ -293,10 +460,8 @@ def print_prune(console: Console, outcomes: list[Any], dry_run: bool) -> None:
 def print_recording(console: Console, recording: Any) -> None:
     """What ``--record-expectations`` is about to write: observations base vs head per case,
     then per upstream test file its FAIL_TO_PASS / PASS_TO_PASS sets."""
-    from rich.markup import escape
-
     if recording.cases:
-        table = Table(title=f"expectations to record into {recording.path}", title_justify="left")
+        table = Table(title=f"expectations to record into {data(recording.path)}", title_justify="left")
         for col in ("case", "observation", "base", "head", ""):
             table.add_column(col, overflow="fold")
         for case in recording.cases:
@@ -304,22 +469,20 @@ def print_recording(console: Console, recording: Any) -> None:
             head = recording.values.get("head", {}).get(case, {})
             for name in sorted(set(base) | set(head)):
                 changed = (name in base) != (name in head) or repr(base.get(name)) != repr(head.get(name))
-                table.add_row(case, name, _val(base, name), _val(head, name), "≠" if changed else "")
-        console.print(table)
+                table.add_row(data(case), data(name), _val(base, name), _val(head, name), "≠" if changed else "")
+        emit(console, table)
     for file, sets in recording.tests.items():
         kinds = sets.get("base_failure_kind", {})
         tally = ", ".join(f"{n} {k}" for k, n in sorted(Counter(kinds.values()).items())) or "no failure kind"
         console.print(
-            f"{escape(file)}: FAIL_TO_PASS {len(sets['FAIL_TO_PASS'])} (on base: {escape(tally)}), "
+            f"{data(file)}: FAIL_TO_PASS {len(sets['FAIL_TO_PASS'])} (on base: {data(tally)}), "
             f"PASS_TO_PASS {len(sets['PASS_TO_PASS'])}",
             soft_wrap=True,
         )
         for test in sets["FAIL_TO_PASS"]:
-            console.print(
-                f"  FAIL_TO_PASS {escape(test)}  ({escape(kinds.get(test, 'no failure kind'))})", soft_wrap=True
-            )
+            console.print(f"  FAIL_TO_PASS {data(test)}  ({data(kinds.get(test, 'no failure kind'))})", soft_wrap=True)
     for item in recording.skipped:
-        console.print(f"[yellow]not recorded[/]: {item}")
+        console.print(f"[yellow]not recorded[/]: {data(item)}")
     if recording.cases and not recording.differs:
         console.print(
             "[bold yellow]warning[/]: no recorded observation differs between base and head; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import tomllib
 from pathlib import Path
@@ -27,7 +28,7 @@ from kvprobe.model.records import (
     WheelPin,
 )
 from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
-from kvprobe.resources import experiment_dirs
+from kvprobe.resources import experiment_dirs, experiment_search_path
 
 FILENAME = "experiment.toml"
 
@@ -44,6 +45,18 @@ def find(experiment_id: str) -> Path:
     raise ExperimentError(f"unknown experiment {experiment_id!r} (known: {known})")
 
 
+def sources(experiment_id: str) -> list[tuple[Path, str]]:
+    """Every folder on the search path holding ``experiment_id``, first (the one used) first,
+    each with its source (built-in, ./probes, KVPROBE_PROBES_PATH): more than one means the
+    first shadows the others."""
+    found = []
+    for directory, source in experiment_search_path():
+        candidate = directory / experiment_id / FILENAME
+        if candidate.is_file():
+            found.append((candidate.parent, source))
+    return found
+
+
 def list_ids() -> list[str]:
     """Every experiment id found on the search path, first occurrence wins."""
     seen: list[str] = []
@@ -57,7 +70,10 @@ def list_ids() -> list[str]:
 
 
 def load(experiment_id: str, *, validate: bool = True) -> Experiment:
-    return load_file(find(experiment_id), validate=validate)
+    """The experiment kvprobe would run for ``experiment_id``, with where it came from."""
+    path = find(experiment_id)
+    source = next(src for folder, src in sources(experiment_id) if folder == path.parent)
+    return dataclasses.replace(load_file(path, validate=validate), source=source)
 
 
 def load_file(path: Path, *, validate: bool = True) -> Experiment:

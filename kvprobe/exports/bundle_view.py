@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit
 from kvprobe.errors import SchemaError, UsageError
 from kvprobe.evidence.safetree import Limits
 from kvprobe.names import RECEIPT, RECEIPT_SCHEMA, SIDES
+from kvprobe.text import for_shell
 from kvprobe.verify.steps import VerifyOptions, verified
 
 _GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
@@ -140,7 +141,8 @@ def counts_text(receipt: Mapping[str, Any]) -> str:
 
 
 def verify_command(view: BundleView) -> str:
-    return f"kvprobe verify {view.name} --expect-manifest-sha256 {view.manifest_sha256}"
+    """The command a reviewer pastes: the bundle path is one quoted shell word."""
+    return f"kvprobe verify {for_shell(view.name)} --expect-manifest-sha256 {for_shell(view.manifest_sha256)}"
 
 
 def failure_kinds_text(kinds: Mapping[str, int]) -> str:

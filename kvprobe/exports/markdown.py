@@ -1,6 +1,8 @@
 """The Markdown rendering of a bundle for a security review: verdict, pins, cases, tests, limits.
 
-Table cells escape every value (:func:`cell`), so nothing a receipt holds can add, drop or
+Every value from the receipt is untrusted text: prose passes :func:`kvprobe.text.for_markdown`
+(no HTML, links, images or emphasis), code spans show control characters as escapes, and
+table cells escape every value (:func:`cell`), so nothing a receipt holds can add, drop or
 split a cell.
 """
 
@@ -15,18 +17,18 @@ from kvprobe.exports.bundle_view import (
     BundleView,
     counts_text,
     failure_kinds_text,
-    oneline,
     prs_text,
     verify_command,
 )
 from kvprobe.names import SIDES
+from kvprobe.text import for_markdown, for_terminal
 
 _MAX_VALUE = 160  # characters of one observed value shown in a Markdown cell
 
 
 def _code(text: str) -> str:
     """An inline code span that survives backticks in ``text``."""
-    text = oneline(text)
+    text = for_terminal(" ".join(str(text).split()))
     fence = "`"
     while fence in text:
         fence += "`"
@@ -35,18 +37,15 @@ def _code(text: str) -> str:
 
 
 def cell(text: Any) -> str:
-    """Prose in a table cell: HTML-special characters as entities, backslashes doubled, every
-    pipe escaped and line breaks as <br>, so no value can add, drop or split a cell."""
-    text = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    text = text.replace("\\", "\\\\").replace("|", "\\|")
-    lines = [line.strip() for line in re.split(r"\r\n|\r|\n", text)]
-    return "<br>".join(lines)
+    """Prose in a table cell: each line through for_markdown (pipes, HTML and link syntax as
+    entities) and line breaks as <br>, so no value can add, drop or split a cell."""
+    return "<br>".join(for_markdown(line) for line in re.split(r"\r\n|\r|\n", str(text)))
 
 
 def code_cell(text: str) -> str:
-    """A code span in a table cell when that is safe (no backslash, backtick or line break);
-    otherwise the same text as escaped prose."""
-    if re.search(r"[\\`\r\n]", text) or not text.strip():
+    """A code span in a table cell when that is safe (no backslash, backtick, control or
+    format character); otherwise the same text as escaped prose."""
+    if re.search(r"[\\`]", text) or for_terminal(text) != text or not text.strip():
         return cell(text)
     return "`" + text.replace("|", "\\|") + "`"
 
@@ -121,39 +120,48 @@ def markdown(view: BundleView) -> str:
     exp, comp, ev = r["experiment"], r["comparison"], r["evidence"]
     fix = exp["fix"]
     env, host = r.get("env") or {}, r.get("host") or {}
-    out = [f"## kvprobe evidence: {oneline(exp['id'])}: {oneline(exp['title'])}", ""]
-    release = f", first released in {oneline(fix['release'])}" if fix.get("release") else ""
+    out = [f"## kvprobe evidence: {for_markdown(exp['id'])}: {for_markdown(exp['title'])}", ""]
+    release = f", first released in {for_markdown(fix['release'])}" if fix.get("release") else ""
     out += [
-        f"- **Verdict:** **{r['verdict']}**: {counts_text(r)}",
+        f"- **Verdict:** **{for_markdown(r['verdict'])}**: {for_markdown(counts_text(r))}",
         f"- **Evidence layer:** {_code(ev['layer'])}",
-        f"- **Fix:** {prs_text(r, links=True)}{release}. {oneline(fix['summary'])}",
-        f"- **Upstream:** {oneline(exp.get('upstream') or 'not recorded')}",
+        f"- **Fix:** {prs_text(r, links=True)}{release}. {for_markdown(fix['summary'])}",
+        f"- **Upstream:** {for_markdown(exp.get('upstream') or 'not recorded')}",
         f"- **Experiment:** {_code(exp['id'])} ({_code(exp['file'])}, sha256 {_code(exp['sha256'])})",
-        f"- **Run:** {_code(r['run_id'])} at {r['created_utc']} by kvprobe {r['tool']['version']}; "
-        f"pin set {_code(r['pin_set']['name'])} ({r['pin_set']['kind']})",
+        f"- **Run:** {_code(r['run_id'])} at {for_markdown(r['created_utc'])} by kvprobe "
+        f"{for_markdown(r['tool']['version'])}; pin set {_code(r['pin_set']['name'])} ({for_markdown(r['pin_set']['kind'])})",
     ]
     if env:
         torch = env.get("torch") or {}
-        torch_text = f", torch {torch.get('version')} from {env.get('torch_index')}" if torch else ""
+        torch_text = (
+            f", torch {for_markdown(torch.get('version'))} from {for_markdown(env.get('torch_index'))}" if torch else ""
+        )
         out.append(
-            f"- **Environment:** Python {env.get('python')} on {host.get('system', '?')} "
-            f"{host.get('machine', '?')}, profile {_code(env.get('profile', '?'))}, lock "
+            f"- **Environment:** Python {for_markdown(env.get('python'))} on {for_markdown(host.get('system', '?'))} "
+            f"{for_markdown(host.get('machine', '?'))}, profile {_code(env.get('profile', '?'))}, lock "
             f"{_code(env.get('lock_name') or '-')} sha256 {_code(env.get('lock_sha256') or '-')}{torch_text}"
         )
     out += ["", "### Pins", ""]
     out += _table(["side", "kind", "pin", "digest"], [_pin_row(r, side) for side in SIDES])
 
     if comp["reasons"]:
-        out += [f"### Why the verdict is {r['verdict']}", ""]
-        out += [f"- {oneline(reason)}" for reason in comp["reasons"]] + [""]
+        out += [f"### Why the verdict is {for_markdown(r['verdict'])}", ""]
+        out += [f"- {for_markdown(reason)}" for reason in comp["reasons"]] + [""]
 
     out += _cases_section(r)
     out += _tests_section(r)
     out += _mocks_section(ev)
-    out += ["### Scope", "", f"**What this shows:** {oneline(ev['shows'])}", "", "**What this does not show:**", ""]
-    out += [f"- {oneline(item)}" for item in ev["does_not_show"]] + [""]
+    out += [
+        "### Scope",
+        "",
+        f"**What this shows:** {for_markdown(ev['shows'])}",
+        "",
+        "**What this does not show:**",
+        "",
+    ]
+    out += [f"- {for_markdown(item)}" for item in ev["does_not_show"]] + [""]
     if ev.get("limits"):
-        out += ["**Limits:**", ""] + [f"- {oneline(item)}" for item in ev["limits"]] + [""]
+        out += ["**Limits:**", ""] + [f"- {for_markdown(item)}" for item in ev["limits"]] + [""]
     out += [
         "### Integrity",
         "",

@@ -13,6 +13,7 @@ from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.intoto import INTOTO_SCHEMA, intoto
 from kvprobe.exports.markdown import markdown
 from kvprobe.exports.openvex import OPENVEX_SCHEMA, openvex
+from kvprobe.text import for_json
 
 FORMATS = ("markdown", "openvex", "intoto")
 
@@ -50,7 +51,7 @@ def render(view: BundleView, fmt: str, opts: ExportOptions = ExportOptions()) ->
     else:
         raise UsageError(f"unknown report format {fmt!r}; choose one of {', '.join(FORMATS)}")
     schema.validate(doc, version, source=f"{fmt} document")
-    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    return for_json(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)) + "\n"
 
 
 def write_atomic(path: Path, text: str, *, force: bool = False) -> None:

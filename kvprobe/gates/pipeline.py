@@ -44,6 +44,7 @@ from kvprobe.gates.target import Target, resolve_target
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.run.runner import verify_on_write
+from kvprobe.text import for_markdown
 
 
 @dataclass(frozen=True)
@@ -270,4 +271,4 @@ def render_readme(receipt: dict[str, Any]) -> str:
 
 
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return for_markdown(text)

@@ -220,6 +220,7 @@ class Experiment:
     directory: Path
     file_sha256: str
     vulnerability: Vulnerability | None = None  # None: declared by no [vulnerability] table
+    source: str | None = None  # built-in, ./probes or KVPROBE_PROBES_PATH; None: read from a file (a bundle)
 
     def __post_init__(self) -> None:
         if self.default_pin_set not in self.pin_sets:

@@ -397,6 +397,7 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> dict[str, Any]:
             "profile": exp.profile,
             "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary},
             **({"vulnerability": exp.vulnerability.to_json()} if exp.vulnerability else {}),
+            **({"source": exp.source} if exp.source else {}),
         },
         "pin_set": {
             "name": pin_set.name,

@@ -367,7 +367,7 @@ def experiment_defects(bundle: Bundle) -> list[BundleDefect]:
 
 
 def _receipt_view(receipt: dict[str, Any]) -> dict[str, Any]:
-    exp = {k: v for k, v in receipt["experiment"].items() if k != "sha256"}
+    exp = {k: v for k, v in receipt["experiment"].items() if k not in ("sha256", "source")}  # not in the file
     ev = receipt["evidence"]
     sides = {
         side: {
