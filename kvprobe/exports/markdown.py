@@ -129,7 +129,8 @@ def markdown(view: BundleView) -> str:
         f"- **Upstream:** {for_markdown(exp.get('upstream') or 'not recorded')}",
         f"- **Experiment:** {_code(exp['id'])} ({_code(exp['file'])}, sha256 {_code(exp['sha256'])})",
         f"- **Run:** {_code(r['run_id'])} at {for_markdown(r['created_utc'])} by kvprobe "
-        f"{for_markdown(r['tool']['version'])}; pin set {_code(r['pin_set']['name'])} ({for_markdown(r['pin_set']['kind'])})",
+        f"{for_markdown(r['tool']['version'])}; pin set {_code(r['pin_set']['name'])} "
+        f"({for_markdown(r['pin_set']['kind'])})",
     ]
     if env:
         torch = env.get("torch") or {}

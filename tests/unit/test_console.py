@@ -1,0 +1,63 @@
+"""cli/console: plain progress for a log, and data that never becomes markup."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from kvprobe.cli.console import PlainReporter, data, emit, make_console
+
+
+def test_plain_progress_says_start_heartbeat_and_end():
+    buffer = io.StringIO()
+    reporter = PlainReporter(make_console(buffer), heartbeat_s=0.05)
+    with reporter.step("building env [/] \x1b[2J"):
+        reporter.update("pip: torch")
+        time.sleep(0.3)
+    lines = buffer.getvalue().splitlines()
+    assert lines[0] == "… building env [/] \\x1b[2J"
+    beats = [line for line in lines if "still running" in line]
+    assert beats and all("pip: torch" in line for line in beats), lines
+    assert lines[-1].startswith("✓ building env [/] \\x1b[2J (") and lines[-1].endswith("s)")
+
+
+def test_plain_progress_marks_a_failed_step():
+    buffer = io.StringIO()
+    reporter = PlainReporter(make_console(buffer), heartbeat_s=10)
+    with pytest.raises(RuntimeError), reporter.step("fetch"):
+        raise RuntimeError("boom")
+    assert buffer.getvalue().splitlines()[-1].startswith("✗ fetch (")
+
+
+def test_quiet_plain_progress_prints_nothing():
+    buffer = io.StringIO()
+    reporter = PlainReporter(make_console(buffer), quiet=True, heartbeat_s=0.01)
+    with reporter.step("x"):
+        reporter.note("y")
+    assert buffer.getvalue() == ""
+
+
+def test_data_is_printed_literally():
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, force_terminal=True, color_system="truecolor", highlight=False)
+    console.print(f"title: {data('[/] [link=https://evil.example]x[/link] [bold]b')}")
+    text = buffer.getvalue()
+    assert "[/] [link=https://evil.example]x[/link] [bold]b" in text
+    assert "\x1b]8;" not in text
+
+
+def test_a_piped_table_is_one_line_per_row():
+    buffer = io.StringIO()
+    table = Table(title="t")
+    table.add_column("id")
+    table.add_column("digest")
+    digest = "ab" * 32
+    table.add_row("later-release", digest)
+    emit(make_console(buffer), table)
+    lines = buffer.getvalue().splitlines()
+    assert any("later-release" in line and digest in line for line in lines), lines
+    assert all(line == line.rstrip() for line in lines)
