@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from tests import forge
 from tests.attacks.gatelogs import CONTEXT, INCIDENT, RAISED, startup_log
 
