@@ -351,11 +351,11 @@ def test_markdown_pipes_newlines_and_html_in_values_do_not_break_tables():
     [mocks] = table_with(md, "probe")
     [mock] = mocks["rows"]
     assert unescape(mock[1]) == "`kv|sender`"
-    assert mock[2] == "MagicMock: counts sends<br>line \\| two &lt;script&gt;"
+    assert mock[2] == "MagicMock: counts sends<br>line &#124; two &#60;script&#62;"
     assert unescape(mock[2]) == "MagicMock: counts sends\nline | two <script>"
     assert "<script>" not in md
     # outside tables a multi-line value is one line
-    assert "## kvprobe evidence: exp-x: PR #123: retire | rejected requests" in md.split("\n")
+    assert "## kvprobe evidence: exp-x: PR #123: retire &#124; rejected requests" in md.split("\n")
 
 
 @pytest.mark.parametrize(
