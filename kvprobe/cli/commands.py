@@ -17,6 +17,7 @@ from kvprobe.text import for_shell, for_terminal
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from kvprobe.cli.console import Output
     from kvprobe.evidence.safetree import Limits
     from kvprobe.model.records import Experiment
     from kvprobe.run.runner import RunOptions, RunResult
@@ -165,7 +166,7 @@ class _Group(click.Group):
 _Group.group_class = _Group
 
 
-def _streams(as_json: bool = False) -> Any:
+def _streams(as_json: bool = False) -> Output:
     """The current command's streams and verbosity (cli.console.Output)."""
     from kvprobe.cli.console import Output
 
@@ -235,7 +236,7 @@ def list_cmd(as_json: bool) -> int:
     return EXIT_OK
 
 
-def _warn_shadowing(out: Any, experiment_id: str) -> None:
+def _warn_shadowing(out: Output, experiment_id: str) -> None:
     """Say so on stderr when the experiment used hides another of the same id (a project's
     ./probes or KVPROBE_PROBES_PATH over kvprobe's built-in one)."""
     from kvprobe.cli.console import data
