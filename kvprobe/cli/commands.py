@@ -344,7 +344,7 @@ def run_cmd(
     yes: bool = False,
 ) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not)."""
-    from kvprobe.cli.console import print_run_summary
+    from kvprobe.cli.console import print_run_diagnostics, print_run_summary
     from kvprobe.experiments import experiment
     from kvprobe.run.runner import run_experiment
 
@@ -352,6 +352,8 @@ def run_cmd(
     streams = _streams(as_json)
     _warn_shadowing(streams, exp.id)
     result = run_experiment(exp, _run_options(pins, out, repo, torch_index, jobs, timeout), streams.reporter())
+    if streams.verbosity > -2:
+        print_run_diagnostics(streams.err, result.receipt)
     if streams.results:
         print_run_summary(streams.out, result.receipt, str(result.bundle), result.manifest_sha256, streams.verbosity)
     if as_json:

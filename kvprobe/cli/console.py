@@ -305,12 +305,6 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
             f"upstream {data(path)}: {data(summary['transitions'])}; "
             f"base failure kinds {data(summary['base']['failure_kinds'])}"
         )
-        for side in ("base", "head"):
-            for error in summary[side].get("collection_errors", []):
-                console.print(
-                    f"  {side} could not collect {data(error['nodeid'])}: "
-                    f"{data(error['exc_type'] or 'error')}: {data(error['message'])}"
-                )
     style = _VERDICT_STYLE.get(receipt["verdict"], "bold")
     console.print(f"verdict: [{style}]{data(receipt['verdict'])}[/]")
     limit = None if verbosity > 0 else 20
@@ -318,6 +312,17 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
         console.print(f"  - {data(reason)}")
     console.print(f"bundle: {data(bundle)}")
     console.print(f"manifest sha256: {digest}")
+
+
+def print_run_diagnostics(console: Console, receipt: dict[str, Any]) -> None:
+    """On stderr: every upstream test file a side could not collect, and why."""
+    for summary in receipt["comparison"]["test_summary"].values():
+        for side in ("base", "head"):
+            for error in summary[side].get("collection_errors", []):
+                console.print(
+                    f"  {side} could not collect {data(error['nodeid'])}: "
+                    f"{data(error['exc_type'] or 'error')}: {data(error['message'])}"
+                )
 
 
 def _obs(row: dict[str, Any], side: str) -> str:
