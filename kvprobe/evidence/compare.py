@@ -23,16 +23,19 @@ from kvprobe.names import SIDES
 
 # Names what compare() computes; change it whenever its output for the same inputs changes,
 # so a verifier can tell a bundle made by another comparison from a forged one.
-ALGORITHM = "kvprobe.compare/3"
+ALGORITHM = "kvprobe.compare/4"
 # Earlier comparisons and how their output differs from this one's for the same inputs. A
-# bundle made by one is recomputed with the rules of compare/2 and verifies when that gives
-# the same block.
+# bundle made by one is recomputed with its rules (compare/1 and /2: compare/2's test rules;
+# all three read every probe case as observed) and verifies when that gives the same block.
 PREDECESSORS = {
     "kvprobe.compare/1": "counted a test that failed only through its subtests as one more "
     "'infrastructure' failure kind",
     "kvprobe.compare/2": "reported a test module the base could not collect as one ERROR row and "
     "every head test as NOT_RUN, and had no FAIL_TO_PASS/PASS_TO_PASS expectations",
+    "kvprobe.compare/3": "read every probe case as observed (a case that never reached its "
+    "decision point counted as behaviour)",
 }
+_COMPARE_2_TEST_RULES = ("kvprobe.compare/1", "kvprobe.compare/2")
 _PASSING = (Outcome.PASSED.value, Outcome.SKIPPED.value, Outcome.XFAILED.value)
 # The SWE-bench set each transition belongs to: ERROR_TO_PASS is a fail-to-pass by exception.
 _TO_PASS = {
@@ -41,22 +44,40 @@ _TO_PASS = {
     Transition.PASS_TO_PASS.value: "PASS_TO_PASS",
 }
 RAISED = "raised"  # reserved observation: the exception type a case raised, or False
+OBSERVED = "observed"  # a case reached its decision point: what it recorded is behaviour
 
 
-def case_table(docs: Mapping[str, Mapping[str, Any] | None]) -> dict[str, dict[str, Any]]:
-    """``{"probe/case": {"status", "error_type", "root_type", "observations"}}`` for one side."""
+def case_table(docs: Mapping[str, Mapping[str, Any] | None], *, observation: bool = True) -> dict[str, dict[str, Any]]:
+    """``{"probe/case": {status, error_type, root_type, observations, observation, reason,
+    missing, decision_point}}`` for one side.
+
+    A case without ``observation`` (written before probes declared decision points) was
+    observed. The reserved ``raised`` observation is set only for observed cases: an
+    exception before the decision point is set-up drift, not behaviour. ``observation=False``
+    is the table before compare/4: every case observed, none of those four fields.
+    """
     table: dict[str, dict[str, Any]] = {}
     for name, doc in sorted(docs.items()):
         for case in (doc or {}).get("cases", []):
             error = case.get("error") or {}
+            seen = case.get("observation", OBSERVED) if observation else OBSERVED
             observations = dict(case["observations"])
-            observations[RAISED] = error.get("type") or False
-            table[f"{name}/{case['name']}"] = {
+            if seen == OBSERVED:
+                observations[RAISED] = error.get("type") or False
+            entry = {
                 "status": case["status"],
                 "error_type": error.get("type"),
                 "root_type": error.get("root_type"),
                 "observations": observations,
             }
+            if observation:
+                entry.update(
+                    observation=seen,
+                    reason=case.get("reason"),
+                    missing=list(case.get("missing") or []),
+                    decision_point=case.get("decision_point"),
+                )
+            table[f"{name}/{case['name']}"] = entry
     return table
 
 
@@ -161,10 +182,11 @@ def compare(
     """The comparison block of a receipt, verdict included.
 
     ``algorithm`` is ALGORITHM, or a predecessor when verify recomputes an older bundle
-    (their rules are compare/2's; their blocks name the algorithm they were made by).
+    (see PREDECESSORS for their rules; their blocks name the algorithm they were made by).
     """
-    legacy = algorithm != ALGORITHM
-    tables = {side: case_table(probe_docs.get(side, {})) for side in SIDES}
+    legacy = algorithm in _COMPARE_2_TEST_RULES
+    observing = algorithm == ALGORITHM
+    tables = {side: case_table(probe_docs.get(side, {}), observation=observing) for side in SIDES}
     rows = observation_rows(expect, tables)
     trows, tsummary = test_rows(test_runs, legacy=legacy)
     declared_tests = {} if legacy else {p: e for p, e in (expect.get("tests") or {}).items() if p in tsummary}

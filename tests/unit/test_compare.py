@@ -248,3 +248,37 @@ def test_a_head_that_cannot_collect_is_named():
     result = _tests_only({}, base, head)
     assert result["verdict"] == "not-reproduced"
     assert f"head: {TF}: {TF}::a could not be collected (ImportError)" in result["reasons"]
+
+
+def seen(doc_: dict, case: str, observation: str, reason: str | None = None, missing: list | None = None) -> dict:
+    """``doc_`` with ``case`` declaring how far it got (a probe API v2 case document)."""
+    for entry in doc_["cases"]:
+        if entry["name"] == case:
+            entry.update(observation=observation, reason=reason, missing=missing or [], decision_point="Q.add")
+    return doc_
+
+
+def test_case_table_carries_how_far_each_case_got():
+    base = seen(
+        doc("p", {"c": {}}, raised={"c": "AttributeError"}), "c", "unobserved", reason="stub lacks max_input_len"
+    )
+    head = seen(doc("p", {"c": {"enqueued": False}}), "c", "observed")
+    cases = run(EXPECT, base, head)["cases"]
+    assert cases["base"]["p/c"] == {
+        "status": "raised",
+        "error_type": "AttributeError",
+        "root_type": "AttributeError",
+        "observations": {},  # no reserved `raised`: the exception came before the decision point
+        "observation": "unobserved",
+        "reason": "stub lacks max_input_len",
+        "missing": [],
+        "decision_point": "Q.add",
+    }
+    assert cases["head"]["p/c"]["observations"] == {"enqueued": False, "raised": False}
+
+
+def test_a_case_written_before_observation_existed_counts_as_observed():
+    cases = run(EXPECT, doc("p", {"c": {"enqueued": True}}), doc("p", {"c": {}}, raised={"c": "KeyError"}))["cases"]
+    assert cases["base"]["p/c"]["observation"] == "observed" and cases["base"]["p/c"]["missing"] == []
+    assert cases["head"]["p/c"]["observations"] == {"raised": "KeyError"}
+    assert cases["head"]["p/c"]["reason"] is None and cases["head"]["p/c"]["decision_point"] is None

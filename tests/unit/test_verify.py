@@ -658,7 +658,9 @@ def test_bundle_from_another_comparison_algorithm_is_named_not_called_forged(env
 @pytest.mark.parametrize("algorithm", sorted(compare.PREDECESSORS))
 def test_bundle_from_a_predecessor_comparison_verifies_where_its_output_is_the_same(env, tmp_path, algorithm):
     bundle = forge.build(tmp_path / "older", algorithm=algorithm)
-    assert "error_to_pass" not in forge.load(bundle, "receipt.json")["comparison"]["counts"]  # compare/2's block
+    comparison = forge.load(bundle, "receipt.json")["comparison"]
+    assert ("error_to_pass" in comparison["counts"]) == (algorithm == "kvprobe.compare/3")  # compare/2's block
+    assert "observation" not in comparison["cases"]["base"][f"{forge.PROBE}/reject"]  # before decision points
     verify(env, bundle, code=0)
 
 
