@@ -29,6 +29,7 @@ _VERDICT_EXIT = {
     "reproduced": EXIT_OK,
     "not-reproduced": EXIT_FAIL,
     "no-expectations": EXIT_FAIL,
+    "could-not-observe": EXIT_UNOBSERVED,
     "error": EXIT_UNOBSERVED,
 }
 _GATES_EXIT = {"pass": EXIT_OK, "fail": EXIT_FAIL, "unknown": EXIT_UNOBSERVED}
@@ -343,7 +344,7 @@ def run_cmd(
     record: bool = False,
     yes: bool = False,
 ) -> int:
-    """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not)."""
+    """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not, 3 could not observe)."""
     from kvprobe.cli.console import print_run_diagnostics, print_run_summary
     from kvprobe.experiments import experiment
     from kvprobe.run.runner import run_experiment

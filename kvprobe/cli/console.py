@@ -31,6 +31,7 @@ _VERDICT_STYLE = {
     "reproduced": "bold green",
     "not-reproduced": "bold red",
     "no-expectations": "bold yellow",
+    "could-not-observe": "bold magenta",
     "error": "bold magenta",
 }
 _PLAIN_WIDTH = 1_000_000  # a line on a pipe is as long as its record

@@ -102,12 +102,21 @@ def observation_rows(expect: Mapping[str, Any], tables: Mapping[str, dict]) -> l
                 expected = expect.get(side, {}).get(key, {})
                 row[f"expected_{side}"] = expected.get(name)
                 row[f"expected_{side}_declared"] = name in expected
-                row[f"{side}_ok"] = (not row[f"expected_{side}_declared"]) or (
-                    recorded and _same(row[side], expected[name])
+                row[f"{side}_ok"] = _ok(
+                    row[f"expected_{side}_declared"], case, recorded and _same(row[side], expected.get(name))
                 )
             row["changed"] = row["base_recorded"] != row["head_recorded"] or not _same(row["base"], row["head"])
             rows.append(row)
     return rows
+
+
+def _ok(declared: bool, case: dict[str, Any] | None, matches: bool) -> bool | None:
+    """True/False where an expectation was checked; None (unknown) where the case did not observe."""
+    if not declared:
+        return True
+    if case is not None and case.get("observation", OBSERVED) != OBSERVED:  # older tables: observed
+        return None
+    return matches
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -249,6 +258,9 @@ def _verdict(
         return Verdict.ERROR, errors
     if not any(tables[s] for s in SIDES) and not trows:
         return Verdict.ERROR, ["nothing ran: no probe case and no upstream test produced a result"]
+    unobserved = _unobserved(rows, tables)
+    if unobserved:
+        return Verdict.COULD_NOT_OBSERVE, unobserved
     reasons = []
     for r in rows:
         for side in SIDES:
@@ -273,6 +285,23 @@ def _verdict(
             "pinned which tests (review them, then --record-expectations)"
         ]
     return Verdict.REPRODUCED, []
+
+
+def _unobserved(rows: list[dict[str, Any]], tables: Mapping[str, dict[str, Any]]) -> list[str]:
+    """``side: probe/case: why`` for each case with expectations that did not reach its decision point."""
+    found = {(side, r["case"]) for r in rows for side in SIDES if r[f"{side}_ok"] is None}
+    return [
+        f"{side}: {key}: {unobserved_text(tables[side][key])}"
+        for side in SIDES
+        for key in sorted(k for s, k in found if s == side)
+    ]
+
+
+def unobserved_text(case: Mapping[str, Any]) -> str:
+    """What kept a case from observing: the missing symbols, or the probe's reason."""
+    if case["observation"] == "not-present":
+        return f"not present in this release: {', '.join(case['missing'])}"
+    return f"could not observe: {case['reason']}"
 
 
 def _infra(row: dict) -> bool:

@@ -73,6 +73,7 @@ class Verdict(str, Enum):
     REPRODUCED = "reproduced"
     NOT_REPRODUCED = "not-reproduced"
     NO_EXPECTATIONS = "no-expectations"
+    COULD_NOT_OBSERVE = "could-not-observe"  # a case with expectations never reached its decision point
     ERROR = "error"
 
 

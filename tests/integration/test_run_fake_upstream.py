@@ -90,6 +90,39 @@ does_not_show = ["anything about a real inference engine"]
 '''
 
 
+DRIFT_PROBE = '''"""Scrubs a freed block; base has no scrub, so it cannot observe there."""
+import kvprobe_probe as kp
+from minikv import BlockPool
+
+probe = kp.Probe("drift_probe", mocks={"nothing": "minikv has no transport to mock"})
+
+
+@probe.case("scrub.clears", decision="BlockPool.scrub")
+def _(obs):
+    pool = BlockPool(1)
+    scrub = kp.require(BlockPool, "scrub")
+    with obs.decision():
+        scrub(pool, 0)
+    obs.record("scrubbed", True)
+
+
+if __name__ == "__main__":
+    probe.main()
+'''
+
+
+def drift_toml(fake: FakeUpstream) -> str:
+    """fake-fix's pins with one probe whose decision point base lacks."""
+    head, _, _ = experiment_toml(fake).partition("[checks]")
+    return (
+        head.replace('id = "fake-fix"', 'id = "fake-drift"')
+        + '[checks]\nprobes = [{ path = "drift_probe.py" }]\n'
+        + '[expect.base."drift_probe/scrub.clears"]\nscrubbed = true\n'
+        + '[expect.head."drift_probe/scrub.clears"]\nscrubbed = true\n'
+        + '[scope]\nshows = "nothing"\ndoes_not_show = ["anything"]\n'
+    )
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("world")
@@ -103,6 +136,10 @@ def world(tmp_path_factory):
     folder.mkdir(parents=True)
     (folder / "experiment.toml").write_text(experiment_toml(fake, extra))
     (folder / "minikv_probe.py").write_text(PROBE)
+    drift = root / "probes" / "fake-drift"
+    drift.mkdir()
+    (drift / "experiment.toml").write_text(drift_toml(fake))
+    (drift / "drift_probe.py").write_text(DRIFT_PROBE)
     return {"root": root, "fake": fake, "probes": root / "probes", "cache": root / "cache"}
 
 
@@ -163,6 +200,17 @@ def test_head_without_the_fix_is_not_reproduced(cli, tmp_path):
     summary = json.loads(result.stdout)
     assert summary["verdict"] == "not-reproduced"
     assert any("previous_data_visible" in r for r in summary["reasons"])
+
+
+def test_a_case_base_cannot_reach_is_could_not_observe_exit_3(cli, tmp_path):
+    out = tmp_path / "drift"
+    result = cli("run", "fake-drift", "--out", str(out), "--json")
+    summary = json.loads(result.stdout)
+    assert (result.exit_code, summary["verdict"]) == (3, "could-not-observe")
+    assert summary["reasons"] == [
+        "base: drift_probe/scrub.clears: not present in this release: minikv.pool.BlockPool.scrub"
+    ]
+    assert cli("verify", str(out)).exit_code == 0
 
 
 def test_missing_sha_is_exit_3_with_a_clear_message(cli, tmp_path):

@@ -282,3 +282,44 @@ def test_a_case_written_before_observation_existed_counts_as_observed():
     assert cases["base"]["p/c"]["observation"] == "observed" and cases["base"]["p/c"]["missing"] == []
     assert cases["head"]["p/c"]["observations"] == {"raised": "KeyError"}
     assert cases["head"]["p/c"]["reason"] is None and cases["head"]["p/c"]["decision_point"] is None
+
+
+def test_a_case_that_could_not_observe_is_neither_base_nor_head():
+    base = seen(
+        doc("p", {"c": {}}, raised={"c": "AttributeError"}), "c", "unobserved", reason="stub lacks max_input_len"
+    )
+    result = run(EXPECT, base, seen(doc("p", {"c": {"enqueued": False}}), "c", "observed"))
+    assert result["verdict"] == "could-not-observe"
+    assert result["reasons"] == ["base: p/c: could not observe: stub lacks max_input_len"]
+    row = next(r for r in result["observations"] if r["observation"] == "enqueued")
+    assert row["base_ok"] is None and row["head_ok"] is True  # unknown, not failed
+    assert result["counts"]["observations_matched"] == 0
+
+
+def test_a_case_not_present_names_the_missing_symbols():
+    head = seen(doc("p", {"c": {}}, raised={"c": "NotPresent"}), "c", "not-present", reason="gone", missing=["Q.add"])
+    result = run(EXPECT, doc("p", {"c": {"enqueued": True}}), head)
+    assert result["verdict"] == "could-not-observe"
+    assert result["reasons"] == ["head: p/c: not present in this release: Q.add"]
+    assert "raised" not in result["cases"]["head"]["p/c"]["observations"]
+
+
+def test_could_not_observe_is_decided_before_a_mismatch_elsewhere():
+    expect = {"base": {"p/c": {"enqueued": True}, "p/d": {"n": 1}}}
+    base = seen(doc("p", {"c": {"enqueued": False}, "d": {}}), "d", "unobserved", reason="precondition x failed")
+    result = run(expect, base, doc("p", {"c": {}, "d": {}}))
+    assert result["verdict"] == "could-not-observe"
+    assert result["reasons"] == ["base: p/d: could not observe: precondition x failed"]
+
+
+def test_an_unobserved_case_without_expectations_on_that_side_changes_nothing():
+    expect = {"head": {"p/c": {"enqueued": False}}}
+    base = seen(doc("p", {"c": {}}, raised={"c": "TypeError"}), "c", "unobserved", reason="constructor changed")
+    result = run(expect, base, doc("p", {"c": {"enqueued": False}}))
+    assert result["verdict"] == "reproduced"
+
+
+def test_old_documents_without_observation_keep_their_verdict():
+    result = run(EXPECT, doc("p", {"c": {}}, raised={"c": "AttributeError"}), doc("p", {"c": {"enqueued": False}}))
+    assert result["verdict"] == "not-reproduced"
+    assert result["reasons"] == ["base: p/c: enqueued expected True, got nothing (case raised AttributeError)"]
