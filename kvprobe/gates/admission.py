@@ -32,6 +32,10 @@ def gate2_checks(exp: Experiment, docs: dict[str, Any], problems: list[str]) -> 
         return [Check(label, Status.UNKNOWN, "nothing ran: the probe reported no case")]
     checks = []
     for case in sorted(head_expect):
+        if table.get(case, {}).get("observation", compare.OBSERVED) != compare.OBSERVED:
+            # set-up drift or a missing code path: neither fixed nor unfixed
+            checks.append(Check(f"{exp.id}: {case}", Status.UNKNOWN, compare.unobserved_text(table[case])))
+            continue
         case_rows = [r for r in rows if r["case"] == case and r["expected_head_declared"]]
         bad = [r for r in case_rows if not r["head_ok"]]
         if not bad:
@@ -126,6 +130,9 @@ def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> 
                 "exit_code": run.exit_code,
                 "problem": run.problem,
                 "duration_s": round(run.duration_s, 3),
+                # what the probe set and what its mocks stood in for: the limits of its evidence
+                "configuration": docs.get(check.name, {}).get("configuration", []),
+                "absorbed": docs.get(check.name, {}).get("absorbed", []),
             }
         )
     return _ProbeOutcome(gate2_checks(exp, docs, problems), refs)

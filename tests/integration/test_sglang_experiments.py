@@ -68,13 +68,15 @@ def test_experiment_b_release_reproduces_on_real_sglang(tmp_path):
     assert aborted["kv_chunk_sends"] == (1, 0)
     assert aborted["metadata_frees"] == (0, 1) and aborted["kv_releases"] == (0, 1)
     late = observed(summary, "prefill_result_cleanup/result.late_after_retire")
-    assert late["kv_chunk_sends_after_retire"] == (1, 0)
+    # a real sender or tree cache refuses the released row's cache insert; the strict fake says so
+    assert late["refused_calls"] == (["tree_cache.cache_unfinished_req"], [])
     assert late["kv_releases"] == (1, 1)  # freed exactly once on both sides
     control = observed(summary, "prefill_result_cleanup/result.normal_unfinished")
     assert control["requeued_inflight"] == (True, True)
     receipt = json.loads((bundle / "receipt.json").read_text())
     raised = receipt["comparison"]["cases"]["base"]["prefill_result_cleanup/inflight.poll_after_late_result"]
-    assert raised["status"] == "raised" and raised["error_type"] == "AssertionError"
+    assert raised["status"] == "raised" and raised["error_type"] == "kvprobe_probe.RejectedCall"
+    assert raised["observation"] == "observed"  # the refusal is behaviour: it came after the decision point
 
 
 @pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b"])
