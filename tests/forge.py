@@ -82,11 +82,20 @@ def probe_doc(side: str) -> dict[str, Any]:
         "python": "3.11.7",
         "facts": {},
         "mocks": {"sender": "MagicMock KV sender"},
+        "configuration": [
+            {"name": "enable_hicache_storage", "value": True, "default": False, "why": "reach the door", "case": None}
+        ],
+        "absorbed": [{"case": "reject", "mock": "sender", "call": "sender.send", "count": 1}],
         "cases": [
             {
                 "name": "reject",
                 "description": "a rejected request",
                 "status": "ok",
+                "observation": "observed",
+                "decision_point": "Door.add",
+                "reason": None,
+                "missing": [],
+                "preconditions": {},
                 "observations": {"enqueued": side == "base", "placeholder_len": 1},
                 "error": None,
                 "notes": [],
@@ -184,6 +193,7 @@ def build(root: Path, algorithm: str = compare.ALGORITHM) -> Path:
     )
     assert comparison["verdict"] == "reproduced", comparison["reasons"]
     receipt = _receipt(exp_ref, sides, expectations, comparison)
+    receipt["evidence"].update(compare.probe_records(docs))
     schema.validate(receipt, "kvprobe.receipt/1", source="forge receipt")
     _write(root, "receipt.json", dumps(receipt))
     _write(root, "README.md", render_readme(receipt).encode("utf-8"))

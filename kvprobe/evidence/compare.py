@@ -81,6 +81,22 @@ def case_table(docs: Mapping[str, Mapping[str, Any] | None], *, observation: boo
     return table
 
 
+def probe_records(probe_docs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, dict[str, list]]]:
+    """``{"configuration"|"absorbed": {side: {probe: [...]}}}`` copied from the raw outputs.
+
+    What each probe set away from its default and every call a mock accepted in place of the
+    real collaborator: the limits of what its observations show. Documents written before
+    probes recorded them give empty lists.
+    """
+    return {
+        key: {
+            side: {name: list(doc.get(key) or []) for name, doc in sorted(probe_docs.get(side, {}).items())}
+            for side in SIDES
+        }
+        for key in ("configuration", "absorbed")
+    }
+
+
 def observation_rows(expect: Mapping[str, Any], tables: Mapping[str, dict]) -> list[dict[str, Any]]:
     """One row per (case, observation) that is expected on a side or recorded on one."""
     keys: dict[str, set[str]] = {}

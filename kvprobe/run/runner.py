@@ -424,6 +424,7 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> dict[str, Any]:
             "shows": exp.scope.shows,
             "does_not_show": list(exp.scope.does_not_show),
             "mocks": mocks,
+            **compare.probe_records(probe_docs),
             "limits": _limits(exp, pin_set, env),
         },
         "timings": {k: round(v, 3) for k, v in timings.items()},

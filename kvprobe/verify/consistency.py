@@ -326,6 +326,23 @@ def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
             )
         )
     found += _mocks_defects(receipt, docs)
+    found += _probe_record_defects(receipt, docs, made_by)
+    return found
+
+
+def _probe_record_defects(receipt: dict[str, Any], docs: dict[str, dict], made_by: str) -> list[BundleDefect]:
+    """evidence.configuration and evidence.absorbed are the raw outputs'. Receipts of the
+    comparisons before compare/4 were written without them; one of compare/4 must state them."""
+    found: list[BundleDefect] = []
+    for key, derived in compare.probe_records(docs).items():
+        if key not in receipt["evidence"] and made_by != compare.ALGORITHM:
+            continue
+        if key not in receipt["evidence"]:
+            found.append(RecordMismatch(RECEIPT, f"evidence.{key} is missing: {compare.ALGORITHM} receipts state it"))
+            continue
+        diffs = json_diff(receipt["evidence"][key], derived, f"evidence.{key}")
+        if diffs:
+            found.append(RecordMismatch(RECEIPT, f"evidence.{key} differs from the raw outputs: {_summary(diffs)}"))
     return found
 
 

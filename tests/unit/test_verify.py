@@ -374,6 +374,25 @@ def test_receipt_cites_raw_not_in_manifest(env):
     assert_defect(doc, "unlisted-file", B, step=3)
 
 
+@pytest.mark.parametrize("key", ["configuration", "absorbed"])
+def test_probe_records_hidden_from_the_receipt_are_named(env, key):
+    forge.edit_receipt(env["bundle"], lambda r: r["evidence"][key]["head"].update({forge.PROBE: []}))
+    defect = assert_defect(verify(env, env["bundle"], code=1), "record-mismatch", "receipt.json", step=4)
+    assert f"evidence.{key}.head" in defect["detail"]
+
+
+def test_a_receipt_of_this_comparison_without_probe_records_is_refused(env):
+    forge.edit_receipt(env["bundle"], lambda r: r["evidence"].pop("absorbed"))
+    defect = assert_defect(verify(env, env["bundle"], code=1), "record-mismatch", "receipt.json", step=4)
+    assert "evidence.absorbed is missing" in defect["detail"]
+
+
+def test_a_receipt_of_an_earlier_comparison_without_probe_records_verifies(env, tmp_path):
+    bundle = forge.build(tmp_path / "compare-3", algorithm="kvprobe.compare/3")
+    forge.edit_receipt(bundle, lambda r: [r["evidence"].pop(k) for k in ("configuration", "absorbed")])
+    verify(env, bundle, code=0)
+
+
 def test_citation_digest_mismatch(env):
     forge.edit_receipt(env["bundle"], lambda r: r["sides"]["base"]["probes"][0]["source"].update(sha256="a" * 64))
     doc = verify(env, env["bundle"], code=1)
