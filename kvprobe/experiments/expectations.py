@@ -80,6 +80,8 @@ def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
     skipped: list[str] = []
     for side in SIDES:
         for key, case in sorted(receipt["comparison"]["cases"][side].items()):
+            if _not_observed(side, key, case, skipped):
+                continue
             kept = _recordable(side, key, case["observations"], skipped)
             if kept:
                 values.setdefault(side, {})[key] = kept
@@ -132,6 +134,16 @@ def _refuse_template(receipt: Mapping[str, Any]) -> None:
                 f"probe {probe} still declares the template's mocks {mocks!r}: write the probe "
                 "(and declare what it really mocks) before recording its observations as expectations"
             )
+
+
+def _not_observed(side: str, key: str, case: Mapping[str, Any], skipped: list[str]) -> bool:
+    """A case that never reached its decision point saw set-up, not behaviour: never an expectation."""
+    seen = case.get("observation", "observed")  # receipts before compare/3: every case observed
+    if seen == "observed":
+        return False
+    why = f"not present ({', '.join(case['missing'])})" if seen == "not-present" else f"unobserved ({case['reason']})"
+    skipped.append(f"{side}: {key}: {why}: not recorded")
+    return True
 
 
 def _recordable(side: str, key: str, observations: Mapping[str, Any], skipped: list[str]) -> dict[str, Any]:

@@ -120,3 +120,38 @@ def test_values_read_back_exactly(value):
 def test_values_toml_cannot_hold_are_refused(value):
     with pytest.raises(ValueError):
         tomltext.value(value)
+
+
+def _case(name: str, observation: str, **fields) -> dict:
+    raised = observation != "observed"
+    return {
+        "name": name,
+        "status": "raised" if raised else "ok",
+        "observations": {} if raised else {"enqueued": True},
+        "error": {"type": "X", "root_type": "X"} if raised else None,
+        "observation": observation,
+        "decision_point": "Q.add",
+        "reason": fields.get("reason"),
+        "missing": fields.get("missing", []),
+    }
+
+
+def test_recording_skips_cases_that_did_not_observe_and_says_why():
+    from kvprobe.evidence.compare import compare
+    from kvprobe.experiments.expectations import plan
+    from kvprobe.experiments.experiment import load_file
+
+    exp = load_file(PROBES / "experiment-a" / "experiment.toml")
+    base = {"cases": [_case("seen", "observed"), _case("drift", "unobserved", reason="stub lacks max_input_len")]}
+    head = {"cases": [_case("seen", "observed"), _case("drift", "not-present", reason="gone", missing=["Q.add"])]}
+    comparison = compare(
+        expect={}, probe_docs={"base": {"p": base}, "head": {"p": head}}, probe_problems={}, test_runs={}
+    )
+    receipt = {"verdict": comparison["verdict"], "comparison": comparison, "evidence": {"mocks": {}}, "run_id": "r"}
+    rec = plan(exp, receipt)
+    assert rec.cases == ["p/seen"]
+    assert rec.values["base"]["p/seen"] == {"enqueued": True, "raised": False}
+    assert rec.skipped == (
+        "base: p/drift: unobserved (stub lacks max_input_len): not recorded",
+        "head: p/drift: not present (Q.add): not recorded",
+    )
