@@ -89,3 +89,17 @@ def test_gates_fail_gate_2_on_0_5_20_door_fix_absent(tmp_path):
     gate3 = by_name(doc["gates"][2])
     assert "not present in this release" in gate3["prefill: KV checksum"]["detail"]
     assert {m["pr"]: m["presence"] for m in doc["target"]["markers"]}[40645] == "absent"
+
+
+def test_gate_2_passes_on_0_5_23_which_has_both_fixes(tmp_path):
+    """0.5.23 is resolved by version on the index (no experiment pins it); its probes reach every
+    decision point, so gate 2 is decided, and decided pass (issue #12: once a false alarm)."""
+    _code, doc, bundle = gates(tmp_path, "0.5.23")
+    gate2 = doc["gates"][1]
+    assert gate2["status"] == "pass", json.dumps(gate2, indent=1)
+    assert {c["status"] for c in gate2["checks"]} == {"pass"}
+    receipt = json.loads((bundle / "receipt.json").read_text())
+    assert receipt["target"]["identity"]["version"] == "0.5.23"
+    for probe in receipt["probes"]:  # what each probe set and what its mocks absorbed, as its output says
+        raw = json.loads((bundle / probe["raw"]["path"]).read_text())
+        assert (probe["configuration"], probe["absorbed"]) == (raw.get("configuration", []), raw.get("absorbed", []))
