@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from kvprobe.names import SIDES
+from kvprobe.text import for_markdown
 
 
 def _pins(receipt: dict[str, Any]) -> list[str]:
@@ -24,6 +25,11 @@ def _pins(receipt: dict[str, Any]) -> list[str]:
 def _case_state(case: dict[str, Any] | None) -> str:
     if case is None:
         return "not run"
+    seen = case.get("observation", "observed")  # receipts before compare/4: every case observed
+    if seen == "not-present":
+        return "not present (" + ", ".join(for_markdown(m) for m in case["missing"]) + ")"
+    if seen != "observed":
+        return f"unobserved ({for_markdown(case['reason'])})"
     return f"raised {case['error_type']}" if case["status"] == "raised" else "behaviour"
 
 

@@ -66,6 +66,11 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
 def _case_outcome(case: Mapping[str, Any] | None) -> str:
     if case is None:
         return "not run"
+    seen = case.get("observation", "observed")  # receipts before compare/4: every case observed
+    if seen == "not-present":
+        return "not present (" + ", ".join(code_cell(m) for m in case["missing"]) + ")"
+    if seen != "observed":
+        return f"unobserved ({cell(case['reason'])})"
     if case["status"] == "raised":
         root = case.get("root_type")
         extra = f" (root {code_cell(root)})" if root and root != case.get("error_type") else ""
@@ -77,6 +82,9 @@ def _check(row: Mapping[str, Any]) -> str:
     declared = row["expected_base_declared"] or row["expected_head_declared"]
     if not declared:
         return "changed (no expectation)"
+    unknown = [s for s in SIDES if row[f"{s}_ok"] is None]
+    if unknown:
+        return f"unknown (could not observe): {', '.join(unknown)}"
     bad = [s for s in SIDES if not row[f"{s}_ok"]]
     return f"**mismatch**: {', '.join(bad)}" if bad else "ok"
 
@@ -86,6 +94,8 @@ def _observed(row: Mapping[str, Any], side: str, case: Mapping[str, Any] | None)
         return _value(row[side])
     if case is None:
         return "(case not run)"
+    if case.get("observation", "observed") != "observed":
+        return "(not recorded: case did not observe)"
     return "(not recorded: case raised)" if case["status"] == "raised" else "(not recorded)"
 
 
@@ -210,7 +220,9 @@ def _cases_section(r: Mapping[str, Any]) -> list[str]:
         "### Probe cases",
         "",
         '"behaviour": the case ran to its end and recorded what the code did; "raised": the code '
-        "under test raised, and the exception type is itself an observation.",
+        'under test raised, and the exception type is itself an observation; "unobserved": the '
+        'case never reached its decision point (set-up drift, with the reason); "not present": '
+        "the release lacks the code path (the missing symbols). Neither of the last two is behaviour.",
         "",
     ]
     summary = []

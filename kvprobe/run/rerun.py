@@ -215,13 +215,19 @@ def _case_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths
     for side in SIDES:
         was, now = published["comparison"]["cases"][side], fresh["comparison"]["cases"][side]
         for case in sorted(set(was) | set(now)):
-            a = (was.get(case) or {}).get("status"), (was.get(case) or {}).get("error_type")
-            b = (now.get(case) or {}).get("status"), (now.get(case) or {}).get("error_type")
+            a, b = _case_outcome(was.get(case)), _case_outcome(now.get(case))
             if a != b:
                 found.append(
                     RerunDiffers(_where(raw, side, case.split("/")[0]), f"{side} case {case}: published {a}, rerun {b}")
                 )
     return found
+
+
+def _case_outcome(case: dict[str, Any] | None) -> tuple[Any, ...]:
+    """Status, exception type and how far the case got (receipts before compare/4: observed)."""
+    if case is None:
+        return (None, None, None)
+    return case["status"], case["error_type"], case.get("observation", "observed")
 
 
 def _test_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths) -> list[RerunDiffers]:

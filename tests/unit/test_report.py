@@ -328,6 +328,41 @@ def test_markdown_mismatch_is_marked():
     assert rows["`queued`"][-1] == "**mismatch**: head"
 
 
+def _not_observing_receipt():
+    """make_receipt's docs where base's crash case never reached its decision point (a hostile
+    reason) and head's door is not present in the release."""
+    docs = _probe_docs()
+    base_crash, head_door = docs["base"]["door"]["cases"][1], docs["head"]["door"]["cases"][0]
+    base_crash.update(observation="unobserved", reason="stub | lacks\n<b>field</b>", missing=[])
+    head_door.update(observation="not-present", reason="gone", missing=["Door.add"], status="raised", observations={})
+    receipt = make_receipt()
+    receipt["comparison"] = compare.compare(expect=_expectations(), probe_docs=docs, probe_problems={}, test_runs={})
+    receipt["verdict"] = receipt["comparison"]["verdict"]
+    return receipt
+
+
+def test_markdown_cases_that_did_not_observe_are_neither_behaviour_nor_mismatch():
+    md = markdown.markdown(view_of(_not_observing_receipt()))
+    assert "- **Verdict:** **could-not-observe**" in md
+    [summary] = table_with(md, "case")
+    by_case = {row[0]: row for row in summary["rows"]}
+    assert unescape(by_case["`door/door.crash`"][1]) == "unobserved (stub | lacks\n<b>field</b>)"
+    assert by_case["`door/door.rejected`"][2] == "not present (`Door.add`)"
+    rows = {row[0]: row for t in table_with(md, "observation") for row in t["rows"]}
+    assert rows["`queued`"][3] == "(not recorded: case did not observe)"
+    assert rows["`queued`"][-1] == "unknown (could not observe): head"
+
+
+def test_bundle_readme_names_how_far_each_case_got():
+    from kvprobe.evidence.bundle_readme import render_readme
+
+    readme = render_readme(_not_observing_receipt())
+    [crash] = [line for line in readme.split("\n") if line.startswith("| `door/door.crash` |")]
+    assert crash.count("|") == 5 and "<b>" not in crash  # the reason stays in its cell, inert
+    assert html.unescape(crash.split(" | ")[1]) == "unobserved (stub | lacks <b>field</b>)"
+    assert "| `door/door.rejected` | behaviour | not present (Door.add) |" in readme
+
+
 def test_markdown_failure_kinds_and_test_transitions():
     md = markdown.markdown(view_of(make_receipt()))
     [files] = table_with(md, "file")

@@ -624,6 +624,19 @@ def test_rerun_that_differs_reports_each_difference(env, monkeypatch):
     assert_defect(doc, "rerun-differs", "receipt.json")
 
 
+def test_rerun_where_a_case_no_longer_reaches_its_decision_point_is_named(env, monkeypatch):
+    def change(receipt):
+        case = receipt["comparison"]["cases"]["base"][f"{forge.PROBE}/reject"]
+        case.update(observation="unobserved", reason="constructor changed")
+        receipt["verdict"] = "could-not-observe"
+
+    BUNDLE_UNDER_TEST[:] = [env["bundle"]]
+    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(change))
+    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=1)
+    defect = assert_defect(doc, "rerun-differs", "raw/base/probes/doors.json", step=6)
+    assert "'observed'), rerun ('ok', None, 'unobserved')" in defect["detail"]
+
+
 def test_rerun_names_the_probe_that_could_not_run(env, monkeypatch):
     def change(receipt):
         probe = receipt["sides"]["head"]["probes"][0]
