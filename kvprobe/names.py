@@ -16,6 +16,7 @@ SIDES = ("base", "head")
 EXPERIMENT_SCHEMA = "kvprobe.experiment/1"
 RECEIPT_SCHEMA = "kvprobe.receipt/1"
 GATES_RECEIPT_SCHEMA = "kvprobe.gates-receipt/1"
+SWEEP_RECEIPT_SCHEMA = "kvprobe.sweep-receipt/1"
 MANIFEST_SCHEMA = "kvprobe.manifest/1"
 PROBE_OUTPUT_SCHEMA = "kvprobe.probe-output/1"
 TEST_RUN_SCHEMA = "kvprobe.test-run/1"

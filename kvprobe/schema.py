@@ -8,7 +8,14 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from kvprobe.errors import SchemaError
-from kvprobe.names import EXPERIMENT_SCHEMA, GATES_RECEIPT_SCHEMA, MANIFEST_SCHEMA, PROBE_OUTPUT_SCHEMA, RECEIPT_SCHEMA
+from kvprobe.names import (
+    EXPERIMENT_SCHEMA,
+    GATES_RECEIPT_SCHEMA,
+    MANIFEST_SCHEMA,
+    PROBE_OUTPUT_SCHEMA,
+    RECEIPT_SCHEMA,
+    SWEEP_RECEIPT_SCHEMA,
+)
 from kvprobe.resources import schemas_dir
 
 if TYPE_CHECKING:
@@ -21,6 +28,7 @@ KNOWN = {
     MANIFEST_SCHEMA: "manifest.schema.json",
     PROBE_OUTPUT_SCHEMA: "probe-output.schema.json",
     GATES_RECEIPT_SCHEMA: "gates-receipt.schema.json",
+    SWEEP_RECEIPT_SCHEMA: "sweep-receipt.schema.json",
     # Third-party formats `kvprobe report` writes (schemas/vendor/README.md says where from).
     "openvex/0.2.0": "vendor/openvex-0.2.0.schema.json",
     "in-toto/statement-v1": "vendor/in-toto-statement-v1.schema.json",

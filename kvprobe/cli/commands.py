@@ -364,6 +364,58 @@ def run_cmd(
     return _VERDICT_EXIT[result.receipt["verdict"]]
 
 
+@main.command("sweep")
+@click.argument("experiment_id")
+@click.option(
+    "--releases",
+    "spec",
+    help="Releases to run: ranges and lists, e.g. 0.5.13..0.5.23, 0.5.19,0.5.23 or >=0.5.20 "
+    "(default: every release on the index the experiment's profile serves).",
+)
+@click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (must not exist or be empty).")
+@click.option(
+    "--torch-index",
+    envvar="KVPROBE_TORCH_INDEX",
+    help="Index for torch/torchvision (e.g. https://download.pytorch.org/whl/cpu).",
+)
+@click.option("--jobs", type=click.IntRange(1), help="Releases run at a time (default: min(2, cores)).")
+@click.option("--timeout", default=900, show_default=True, type=click.IntRange(1), help="Seconds per probe.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+@guarded
+def sweep_cmd(
+    experiment_id: str,
+    spec: str | None,
+    out: str | None,
+    torch_index: str | None,
+    jobs: int | None,
+    timeout: int,
+    as_json: bool,
+) -> int:
+    """Classify each release in a range as affected, fixed, mixed, could not observe or not
+    present, into one sweep bundle (exit 0 every release observed, 3 some could not be)."""
+    from kvprobe.cli.console import RichReporter, stderr_console
+    from kvprobe.experiments import experiment
+    from kvprobe.run.sweep import SweepOptions, sweep_experiment
+
+    opts = SweepOptions(releases=spec, out=Path(out) if out else None, torch_index=torch_index, timeout_s=timeout)
+    if jobs is not None:
+        opts.jobs = jobs
+    console = stderr_console()
+    result = sweep_experiment(experiment.load(experiment_id), opts, RichReporter(console))
+    receipt = result.receipt
+    for release in receipt["releases"]:
+        console.print(
+            f"{release['version']:>14}  {release['classification']['overall']}", markup=False, highlight=False
+        )
+    console.print(f"bundle: {result.bundle}  manifest sha256 {result.manifest_sha256}", markup=False, highlight=False)
+    if as_json:
+        emit_json(
+            {"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": receipt["summary"]}
+        )
+    unobserved = {"could-not-observe", "not-present"} & set(receipt["summary"])
+    return EXIT_UNOBSERVED if unobserved else EXIT_OK
+
+
 @main.command("model")
 @click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (must not exist or be empty).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")

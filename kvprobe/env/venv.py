@@ -61,6 +61,7 @@ class Profile:
     torch_replaces: tuple[str, ...] = ()
     torch_requirements: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    serves: str | None = None  # the releases whose code this env imports (a PEP 440 specifier set)
 
     @property
     def lock_sha256(self) -> str:
@@ -99,6 +100,7 @@ def _read_profile(path: Path) -> Profile:
         torch_replaces=tuple(torch_index.get("replaces", ())),
         torch_requirements=tuple(torch_index.get("requirements", ())),
         env=tuple(sorted((k, str(v)) for k, v in data.get("env", {}).items())),
+        serves=data.get("serves"),
     )
 
 

@@ -33,7 +33,7 @@ from kvprobe.defects import (
     RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
-from kvprobe.evidence import compare
+from kvprobe.evidence import compare, sweep
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
@@ -603,3 +603,96 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
             )
         )
     return step_result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks")
+
+
+# --- sweep receipts (one experiment on many releases) ----------------------------------------
+
+
+def step_sweep_consistency(bundle: Bundle) -> StepResult:
+    """Cited files are the manifest's and where they belong; each release's classification and
+    the summary are recomputed from the raw outputs and the bundled experiment's [expect]."""
+    receipt = bundle.accepted_receipt
+    exp = receipt["experiment"]
+    cited = [("experiment.file", {"path": exp["file"], "sha256": exp["sha256"]}), *gates_citations(receipt["releases"])]
+    defects = citation_defects(cited, bundle.listed()) + sweep_placement_defects(receipt)
+    if receipt["algorithm"] != sweep.ALGORITHM:
+        defects.append(
+            ComparisonAlgorithmUnknown(
+                RECEIPT, f"classified by {receipt['algorithm']!r}; this kvprobe computes {sweep.ALGORITHM!r}"
+            )
+        )
+    else:
+        defects += sweep_recompute_defects(bundle)
+    if bundle.experiment is not None:
+        defects += sweep_experiment_defects(bundle)
+    return step_result(4, defects, f"{len(receipt['releases'])} release classifications recomputed from raw outputs")
+
+
+def sweep_placement_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+    """Raw outputs sit under raw/<their release>/probes/, sources under probes/<experiment id>/."""
+    exp_id = receipt["experiment"]["id"]
+    found = _duplicates([r["version"] for r in receipt["releases"]], "releases")
+    if receipt["experiment"]["file"] != f"{PROBES_DIR}/{exp_id}/experiment.toml":
+        found.append(CitationMisplaced(receipt["experiment"]["file"], f"expected probes/{exp_id}/experiment.toml"))
+    for release in receipt["releases"]:
+        for probe in release["probes"]:
+            if not probe["source"]["path"].startswith(f"{PROBES_DIR}/{exp_id}/"):
+                found.append(CitationMisplaced(probe["source"]["path"], f"expected under probes/{exp_id}/"))
+            expected = f"raw/{release['version']}/probes/{probe['name']}.json"
+            if probe["raw"] is not None and probe["raw"]["path"] != expected:
+                found.append(
+                    CitationMisplaced(probe["raw"]["path"], f"release {release['version']}: expected {expected}")
+                )
+    return found
+
+
+def sweep_recompute_defects(bundle: Bundle) -> list[BundleDefect]:
+    receipt = bundle.accepted_receipt
+    found: list[BundleDefect] = []
+    for release in receipt["releases"]:
+        docs = {}
+        for probe in release["probes"]:
+            if probe["raw"] is not None and probe["raw"]["path"] not in bundle.raw_docs:
+                return [RecomputeFailed(RECEIPT, f"{probe['raw']['path']} is unusable (step 2): not recomputed")]
+            if probe["raw"] is not None:
+                docs[probe["name"]] = bundle.raw_docs[probe["raw"]["path"]]
+        try:
+            got = sweep.classify_release(receipt["expectations"], docs, sweep.release_problems(release))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            return [RecomputeFailed(RECEIPT, f"raw outputs cannot be classified: {type(exc).__name__}: {exc}")]
+        stated = release["classification"]
+        if stated["overall"] != got["overall"]:
+            found.append(
+                ForgedVerdict(
+                    RECEIPT,
+                    f"release {release['version']} is stated {stated['overall']!r}; its raw outputs give "
+                    f"{got['overall']!r}",
+                )
+            )
+        diffs = json_diff(stated, got, f"releases[{release['version']}].classification")
+        if diffs:
+            found.append(ComparisonMismatch(RECEIPT, f"{len(diffs)} differences recomputed: {_summary(diffs)}"))
+    diffs = json_diff(receipt["summary"], sweep.summary(receipt["releases"]), "summary")
+    if diffs:
+        found.append(ForgedVerdict(RECEIPT, f"the summary does not follow from the releases: {_summary(diffs)}"))
+    return found
+
+
+def sweep_experiment_defects(bundle: Bundle) -> list[BundleDefect]:
+    """The bundled experiment.toml is the one the receipt names, with the same [expect]."""
+    receipt, data, data_bytes = bundle.accepted_receipt, bundle.experiment, bundle.experiment_bytes
+    assert data is not None and data_bytes is not None, "called only when step 2 read the experiment"
+    rel = receipt["experiment"]["file"]
+    found: list[BundleDefect] = []
+    digest = hashlib.sha256(data_bytes).hexdigest()
+    if digest != receipt["experiment"]["sha256"]:
+        found.append(
+            ExperimentDigestMismatch(
+                rel, f"sha256 {digest}, receipt.experiment.sha256 {receipt['experiment']['sha256']}"
+            )
+        )
+    expect = {side: data.get("expect", {}).get(side, {}) for side in SIDES}
+    diffs = json_diff(receipt["expectations"], expect, "expectations")
+    if diffs:
+        found.append(ExpectationsMismatch(rel, f"[expect] differs from receipt.expectations: {_summary(diffs)}"))
+    return found

@@ -32,7 +32,7 @@ from kvprobe.evidence.reader import Bundle, cited_raw, parse_json, read_bytes, r
 from kvprobe.evidence.safetree import Limits, Tree
 from kvprobe.names import MANIFEST, PROBES_DIR, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 from kvprobe.verify.anchor import compare_installed
-from kvprobe.verify.consistency import step_consistency, step_gates_consistency
+from kvprobe.verify.consistency import step_consistency, step_gates_consistency, step_sweep_consistency
 from kvprobe.verify.integrity import integrity_defects
 from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
 
@@ -157,7 +157,10 @@ def verify_dir(root: Path, opts: VerifyOptions) -> Report:
             if bundle.manifest is not None and bundle.scanned.complete
             else _skip(3, 2 if bundle.scanned.complete else 1)
         )
-        consistency = step_gates_consistency if bundle.receipt_family != "kvprobe.receipt" else step_consistency
+        consistency = {
+            "kvprobe.gates-receipt": step_gates_consistency,
+            "kvprobe.sweep-receipt": step_sweep_consistency,
+        }.get(bundle.receipt_family, step_consistency)
         steps.append(consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None else _skip(4, 2))
         steps.append(step_authenticity(bundle, opts.expect_manifest_sha256, opts.check_installed))
         if opts.rerun is not None:
@@ -236,6 +239,9 @@ def step_documents(bundle: Bundle) -> StepResult:
     if bundle.receipt is not None and bundle.receipt_family == "kvprobe.receipt":
         count += _read_cited(bundle, defects)
         _read_experiment(bundle, defects)
+    elif bundle.receipt is not None and bundle.receipt_family == "kvprobe.sweep-receipt":
+        count += _read_sweep_raw(bundle, defects)
+        _read_experiment(bundle, defects)
     return step_result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
 
 
@@ -250,8 +256,10 @@ def manifest_defects(manifest: Any, limits: Limits) -> list[BundleDefect]:
 def _receipt_family(receipt: Any) -> str:
     """Run receipts and `kvprobe gates` receipts (layer deployment) share the bundle format."""
     version = receipt.get("schema") if isinstance(receipt, dict) else None
-    gates = isinstance(version, str) and version.startswith("kvprobe.gates-receipt/")
-    return "kvprobe.gates-receipt" if gates else "kvprobe.receipt"
+    for family in ("kvprobe.gates-receipt", "kvprobe.sweep-receipt"):
+        if isinstance(version, str) and version.startswith(f"{family}/"):
+            return family
+    return "kvprobe.receipt"
 
 
 def _append(defects: list[BundleDefect], found: list[BundleDefect]) -> bool:
@@ -269,6 +277,22 @@ def _read_cited(bundle: Bundle, defects: list[BundleDefect]) -> int:
         found = schema_defects(doc, rel, "kvprobe.probe-output") if kind == "probe" else test_run_defects(doc, rel)
         if _append(defects, found):
             bundle.raw_docs[rel] = doc
+    return count
+
+
+def _read_sweep_raw(bundle: Bundle, defects: list[BundleDefect]) -> int:
+    """Each release's probe outputs the sweep receipt cites, schema-checked."""
+    count = 0
+    for release in bundle.accepted_receipt["releases"]:
+        for probe in release["probes"]:
+            if probe["raw"] is None:
+                continue
+            rel = probe["raw"]["path"]
+            doc = read_json(bundle, rel, defects)
+            if doc is not None:
+                count += 1
+                if _append(defects, schema_defects(doc, rel, "kvprobe.probe-output")):
+                    bundle.raw_docs[rel] = doc
     return count
 
 
@@ -363,6 +387,12 @@ def _digest_check(bundle: Bundle, expected: str | None) -> StepResult:
 def _rerun_step(bundle: Bundle, steps: list[StepResult], rerun: RerunStep) -> StepResult:
     if any(s.status != "pass" for s in steps[:4]) or steps[4].status == "fail":
         return StepResult(6, "skipped", "an earlier step failed; nothing was re-run")
+    if bundle.receipt_family == "kvprobe.sweep-receipt":
+        return StepResult(
+            6,
+            "could-not-run",
+            "re-running a sweep is not implemented: run `kvprobe sweep` again with the receipt's releases",
+        )
     if bundle.receipt_family != "kvprobe.receipt":
         return StepResult(
             6,

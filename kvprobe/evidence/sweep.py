@@ -1,0 +1,144 @@
+"""Pure classification of one release in a sweep: raw probe documents x the experiment's
+[expect] tables -> each case and the release as affected, fixed, could-not-observe,
+not-present or mixed.
+
+It reads only what a sweep bundle carries (the raw documents, the probe problems the
+receipt records, the bundled experiment's expectations), so `verify` recomputes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvprobe.evidence.compare import case_table
+
+# Names what classify() computes; change it whenever its output for the same inputs changes.
+ALGORITHM = "kvprobe.sweep/1"
+
+AFFECTED, FIXED, MIXED = "affected", "fixed", "mixed"
+UNOBSERVED, NOT_PRESENT = "could-not-observe", "not-present"
+# Case classes only: a control case behaves as both sides expect; "neither" as no side does.
+CONTROL, NEITHER = "control", "neither"
+# A release no profile of the experiment can import: nothing ran (receipt only).
+NOT_SERVED = "not-served"
+OBSERVED_CLASSES = (AFFECTED, FIXED, MIXED)
+
+
+def classify_case(
+    case: Mapping[str, Any] | None, observations: Mapping[str, Any], base: Mapping[str, Any], head: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One case on one release. ``case`` is its raw document entry (None: no such case);
+    ``observations`` its recorded values with the reserved ``raised``."""
+    if case is None:
+        return {"class": UNOBSERVED, "reason": "the probe wrote no such case"}
+    kind = case.get("observation", "observed")  # documents before the field: observed
+    if kind == "not-present":
+        return {"class": NOT_PRESENT, "missing": list(case.get("missing", []))}
+    if kind != "observed":
+        return {"class": UNOBSERVED, "reason": case.get("reason") or "decision point not reached"}
+    as_base, as_head = _holds(observations, base), _holds(observations, head)
+    if as_base and as_head:
+        return {"class": CONTROL}
+    if as_base or as_head:
+        return {"class": AFFECTED if as_base else FIXED}
+    return {"class": NEITHER, "differs": _differences(observations, base, head)}
+
+
+def _holds(observations: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
+    return all(name in observations and _same(observations[name], value) for name, value in expected.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality that keeps True apart from 1 (JSON bool vs int)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def _differences(observations: Mapping[str, Any], base: Mapping[str, Any], head: Mapping[str, Any]) -> list[str]:
+    """Observations that match neither side's expectation, as 'name: got X'."""
+    names = sorted(set(base) | set(head))
+    return [
+        f"{name}: got {observations.get(name, 'nothing')!r}"
+        for name in names
+        if not (name in base and _same(observations.get(name), base[name]))
+        and not (name in head and _same(observations.get(name), head[name]))
+    ]
+
+
+def classify_release(
+    expect: Mapping[str, Mapping[str, Any]],
+    probe_docs: Mapping[str, Mapping[str, Any]],
+    probe_problems: Mapping[str, str],
+) -> dict[str, Any]:
+    """``{"algorithm", "overall", "reasons", "cases"}`` for one release.
+
+    Only cases with expectations count. A release is affected (fixed) when every case whose
+    base and head expectations differ behaves as base (head) and every control holds;
+    could-not-observe when a probe failed or an expected case did not reach its decision
+    point; not-present when every discriminating case's code is missing; mixed otherwise."""
+    table = case_table(probe_docs)
+    base, head = expect.get("base", {}), expect.get("head", {})
+    keys = sorted(set(base) | set(head))
+    cases = {}
+    for key in keys:
+        entry = table.get(key)
+        raw = _raw_case(probe_docs, key) if entry is not None else None
+        observations = entry["observations"] if entry is not None else {}
+        cases[key] = classify_case(raw, observations, base.get(key, {}), head.get(key, {}))
+        if key.split("/", 1)[0] in probe_problems:
+            cases[key] = {"class": UNOBSERVED, "reason": probe_problems[key.split("/", 1)[0]]}
+    overall, reasons = _overall(cases, {k for k in keys if base.get(k, {}) != head.get(k, {})}, probe_problems)
+    return {"algorithm": ALGORITHM, "overall": overall, "reasons": reasons, "cases": cases}
+
+
+def _raw_case(probe_docs: Mapping[str, Mapping[str, Any]], key: str) -> Mapping[str, Any] | None:
+    probe, name = key.split("/", 1)
+    for case in (probe_docs.get(probe) or {}).get("cases", []):
+        if case["name"] == name:
+            return case
+    return None
+
+
+def _overall(
+    cases: Mapping[str, Mapping[str, Any]], discriminating: set[str], probe_problems: Mapping[str, str]
+) -> tuple[str, list[str]]:
+    if probe_problems:
+        return UNOBSERVED, [f"{name}: {problem}" for name, problem in sorted(probe_problems.items())]
+    unobserved = [f"{k}: {c['reason']}" for k, c in cases.items() if c["class"] == UNOBSERVED]
+    if unobserved:
+        return UNOBSERVED, unobserved
+    if not discriminating:
+        return UNOBSERVED, ["no case has different base and head expectations: nothing tells the sides apart"]
+    present = [k for k in discriminating if cases[k]["class"] != NOT_PRESENT]
+    if not present:
+        missing = sorted({m for k in discriminating for m in cases[k].get("missing", [])})
+        return NOT_PRESENT, [f"not present in this release: {', '.join(missing) or 'the decision points'}"]
+    classes = {cases[k]["class"] for k in present}
+    neither = [
+        f"{k}: behaves as neither side ({'; '.join(c['differs'])})" for k, c in cases.items() if c["class"] == NEITHER
+    ]
+    if neither or classes - {AFFECTED, FIXED}:
+        return MIXED, neither or [f"{k}: {cases[k]['class']}" for k in sorted(present)]
+    if len(classes) == 2:
+        return MIXED, [f"{k}: {cases[k]['class']}" for k in sorted(present)]
+    return classes.pop(), []
+
+
+def summary(releases: list[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Versions per overall class, in the receipt's (ascending) order."""
+    found: dict[str, list[str]] = {}
+    for release in releases:
+        found.setdefault(release["classification"]["overall"], []).append(release["version"])
+    return found
+
+
+def release_problems(release: Mapping[str, Any]) -> dict[str, str]:
+    """Why (part of) a release could not run, from its receipt entry: the wheel's problem
+    and each probe that left no valid document."""
+    found = {p["name"]: p["problem"] for p in release["probes"] if p["problem"] is not None or p["raw"] is None}
+    found = {name: problem or "no output" for name, problem in found.items()}
+    if release.get("problem"):
+        found["(release)"] = release["problem"]
+    return found

@@ -1,0 +1,143 @@
+"""What a sweep receipt looks like to a reader: the release table, the SVG timeline of
+releases coloured by classification, and the bundle's README (which embeds both).
+
+Hand-written SVG text (no plotting library): one box per release, oldest left.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from xml.sax.saxutils import escape
+
+from kvprobe.evidence.sweep import NOT_SERVED
+
+TIMELINE = "timeline.svg"
+
+# Class -> (fill colour, legend text). Colour-blind-safe pairs for affected/fixed.
+COLOURS = {
+    "affected": ("#d55e00", "affected (behaves as base)"),
+    "fixed": ("#009e73", "fixed (behaves as head)"),
+    "mixed": ("#e69f00", "mixed"),
+    "could-not-observe": ("#999999", "could not observe"),
+    "not-present": ("#56b4e9", "not present"),
+    NOT_SERVED: ("#eeeeee", "not served by the profile"),
+}
+_BOX, _GAP, _LEFT, _TOP = 56, 6, 16, 40
+
+
+def timeline_rows(receipt: dict[str, Any]) -> list[tuple[str, str]]:
+    """(version, class) in version order: the releases that ran, and (when a SPEC chose
+    them) the selected releases no profile serves."""
+    rows = [(r["version"], r["classification"]["overall"]) for r in receipt["releases"]]
+    if receipt["spec"] is not None:
+        rows += [(v, NOT_SERVED) for v in receipt["unserved"]]
+    order = {v: i for i, v in enumerate(receipt["unserved"] + [r["version"] for r in receipt["releases"]])}
+    return sorted(rows, key=lambda row: order[row[0]])
+
+
+def timeline_svg(receipt: dict[str, Any]) -> str:
+    """The releases as coloured boxes left to right, labelled, with a legend."""
+    rows = timeline_rows(receipt)
+    width = max(_LEFT * 2 + len(rows) * (_BOX + _GAP), 560)
+    used = [c for c in COLOURS if c in {cls for _, cls in rows}]
+    height = _TOP + _BOX + 40 + 20 * len(used)
+    title = f"{receipt['experiment']['id']}: releases by classification"
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f"<title>{escape(title)}</title>",
+        '<rect width="100%" height="100%" fill="#ffffff"/>',
+        f'<text x="{_LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>',
+    ]
+    for i, (version, cls) in enumerate(rows):
+        x = _LEFT + i * (_BOX + _GAP)
+        fill = COLOURS[cls][0]
+        parts.append(
+            f'<rect x="{x}" y="{_TOP}" width="{_BOX}" height="{_BOX}" rx="4" fill="{fill}" stroke="#333333">'
+            f"<title>{escape(version)}: {escape(cls)}</title></rect>"
+        )
+        parts.append(
+            f'<text x="{x + _BOX / 2}" y="{_TOP + _BOX + 16}" text-anchor="middle" font-size="10">'
+            f"{escape(version)}</text>"
+        )
+    for j, cls in enumerate(used):
+        y = _TOP + _BOX + 34 + 20 * j
+        parts.append(f'<rect x="{_LEFT}" y="{y}" width="14" height="14" fill="{COLOURS[cls][0]}" stroke="#333333"/>')
+        parts.append(f'<text x="{_LEFT + 20}" y="{y + 11}">{escape(COLOURS[cls][1])}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "'")
+
+
+def release_table(receipt: dict[str, Any]) -> list[str]:
+    """One markdown row per release that ran: class, the wheel's sha256, and why."""
+    lines = ["| release | classification | cases | wheel sha256 | why |", "| --- | --- | --- | --- | --- |"]
+    for release in receipt["releases"]:
+        cls = release["classification"]
+        wheel = release["wheel"]
+        digest = f"`{wheel['sha256'][:16]}…`" if wheel else "none"
+        why = "; ".join(cls["reasons"][:3]) + (f" (+{len(cls['reasons']) - 3} more)" if len(cls["reasons"]) > 3 else "")
+        lines.append(
+            f"| {_cell(release['version'])} | {cls['overall']} | {_case_counts(cls)} | {digest} | {_cell(why)} |"
+        )
+    return lines
+
+
+def _case_counts(classification: dict[str, Any]) -> str:
+    """How many cases fell in each class, e.g. '2 affected, 9 control, 1 not-present'."""
+    counts: dict[str, int] = {}
+    for case in classification["cases"].values():
+        counts[case["class"]] = counts.get(case["class"], 0) + 1
+    return ", ".join(f"{n} {cls}" for cls, n in sorted(counts.items()))
+
+
+def unserved_line(receipt: dict[str, Any]) -> str | None:
+    unserved = receipt["unserved"]
+    if not unserved:
+        return None
+    profile = receipt["profile"]
+    shown = ", ".join(unserved[-8:]) + (f" and {len(unserved) - 8} older" if len(unserved) > 8 else "")
+    return (
+        f"Not run: {len(unserved)} selected releases that profile `{profile['name']}` does not serve "
+        f"(`{profile['serves']}`): {_cell(shown)}."
+    )
+
+
+def render_readme(receipt: dict[str, Any]) -> str:
+    """README.md of a sweep bundle: what was swept, the picture, the table, how to check it."""
+    exp = receipt["experiment"]
+    summary = receipt["summary"]
+    lines = [
+        f"# kvprobe sweep: {exp['id']}",
+        "",
+        _cell(exp["title"]),
+        "",
+        f"Releases: `{receipt['spec'] or 'every release on the index the profile serves'}`; "
+        f"profile `{receipt['profile']['name']}` (serves `{receipt['profile']['serves']}`); "
+        f"run `{receipt['run_id']}` at {receipt['created_utc']}.",
+        "",
+        f"![releases by classification]({TIMELINE})",
+        "",
+        *(f"- {cls}: {', '.join(versions)}" for cls, versions in sorted(summary.items())),
+        "",
+        *release_table(receipt),
+        "",
+    ]
+    line = unserved_line(receipt)
+    if line:
+        lines += [line, ""]
+    lines += [
+        "Each release's raw probe outputs are under `raw/<version>/probes/`; the classification",
+        f"(`{receipt['algorithm']}`) is recomputed from them by `kvprobe verify <this directory>`.",
+        "",
+        "What this shows: " + _cell(receipt["evidence"]["shows"]),
+        "",
+        "What it does not show:",
+        *(f"- {_cell(item)}" for item in receipt["evidence"]["does_not_show"]),
+        *(f"- {_cell(item)}" for item in receipt["evidence"]["limits"]),
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""Releases on the package index: which versions a --releases SPEC names, which a profile
+serves, and each one's wheel pin (file name and sha256, as the index states them).
+
+A new release needs no code change: versions and digests come from the index through pip,
+and the wheel itself is then fetched (once per digest) and checked by sources/wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from kvprobe import proc
+from kvprobe.errors import FetchError, UsageError
+from kvprobe.model.records import WheelPin
+
+_OPERATOR = re.compile(r"^\s*(===|==|!=|~=|<=|>=|<|>)")
+
+
+def _version(text: str, spec: str) -> Version:
+    try:
+        return Version(text.strip())
+    except InvalidVersion:
+        raise UsageError(f"--releases {spec!r}: {text.strip()!r} is not a version") from None
+
+
+def select(spec: str, available: list[str]) -> list[str]:
+    """The versions of ``available`` that ``spec`` names, ascending.
+
+    A SPEC is comma-separated items: ``A..B`` (every release from A through B), a version
+    (``0.5.19``), or a specifier (``>=0.5.20``). Ranges and versions add up; specifiers
+    together form one set that also adds its matches (``>=0.5.20,<0.5.23`` is one set).
+    UsageError for a malformed item or a named version the index does not have."""
+    items = [item.strip() for item in spec.split(",") if item.strip()]
+    if not items:
+        raise UsageError("--releases is empty: give versions, ranges (A..B) or specifiers (>=X)")
+    versions = {_version(v, spec): v for v in available}
+    chosen: set[Version] = set()
+    specifiers = [item for item in items if _OPERATOR.match(item)]
+    for item in items:
+        if item in specifiers:
+            continue
+        if ".." in item:
+            low, high = (_version(part, spec) for part in item.split("..", 1))
+            chosen |= {v for v in versions if low <= v <= high}
+        else:
+            wanted = _version(item, spec)
+            if wanted not in versions:
+                raise UsageError(f"--releases: {item} is not a release on the index")
+            chosen.add(wanted)
+    if specifiers:
+        chosen |= {v for v in versions if v in specifier_set(",".join(specifiers), "--releases")}
+    return [versions[v] for v in sorted(chosen)]
+
+
+def specifier_set(text: str, where: str) -> SpecifierSet:
+    try:
+        return SpecifierSet(text)
+    except InvalidSpecifier as exc:
+        raise UsageError(f"{where}: {text!r} is not a version specifier: {exc}") from None
+
+
+def serves(serves_spec: str | None, version: str) -> bool:
+    """A profile's ``serves`` (a specifier set; absent: every release) admits ``version``."""
+    if serves_spec is None:
+        return True
+    return specifier_set(serves_spec, "profile serves").contains(version, prereleases=True)
+
+
+def ascending(versions: list[str]) -> list[str]:
+    return sorted(versions, key=Version)
+
+
+def _pip(args: list[str], scratch: Path, timeout_s: float, failure: str) -> proc.CommandResult:
+    scratch.mkdir(parents=True, exist_ok=True)
+    result = proc.run(
+        [proc.python_executable(), "-m", "pip", *args, "--disable-pip-version-check"],
+        timeout_s=timeout_s,
+        stdout_path=scratch / "pip.out",
+        stderr_path=scratch / "pip.err",
+        env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
+    )
+    if not result.ok:
+        raise FetchError(f"{failure}: {result.summary()}")
+    return result
+
+
+def index_versions(package: str, flags: list[str], scratch: Path, *, timeout_s: float = 120.0) -> list[str]:
+    """Every (final or post) release of ``package`` the index has a wheel of for ``flags``."""
+    _pip(["index", "versions", package, *flags], scratch, timeout_s, f"could not list {package} releases")
+    text = (scratch / "pip.out").read_text(encoding="utf-8", errors="replace")
+    match = re.search(r"^Available versions:\s*(.*)$", text, re.MULTILINE)
+    if match is None:
+        raise FetchError(f"pip index versions {package}: no 'Available versions' line in its output")
+    return ascending([v.strip() for v in match.group(1).split(",") if v.strip()])
+
+
+def resolve_pin(package: str, version: str, flags: list[str], scratch: Path, *, timeout_s: float = 300.0) -> WheelPin:
+    """The wheel pip would fetch for ``package==version`` and the sha256 the index states
+    for it (pip's dry-run report: no wheel is downloaded here)."""
+    report = scratch / "report.json"
+    _pip(
+        [
+            "install",
+            "--dry-run",
+            "--no-deps",
+            "--ignore-installed",
+            "--quiet",
+            "--target",
+            str(scratch / "target"),
+            "--report",
+            str(report),
+            *flags,
+            f"{package}=={version}",
+        ],
+        scratch,
+        timeout_s,
+        f"could not resolve {package}=={version} on the index",
+    )
+    try:
+        (item,) = json.loads(report.read_text(encoding="utf-8"))["install"]
+        info = item["download_info"]
+        url, digest = info["url"], info["archive_info"]["hashes"]["sha256"]
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise FetchError(f"pip's report for {package}=={version} names no single wheel with a sha256: {exc}") from exc
+    filename = url.rsplit("/", 1)[-1].split("#", 1)[0]
+    if not filename.endswith(".whl"):
+        raise FetchError(f"{package}=={version}: the index offers {filename}, not a wheel")
+    return WheelPin(package, version, filename, digest)
