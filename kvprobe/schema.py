@@ -32,6 +32,7 @@ KNOWN = {
     # Third-party formats `kvprobe report` writes (schemas/vendor/README.md says where from).
     "openvex/0.2.0": "vendor/openvex-0.2.0.schema.json",
     "in-toto/statement-v1": "vendor/in-toto-statement-v1.schema.json",
+    "osv": "vendor/osv-schema.json",
 }
 
 

@@ -495,9 +495,9 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
     "--format",
     "fmt",
     required=True,
-    type=click.Choice(["markdown", "openvex", "intoto"]),
+    type=click.Choice(["markdown", "openvex", "intoto", "osv"]),
     help="markdown: a block for a security review; openvex: OpenVEX v0.2.0; "
-    "intoto: in-toto Statement v1 with the receipt as predicate.",
+    "intoto: in-toto Statement v1 with the receipt as predicate; osv: an OSV record (sweep bundles).",
 )
 @click.option(
     "-o",

@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit
 
 from kvprobe.errors import SchemaError, UsageError
 from kvprobe.evidence.safetree import Limits
-from kvprobe.names import RECEIPT, RECEIPT_SCHEMA, SIDES
+from kvprobe.names import RECEIPT, RECEIPT_SCHEMA, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.text import for_shell
 from kvprobe.verify.steps import VerifyOptions, verified
 
@@ -59,7 +59,8 @@ def load(bundle: Path, limits: Limits | None = None) -> BundleView:
     """
     report = verified(Path(bundle), VerifyOptions(limits=limits or Limits()))
     assert report.receipt is not None and report.manifest is not None, "a verified bundle's step 2 accepted both"
-    _check_version(report.receipt, RECEIPT_SCHEMA, f"{bundle}/{RECEIPT}")
+    sweep = report.receipt.get("schema") == SWEEP_RECEIPT_SCHEMA
+    _check_version(report.receipt, SWEEP_RECEIPT_SCHEMA if sweep else RECEIPT_SCHEMA, f"{bundle}/{RECEIPT}")
     name = Path(report.archive).name if report.archive else Path(report.bundle).resolve().name
     return BundleView(report.receipt, report.manifest, report.manifest_sha256 or "", name)
 

@@ -9,13 +9,15 @@ from pathlib import Path
 
 from kvprobe import files, schema
 from kvprobe.errors import BundleExistsError, UsageError
+from kvprobe.exports import sweep
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.intoto import INTOTO_SCHEMA, intoto
 from kvprobe.exports.markdown import markdown
 from kvprobe.exports.openvex import OPENVEX_SCHEMA, openvex
+from kvprobe.names import SWEEP_RECEIPT_SCHEMA
 from kvprobe.text import for_json
 
-FORMATS = ("markdown", "openvex", "intoto")
+FORMATS = ("markdown", "openvex", "intoto", "osv")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ def render(view: BundleView, fmt: str, opts: ExportOptions = ExportOptions()) ->
         raise UsageError("--subject-archive goes with --format intoto (a subject of the in-toto statement)")
     if (opts.author or opts.role) and fmt != "openvex":
         raise UsageError("--author and --author-role go with --format openvex (the VEX document's author)")
+    if view.receipt["schema"] == SWEEP_RECEIPT_SCHEMA:
+        return _render_sweep(view, fmt, opts)
+    if fmt == "osv":
+        raise UsageError("--format osv takes a sweep bundle (`kvprobe sweep`): OSV ranges need releases observed")
     if fmt == "markdown":
         return markdown(view)
     if fmt == "openvex":
@@ -50,6 +56,23 @@ def render(view: BundleView, fmt: str, opts: ExportOptions = ExportOptions()) ->
         doc, version = intoto(view, archive=opts.archive), INTOTO_SCHEMA
     else:
         raise UsageError(f"unknown report format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    schema.validate(doc, version, source=f"{fmt} document")
+    return for_json(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)) + "\n"
+
+
+def _render_sweep(view: BundleView, fmt: str, opts: ExportOptions) -> str:
+    """A sweep bundle: markdown, OSV (modified = issued) or OpenVEX per observed release."""
+    issued = opts.issued or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if fmt == "markdown":
+        return sweep.markdown(view)
+    if fmt == "osv":
+        doc, version = sweep.osv(view, modified=issued), sweep.OSV_SCHEMA
+    elif fmt == "openvex":
+        if not opts.author:
+            raise UsageError("--format openvex needs --author (who states it)")
+        doc, version = sweep.openvex(view, author=opts.author, role=opts.role, issued=issued), OPENVEX_SCHEMA
+    else:
+        raise UsageError(f"--format {fmt} does not take a sweep bundle (use markdown, openvex or osv)")
     schema.validate(doc, version, source=f"{fmt} document")
     return for_json(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)) + "\n"
 
