@@ -8,7 +8,7 @@ receipt records, the bundled experiment's expectations), so `verify` recomputes 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvprobe.evidence.compare import case_table
@@ -126,7 +126,7 @@ def _overall(
     return classes.pop(), []
 
 
-def summary(releases: list[Mapping[str, Any]]) -> dict[str, list[str]]:
+def summary(releases: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
     """Versions per overall class, in the receipt's (ascending) order."""
     found: dict[str, list[str]] = {}
     for release in releases:

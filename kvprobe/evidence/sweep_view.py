@@ -6,6 +6,7 @@ Hand-written SVG text (no plotting library): one box per release, oldest left.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from xml.sax.saxutils import escape
 
@@ -25,7 +26,7 @@ COLOURS = {
 _BOX, _GAP, _LEFT, _TOP = 56, 6, 16, 40
 
 
-def timeline_rows(receipt: dict[str, Any]) -> list[tuple[str, str]]:
+def timeline_rows(receipt: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(version, class) in version order: the releases that ran, and (when a SPEC chose
     them) the selected releases no profile serves."""
     rows = [(r["version"], r["classification"]["overall"]) for r in receipt["releases"]]
@@ -35,7 +36,7 @@ def timeline_rows(receipt: dict[str, Any]) -> list[tuple[str, str]]:
     return sorted(rows, key=lambda row: order[row[0]])
 
 
-def timeline_svg(receipt: dict[str, Any]) -> str:
+def timeline_svg(receipt: Mapping[str, Any]) -> str:
     """The releases as coloured boxes left to right, labelled, with a legend."""
     rows = timeline_rows(receipt)
     width = max(_LEFT * 2 + len(rows) * (_BOX + _GAP), 560)
@@ -72,7 +73,7 @@ def _cell(text: str) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "'")
 
 
-def release_table(receipt: dict[str, Any]) -> list[str]:
+def release_table(receipt: Mapping[str, Any]) -> list[str]:
     """One markdown row per release that ran: class, the wheel's sha256, and why."""
     lines = ["| release | classification | cases | wheel sha256 | why |", "| --- | --- | --- | --- | --- |"]
     for release in receipt["releases"]:
@@ -86,7 +87,7 @@ def release_table(receipt: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _case_counts(classification: dict[str, Any]) -> str:
+def _case_counts(classification: Mapping[str, Any]) -> str:
     """How many cases fell in each class, e.g. '2 affected, 9 control, 1 not-present'."""
     counts: dict[str, int] = {}
     for case in classification["cases"].values():
@@ -94,7 +95,7 @@ def _case_counts(classification: dict[str, Any]) -> str:
     return ", ".join(f"{n} {cls}" for cls, n in sorted(counts.items()))
 
 
-def unserved_line(receipt: dict[str, Any]) -> str | None:
+def unserved_line(receipt: Mapping[str, Any]) -> str | None:
     unserved = receipt["unserved"]
     if not unserved:
         return None
