@@ -1,0 +1,176 @@
+"""`kvprobe sweep` end to end on a package of our own: a local PEP 503 index of three releases
+(two before a fix, one with it), the pytest-minimal env, real probe processes, the sweep
+bundle verified, and a forged classification caught by verify."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprobe.cli import main
+from kvprobe.files import write_json
+from tests.wheelfactory import build_wheel
+
+# Builds (or reuses) the pytest-minimal env from its hash-pinned lock: pip needs the index.
+pytestmark = pytest.mark.network
+
+PROBE = '''"""Does the pool scrub a freed block before it is reused?"""
+import kvprobe_probe as kp
+import scrubkv
+
+probe = kp.Probe("scrub", mocks={"nothing": "scrubkv has nothing to mock"})
+
+
+@probe.case("free.then_reuse", decision="scrubkv.free")
+def _(obs):
+    free = kp.require(scrubkv, "free")
+    with obs.decision():
+        obs.record("scrubbed", free([7, 7]) == [0, 0])
+
+
+@probe.case("alloc.control")
+def _(obs):
+    obs.record("alloc_len", len(scrubkv.alloc(2)))
+
+
+if __name__ == "__main__":
+    probe.main()
+'''
+
+RELEASES = {
+    "1.0": "def alloc(n):\n    return [0] * n\n\ndef free(block):\n    return block\n",
+    "1.1": "def alloc(n):\n    return [0] * n\n\ndef free(block):\n    return list(block)\n",
+    "2.0": "def alloc(n):\n    return [0] * n\n\ndef free(block):\n    return [0] * len(block)\n",
+    "2.1": "def alloc(n):\n    return [0] * n\n",  # free() removed: not present
+}
+
+
+def experiment_toml(wheels: dict[str, Path]) -> str:
+    def pin(version: str) -> str:
+        path = wheels[version]
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        return f'package = "scrubkv"\nversion = "{version}"\nfile = "{path.name}"\nsha256 = "{digest}"\n'
+
+    return f"""schema = "kvprobe.experiment/1"
+id = "scrub-sweep"
+title = "scrubkv scrubs freed blocks"
+layer = "diff-probe"
+upstream = "https://github.com/example/scrubkv"
+profile = "pytest-minimal"
+default_pins = "release"
+
+[fix]
+prs = [1]
+release = "2.0"
+summary = "free() zeroes the block"
+
+[vulnerability]
+id = "KVPROBE-2026-0001"
+aliases = []
+fix_kind = "security"
+
+[pins.release]
+kind = "wheel"
+[pins.release.base]
+{pin("1.1")}
+[pins.release.head]
+{pin("2.0")}
+
+[checks]
+probes = [{{ path = "scrub.py" }}]
+
+[scope]
+shows = "whether free() zeroes a block"
+does_not_show = ["anything else"]
+
+[expect.base."scrub/free.then_reuse"]
+scrubbed = false
+[expect.head."scrub/free.then_reuse"]
+scrubbed = true
+[expect.base."scrub/alloc.control"]
+alloc_len = 2
+[expect.head."scrub/alloc.control"]
+alloc_len = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep-world")
+    simple = root / "simple" / "scrubkv"
+    simple.mkdir(parents=True)
+    wheels = {}
+    for version, code in RELEASES.items():
+        wheels[version] = build_wheel(simple, "scrubkv", version, {"scrubkv/__init__.py": code})
+    links = "".join(
+        f'<a href="{p.name}#sha256={hashlib.sha256(p.read_bytes()).hexdigest()}">{p.name}</a>\n'
+        for p in wheels.values()
+    )
+    (simple / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    (root / "simple" / "index.html").write_text('<html><body><a href="scrubkv/">scrubkv</a></body></html>\n')
+    probes = root / "probes"
+    folder = probes / "scrub-sweep"
+    folder.mkdir(parents=True)
+    (folder / "experiment.toml").write_text(experiment_toml(wheels))
+    (folder / "scrub.py").write_text(PROBE)
+    shutil.copytree(Path(__file__).resolve().parents[2] / "probes" / "profiles", probes / "profiles")
+    return {"root": root, "index": (root / "simple").as_uri(), "probes": probes, "cache": root / "cache"}
+
+
+@pytest.fixture
+def sweep(world, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVPROBE_PROBES_PATH", str(world["probes"]))
+    monkeypatch.setenv("KVPROBE_CACHE_DIR", str(world["cache"]))
+    monkeypatch.setenv("PIP_INDEX_URL", world["index"])
+
+    def invoke(*args: str):
+        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+    return invoke
+
+
+def test_sweep_classifies_each_release_and_verify_recomputes_it(world, sweep, tmp_path, monkeypatch):
+    from kvprobe.env.venv import EnvManager, load_profile
+
+    monkeypatch.delenv("PIP_INDEX_URL")  # the env's lock comes from PyPI
+    EnvManager(world["cache"]).ensure(load_profile("pytest-minimal"))
+    monkeypatch.setenv("PIP_INDEX_URL", world["index"])
+    out = tmp_path / "sweep"
+    result = sweep("sweep", "scrub-sweep", "--releases", "1.0..2.1", "--out", str(out), "--json")
+    summary = json.loads(result.stdout)["summary"]
+    assert summary == {"affected": ["1.0", "1.1"], "fixed": ["2.0"], "not-present": ["2.1"]}
+    assert result.exit_code == 3  # a release could not be observed as affected or fixed
+    receipt = json.loads((out / "receipt.json").read_text())
+    wheel = receipt["releases"][0]["wheel"]
+    assert wheel["file"] == "scrubkv-1.0-py3-none-any.whl"
+    assert (
+        wheel["sha256"]
+        == hashlib.sha256((world["root"] / "simple" / "scrubkv" / wheel["file"]).read_bytes()).hexdigest()
+    )
+    assert sorted(p.name for p in (out / "raw").iterdir()) == ["1.0", "1.1", "2.0", "2.1"]
+    assert "timeline.svg" in (out / "README.md").read_text()
+
+    verified = sweep("verify", str(out))
+    assert verified.exit_code == 0, verified.stdout
+
+    osv = json.loads(sweep("report", str(out), "--format", "osv").stdout)
+    assert osv["affected"][0]["ranges"] == [{"type": "ECOSYSTEM", "events": [{"introduced": "1.0"}, {"fixed": "2.0"}]}]
+    assert osv["affected"][0]["versions"] == ["1.0", "1.1"]
+    assert "2.1" in osv["affected"][0]["database_specific"]["kvprobe_not_observed"]
+
+    # a forged classification (receipt and manifest re-hashed consistently) is caught in step 4
+    forged = tmp_path / "forged"
+    shutil.copytree(out, forged)
+    receipt["releases"][1]["classification"]["overall"] = "fixed"
+    write_json(forged / "receipt.json", receipt)
+    from kvprobe.evidence import manifest
+
+    manifest.write(forged)
+    caught = sweep("verify", str(forged), "--json")
+    assert caught.exit_code == 1
+    assert "release 1.1 is stated 'fixed'" in caught.stdout
