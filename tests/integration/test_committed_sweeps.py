@@ -1,0 +1,59 @@
+"""The sweep bundles committed under bundles/ verify clean (offline, seconds), match the
+digests the README publishes, and say what the README's release table says."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvprobe.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _published() -> dict[str, str]:
+    text = (ROOT / "README.md").read_text()
+    return dict(re.findall(r"\| `bundles/([^`]+-sweep-[^`]+)` \| [^|]+ \| `([0-9a-f]{64})` \|", text))
+
+
+SWEEPS = {name: digest for name, digest in sorted(_published().items())}
+
+
+def _receipt(name: str) -> dict:
+    return json.loads((ROOT / "bundles" / name / "receipt.json").read_text())
+
+
+def test_both_experiments_have_a_published_sweep():
+    assert {_receipt(name)["experiment"]["id"] for name in SWEEPS} == {"experiment-a", "experiment-b"}
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_committed_sweep_verifies_against_its_published_digest(name):
+    bundle = ROOT / "bundles" / name
+    result = CliRunner().invoke(
+        main, ["verify", str(bundle), "--json", "--expect-manifest-sha256", SWEEPS[name]], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.stdout
+    assert json.loads(result.stdout)["outcome"] == "verified"
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_the_newest_release_is_fixed_and_the_first_fixed_is_the_fix_release(name):
+    receipt = _receipt(name)
+    classes = {r["version"]: r["classification"]["overall"] for r in receipt["releases"]}
+    assert classes["0.5.23"] == "fixed"
+    fix = receipt["experiment"]["fix"]["release"]
+    assert min((v for v, c in classes.items() if c == "fixed"), key=lambda v: [int(x) for x in v.split(".")[:3]]) == fix
+    assert "could-not-observe" not in classes.values()
+
+
+def test_experiment_b_osv_record_ranges_from_the_sweep():
+    (name,) = [n for n in SWEEPS if _receipt(n)["experiment"]["id"] == "experiment-b"]
+    result = CliRunner().invoke(main, ["report", str(ROOT / "bundles" / name), "--format", "osv"])
+    assert result.exit_code == 0, result.output
+    affected = json.loads(result.stdout)["affected"][0]
+    assert affected["ranges"] == [{"type": "ECOSYSTEM", "events": [{"introduced": "0.5.13"}, {"fixed": "0.5.20"}]}]
