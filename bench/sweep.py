@@ -44,7 +44,7 @@ def floor_once(receipt: dict, bundle: Path, release: dict, work: Path) -> float:
     if not tree.is_dir():
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(tree)
-    env_dir = cache / "envs" / f"{receipt['env']['profile']}-{receipt['env']['key']}"
+    env_dir = cache / "envs" / receipt["env"]["key"]
     probe_dir = bundle / "probes" / receipt["experiment"]["id"]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -75,6 +75,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    args.bundle = args.bundle.resolve()
     receipt = json.loads((args.bundle / "receipt.json").read_text())
     ran = [r for r in receipt["releases"] if r["wheel"] is not None]
     n, jobs = len(ran), receipt["host"]["jobs"]
