@@ -106,6 +106,7 @@ def osv(view: BundleView, *, modified: str) -> dict[str, Any]:
                 "ranges": osv_ranges(r),
                 "versions": affected_versions,
                 "database_specific": {
+                    "kvprobe_releases_swept": r["spec"] or "every release on the index the profile serves",
                     "kvprobe_observed": {v: c for v, c in observed.items() if c in (AFFECTED, FIXED)},
                     "kvprobe_not_observed": _unobserved(r),
                     "kvprobe_not_served": list(r["unserved"]),
