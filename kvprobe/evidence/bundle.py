@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -66,3 +67,14 @@ def publish(staging: Path, final: Path) -> None:
         os.replace(beside / "b", final)
     finally:
         shutil.rmtree(beside, ignore_errors=True)
+
+
+def host_facts() -> dict[str, Any]:
+    """The machine a receipt was made on, as every receipt records it."""
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "release": platform.release(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count() or 0,
+    }

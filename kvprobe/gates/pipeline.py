@@ -16,7 +16,6 @@ arguments (they can hold keys): it records their sha256 and the lines that decid
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import shutil
 import tempfile
@@ -31,7 +30,7 @@ from typing import Any
 from kvprobe import __version__
 from kvprobe.env.venv import check_index_url
 from kvprobe.errors import BundleExistsError, UsageError
-from kvprobe.evidence.bundle import seal_bundle
+from kvprobe.evidence.bundle import host_facts, seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.admission import run_gate2
@@ -181,13 +180,7 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> dict[str, Any]:
         },
         "probes": run.probe_refs,
         "env": run.env,
-        "host": {
-            "system": platform.system(),
-            "machine": platform.machine(),
-            "release": platform.release(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count() or 0,
-        },
+        "host": host_facts(),
         "evidence": {
             "layer": "deployment",
             "shows": (

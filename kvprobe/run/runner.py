@@ -20,7 +20,7 @@ from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import check_index_url, load_profile
 from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
 from kvprobe.evidence import compare
-from kvprobe.evidence.bundle import file_ref, seal_bundle
+from kvprobe.evidence.bundle import file_ref, host_facts, seal_bundle
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.model.records import Experiment, GitPin, PinSet, Side, SourceKind, WheelPin
 from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
@@ -408,13 +408,7 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> dict[str, Any]:
         },
         "sides": side_blocks,
         "env": env,
-        "host": {
-            "system": platform.system(),
-            "machine": platform.machine(),
-            "release": platform.release(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count() or 0,
-        },
+        "host": host_facts(),
         "settings": dict(sorted(out.env_vars.items())),
         "expectations": expectations,
         "comparison": comparison,

@@ -14,9 +14,9 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from kvprobe import proc
 from kvprobe.errors import FetchError, UsageError
 from kvprobe.model.records import WheelPin
+from kvprobe.sources.wheel import run_pip
 
 _OPERATOR = re.compile(r"^\s*(===|==|!=|~=|<=|>=|<|>)")
 
@@ -75,23 +75,14 @@ def ascending(versions: list[str]) -> list[str]:
     return sorted(versions, key=Version)
 
 
-def _pip(args: list[str], scratch: Path, timeout_s: float, failure: str) -> proc.CommandResult:
-    scratch.mkdir(parents=True, exist_ok=True)
-    result = proc.run(
-        [proc.python_executable(), "-m", "pip", *args, "--disable-pip-version-check"],
-        timeout_s=timeout_s,
-        stdout_path=scratch / "pip.out",
-        stderr_path=scratch / "pip.err",
-        env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
-    )
-    if not result.ok:
-        raise FetchError(f"{failure}: {result.summary()}")
-    return result
-
-
 def index_versions(package: str, flags: list[str], scratch: Path, *, timeout_s: float = 120.0) -> list[str]:
     """Every (final or post) release of ``package`` the index has a wheel of for ``flags``."""
-    _pip(["index", "versions", package, *flags], scratch, timeout_s, f"could not list {package} releases")
+    run_pip(
+        ["index", "versions", package, *flags],
+        scratch,
+        timeout_s=timeout_s,
+        failure=f"could not list {package} releases",
+    )
     text = (scratch / "pip.out").read_text(encoding="utf-8", errors="replace")
     match = re.search(r"^Available versions:\s*(.*)$", text, re.MULTILINE)
     if match is None:
@@ -103,7 +94,7 @@ def resolve_pin(package: str, version: str, flags: list[str], scratch: Path, *, 
     """The wheel pip would fetch for ``package==version`` and the sha256 the index states
     for it (pip's dry-run report: no wheel is downloaded here)."""
     report = scratch / "report.json"
-    _pip(
+    run_pip(
         [
             "install",
             "--dry-run",
@@ -118,8 +109,8 @@ def resolve_pin(package: str, version: str, flags: list[str], scratch: Path, *, 
             f"{package}=={version}",
         ],
         scratch,
-        timeout_s,
-        f"could not resolve {package}=={version} on the index",
+        timeout_s=timeout_s,
+        failure=f"could not resolve {package}=={version} on the index",
     )
     try:
         (item,) = json.loads(report.read_text(encoding="utf-8"))["install"]

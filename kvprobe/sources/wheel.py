@@ -23,27 +23,12 @@ from kvprobe.progress import Reporter
 from kvprobe.sources.treecache import TreeCache, link_copy
 
 
-def pip_download(requirement: str, scratch: Path, flags: list[str], *, timeout_s: float, failure: str) -> list[Path]:
-    """``pip download --no-deps`` of one requirement into ``scratch/out`` (pip's logs beside it);
-    returns the files pip wrote. FetchError starting with ``failure`` when pip fails."""
-    out = scratch / "out"
-    argv = [
-        proc.python_executable(),
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        *flags,
-        "--dest",
-        str(out),
-        requirement,
-    ]
+def run_pip(args: list[str], scratch: Path, *, timeout_s: float, failure: str) -> proc.CommandResult:
+    """``python -m pip ARGS`` with pip's logs in ``scratch``, on the network with PIP_* kept;
+    FetchError starting with ``failure`` when pip fails."""
+    scratch.mkdir(parents=True, exist_ok=True)
     result = proc.run(
-        argv,
+        [proc.python_executable(), "-m", "pip", *args, "--disable-pip-version-check"],
         timeout_s=timeout_s,
         stdout_path=scratch / "pip.out",
         stderr_path=scratch / "pip.err",
@@ -51,6 +36,15 @@ def pip_download(requirement: str, scratch: Path, flags: list[str], *, timeout_s
     )
     if not result.ok:
         raise FetchError(f"{failure}: {result.summary()}")
+    return result
+
+
+def pip_download(requirement: str, scratch: Path, flags: list[str], *, timeout_s: float, failure: str) -> list[Path]:
+    """``pip download --no-deps`` of one requirement into ``scratch/out`` (pip's logs beside it);
+    returns the files pip wrote. FetchError starting with ``failure`` when pip fails."""
+    out = scratch / "out"
+    args = ["download", "--no-deps", "--no-cache-dir", "--progress-bar", "off", *flags, "--dest", str(out), requirement]
+    run_pip(args, scratch, timeout_s=timeout_s, failure=failure)
     return sorted(out.iterdir()) if out.is_dir() else []
 
 

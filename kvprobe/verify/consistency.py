@@ -358,18 +358,21 @@ def _mocks_defects(receipt: dict[str, Any], docs: dict[str, dict]) -> list[Bundl
 # --- the bundled experiment ---------------------------------------------------------------
 
 
-def experiment_defects(bundle: Bundle) -> list[BundleDefect]:
-    receipt, data, data_bytes = bundle.accepted_receipt, bundle.experiment, bundle.experiment_bytes
-    assert data is not None and data_bytes is not None, "called only when step 2 read the experiment"
-    rel = receipt["experiment"]["file"]
-    found: list[BundleDefect] = []
+def _experiment_digest_defects(bundle: Bundle) -> list[BundleDefect]:
+    """The bundled experiment.toml has the sha256 the receipt states."""
+    receipt, data_bytes = bundle.accepted_receipt, bundle.experiment_bytes
+    assert data_bytes is not None, "called only when step 2 read the experiment"
     digest = hashlib.sha256(data_bytes).hexdigest()
-    if digest != receipt["experiment"]["sha256"]:
-        found.append(
-            ExperimentDigestMismatch(
-                rel, f"sha256 {digest}, receipt.experiment.sha256 {receipt['experiment']['sha256']}"
-            )
-        )
+    if digest == receipt["experiment"]["sha256"]:
+        return []
+    detail = f"sha256 {digest}, receipt.experiment.sha256 {receipt['experiment']['sha256']}"
+    return [ExperimentDigestMismatch(receipt["experiment"]["file"], detail)]
+
+
+def experiment_defects(bundle: Bundle) -> list[BundleDefect]:
+    receipt, data, rel = bundle.accepted_receipt, bundle.experiment, bundle.accepted_receipt["experiment"]["file"]
+    assert data is not None, "called only when step 2 read the experiment"
+    found = _experiment_digest_defects(bundle)
     expect = {side: data.get("expect", {}).get(side, {}) for side in SIDES}
     if data.get("expect", {}).get("tests"):
         expect["tests"] = data["expect"]["tests"]
@@ -680,17 +683,9 @@ def sweep_recompute_defects(bundle: Bundle) -> list[BundleDefect]:
 
 def sweep_experiment_defects(bundle: Bundle) -> list[BundleDefect]:
     """The bundled experiment.toml is the one the receipt names, with the same [expect]."""
-    receipt, data, data_bytes = bundle.accepted_receipt, bundle.experiment, bundle.experiment_bytes
-    assert data is not None and data_bytes is not None, "called only when step 2 read the experiment"
-    rel = receipt["experiment"]["file"]
-    found: list[BundleDefect] = []
-    digest = hashlib.sha256(data_bytes).hexdigest()
-    if digest != receipt["experiment"]["sha256"]:
-        found.append(
-            ExperimentDigestMismatch(
-                rel, f"sha256 {digest}, receipt.experiment.sha256 {receipt['experiment']['sha256']}"
-            )
-        )
+    receipt, data, rel = bundle.accepted_receipt, bundle.experiment, bundle.accepted_receipt["experiment"]["file"]
+    assert data is not None, "called only when step 2 read the experiment"
+    found = _experiment_digest_defects(bundle)
     expect = {side: data.get("expect", {}).get(side, {}) for side in SIDES}
     diffs = json_diff(receipt["expectations"], expect, "expectations")
     if diffs:
