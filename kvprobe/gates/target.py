@@ -56,6 +56,7 @@ def resolve_target(spec: str, work: Path, cache_root: Path, reporter: Reporter) 
 def _target_from_release(version: str, work: Path, cache_root: Path, reporter: Reporter) -> Target:
     """A version the experiments pin is fetched by its pinned digest; any other release on the
     index is resolved by version and its digest recorded (issue #12: gates on any release)."""
+    from kvprobe.sources import releases
     from kvprobe.sources.wheel import WheelSource
 
     source = WheelSource(cache_root, reporter=reporter)
@@ -64,10 +65,10 @@ def _target_from_release(version: str, work: Path, cache_root: Path, reporter: R
     if pin is None:
         with reporter.step(f"resolving sglang {version} on the index"):
             try:
-                pin = source.resolve("sglang", version)
+                pin = releases.resolve("sglang", version, ["--only-binary=:all:"], work / "resolve")
             except UsageError as exc:
                 raise UsageError(f"--sglang {version}: {exc.message}") from None
-        pinned_by = "index (resolved by version; sha256 of the wheel received)"
+        pinned_by = "index (resolved by version: the sha256 the index publishes, the bytes received checked against it)"
     tree = work / "target" / "tree"
     tree.parent.mkdir(parents=True)
     with reporter.step(f"materializing {pin.filename}"):

@@ -160,8 +160,8 @@ def run_unit(ctx: UnitContext, version: str, reporter: Reporter) -> dict[str, An
     entry: dict[str, Any] = {"version": version, "wheel": None, "problem": None, "probes": []}
     try:
         reporter.update(f"{version}: wheel")
-        pin = releases.resolve_pin(ctx.package, version, ctx.flags, scratch / "resolve")
-        identity = ctx.wheels.materialize(pin, scratch / "tree")
+        pin = releases.resolve(ctx.package, version, ctx.flags, scratch / "resolve")
+        identity = ctx.wheels.materialize(pin, scratch / "tree", python=ctx.python)
         entry["wheel"] = {
             "package": pin.package,
             "version": pin.version,
@@ -169,7 +169,7 @@ def run_unit(ctx: UnitContext, version: str, reporter: Reporter) -> dict[str, An
             "sha256": pin.sha256,
             "fetched_via": identity["fetched_via"],
         }
-    except (FetchError, DigestMismatch, CheckoutError) as exc:
+    except (FetchError, DigestMismatch, CheckoutError, UsageError) as exc:
         entry["problem"] = f"wheel: {exc}"
     docs: dict[str, dict[str, Any]] = {}
     if entry["problem"] is None:

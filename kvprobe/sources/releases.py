@@ -16,6 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from kvprobe.errors import FetchError, UsageError
 from kvprobe.model.records import WheelPin
+from kvprobe.proc import read_tail
 from kvprobe.sources.wheel import run_pip
 
 _OPERATOR = re.compile(r"^\s*(===|==|!=|~=|<=|>=|<|>)")
@@ -90,28 +91,37 @@ def index_versions(package: str, flags: list[str], scratch: Path, *, timeout_s: 
     return ascending([v.strip() for v in match.group(1).split(",") if v.strip()])
 
 
-def resolve_pin(package: str, version: str, flags: list[str], scratch: Path, *, timeout_s: float = 300.0) -> WheelPin:
-    """The wheel pip would fetch for ``package==version`` and the sha256 the index states
-    for it (pip's dry-run report: no wheel is downloaded here)."""
+def resolve(package: str, version: str, flags: list[str], scratch: Path, *, timeout_s: float = 300.0) -> WheelPin:
+    """The wheel the index serves for ``package==version``, pinned by the sha256 the index
+    publishes for it (pip's dry-run report: no wheel is downloaded here). The bytes are checked
+    against that digest when they are fetched (WheelSource.fetch): the index's digest and the
+    bytes received must agree. UsageError when the index has no such release; FetchError when
+    the index cannot be asked or names no single wheel with a digest."""
     report = scratch / "report.json"
-    run_pip(
-        [
-            "install",
-            "--dry-run",
-            "--no-deps",
-            "--ignore-installed",
-            "--quiet",
-            "--target",
-            str(scratch / "target"),
-            "--report",
-            str(report),
-            *flags,
-            f"{package}=={version}",
-        ],
-        scratch,
-        timeout_s=timeout_s,
-        failure=f"could not resolve {package}=={version} on the index",
-    )
+    try:
+        run_pip(
+            [
+                "install",
+                "--dry-run",
+                "--no-deps",
+                "--ignore-installed",
+                "--quiet",
+                "--target",
+                str(scratch / "target"),
+                "--report",
+                str(report),
+                *flags,
+                f"{package}=={version}",
+            ],
+            scratch,
+            timeout_s=timeout_s,
+            failure=f"could not resolve {package}=={version} on the index",
+        )
+    except FetchError:
+        offered = versions_offered(read_tail(scratch / "pip.err", 64 * 1024))
+        if offered:
+            raise UsageError(f"{package} {version}: no such release on the index (it has {offered})") from None
+        raise
     try:
         (item,) = json.loads(report.read_text(encoding="utf-8"))["install"]
         info = item["download_info"]
@@ -122,3 +132,13 @@ def resolve_pin(package: str, version: str, flags: list[str], scratch: Path, *, 
     if not filename.endswith(".whl"):
         raise FetchError(f"{package}=={version}: the index offers {filename}, not a wheel")
     return WheelPin(package, version, filename, digest)
+
+
+def versions_offered(pip_stderr: str) -> str | None:
+    """The versions pip says the index has, when it refused a version for not being one of
+    them; None when it saw none (index unreachable or package unknown: not the user's input)."""
+    match = re.search(r"\(from versions: ([^)]*)\)", pip_stderr)
+    if match is None or match[1].strip() in ("", "none"):
+        return None
+    versions = [v.strip() for v in match[1].split(",")]
+    return ", ".join(versions) if len(versions) <= 6 else f"{versions[0]} .. {versions[-1]}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 import zipfile
@@ -165,36 +164,6 @@ class WheelSource:
             shutil.rmtree(tmp, ignore_errors=True)
         return {**pin.identity(), "fetched_via": fetched.get("via", "cache"), "tree_cache": how, "bytecode": tag}
 
-    def resolve(self, package: str, version: str) -> WheelPin:
-        """The wheel the index serves for ``package==version``, kept in the cache and pinned by
-        the sha256 of the bytes received (recorded, so a reviewer can compare it with the
-        index's own digest). UsageError when the index has no such release; FetchError when
-        the index cannot be asked."""
-        self.store.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.store, prefix=".download-") as tmp:
-            self.reporter.update(f"resolving {package}=={version} on the index")
-            try:
-                got = pip_download(
-                    f"{package}=={version}",
-                    Path(tmp),
-                    ["--only-binary=:all:", *self.pip_args],
-                    timeout_s=self.timeout_s,
-                    failure=f"could not download {package} {version}",
-                )
-            except FetchError:
-                offered = versions_offered(proc.read_tail(Path(tmp) / "pip.err", 64 * 1024))
-                if offered:
-                    raise UsageError(f"{package} {version}: no such release on the index (it has {offered})") from None
-                raise
-            wheels = [p for p in got if p.name.endswith(".whl")]
-            if len(wheels) != 1:
-                names = ", ".join(p.name for p in got) or "nothing"
-                raise FetchError(f"pip download of {package}=={version} gave {names}, not one wheel")
-            pin = WheelPin(package, version, wheels[0].name, sha256_file(wheels[0]))
-            self.cached_path(pin).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(wheels[0], self.cached_path(pin))
-        return pin
-
 
 def cache_tag(python: str) -> str:
     """The interpreter's bytecode tag ("cpython-311"): compiled trees are kept per tag."""
@@ -205,16 +174,6 @@ def cache_tag(python: str) -> str:
     if not result.ok or not tag.replace("-", "").isalnum():
         raise CheckoutError(f"cannot ask {python} for its bytecode tag: {result.summary()}")
     return tag
-
-
-def versions_offered(pip_stderr: str) -> str | None:
-    """The versions pip says the index has, when it refused a version for not being one of
-    them; None when it saw none (index unreachable or package unknown: not the user's input)."""
-    match = re.search(r"\(from versions: ([^)]*)\)", pip_stderr)
-    if match is None or match[1].strip() in ("", "none"):
-        return None
-    versions = [v.strip() for v in match[1].split(",")]
-    return ", ".join(versions) if len(versions) <= 6 else f"{versions[0]} .. {versions[-1]}"
 
 
 def safe_unzip(wheel: Path, dest: Path) -> None:

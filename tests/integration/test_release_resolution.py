@@ -1,7 +1,8 @@
-"""`kvprobe gates --sglang VERSION` on any release (issue #12 §5): a version the experiments do
-not pin is resolved on the index by real pip, kept in the wheel cache by the sha256 of the
-bytes received, and that digest is recorded. The index here is a local find-links folder of
-wheels built by the test; one network test asks PyPI for a real release.
+"""The one version resolver (sources/releases.resolve), used by `kvprobe sweep`, `verify --rerun`
+of a sweep and `kvprobe gates --sglang VERSION` (issue #12 §5): pip's dry-run report names the
+wheel the index serves and the sha256 the index publishes for it; the bytes are then fetched and
+checked against that digest. The index here is a local find-links folder of wheels built by the
+test; one network test asks PyPI for a real release.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.errors import FetchError, UsageError
+from kvprobe.errors import DigestMismatch, FetchError, UsageError
 from kvprobe.gates.target import resolve_target
 from kvprobe.progress import Reporter
-from kvprobe.sources.wheel import WheelSource, versions_offered
+from kvprobe.sources.releases import resolve, versions_offered
+from kvprobe.sources.wheel import WheelSource
 from tests.wheelfactory import build_wheel
 
 SGLANG_FILES = {"sglang/__init__.py": "", "sglang/srt/__init__.py": "", "sglang/version.py": "__version__ = '0.5.99'\n"}
@@ -36,27 +38,41 @@ def local_index(index, monkeypatch) -> Path:
     return index
 
 
-def test_a_release_is_resolved_cached_and_pinned_by_its_digest(tmp_path, index):
-    source = WheelSource(tmp_path / "cache", pip_args=["--no-index", "--find-links", str(index)])
-    pin = source.resolve("sglang", "0.5.99")
+def _flags(index: Path) -> list[str]:
+    return ["--no-index", "--find-links", str(index)]
+
+
+def test_a_release_is_pinned_by_the_index_digest_and_fetched_once(tmp_path, index):
+    pin = resolve("sglang", "0.5.99", _flags(index), tmp_path / "resolve")
     wheel = index / "sglang-0.5.99-py3-none-any.whl"
     assert (pin.package, pin.version, pin.filename) == ("sglang", "0.5.99", wheel.name)
     assert pin.sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    source = WheelSource(tmp_path / "cache", pip_args=_flags(index))
+    assert source.materialize(pin, tmp_path / "tree")["fetched_via"] == "download"
     assert source.cached_path(pin).read_bytes() == wheel.read_bytes()
     wheel.unlink()  # the index is gone: the pin now materializes from the cache
-    assert source.materialize(pin, tmp_path / "tree")["fetched_via"] == "cache"
+    assert source.materialize(pin, tmp_path / "tree2")["fetched_via"] == "cache"
+
+
+def test_bytes_that_are_not_the_resolved_digest_are_refused(tmp_path, index):
+    """The index's digest and the bytes received must agree: a wheel swapped after resolution
+    (same name, other bytes) is refused and nothing is cached."""
+    pin = resolve("sglang", "0.5.99", _flags(index), tmp_path / "resolve")
+    build_wheel(index, "sglang", "0.5.99", {**SGLANG_FILES, "sglang/extra.py": "X = 1\n"})
+    source = WheelSource(tmp_path / "cache", pip_args=_flags(index))
+    with pytest.raises(DigestMismatch, match=f"pinned {pin.sha256}"):
+        source.materialize(pin, tmp_path / "tree")
+    assert not source.cached_path(pin).exists()
 
 
 def test_a_version_the_index_does_not_have_is_bad_input_naming_what_it_has(tmp_path, index):
-    source = WheelSource(tmp_path / "cache", pip_args=["--no-index", "--find-links", str(index)])
     with pytest.raises(UsageError, match=r"sglang 9\.9\.9: no such release on the index \(it has 0\.5\.98, 0\.5\.99\)"):
-        source.resolve("sglang", "9.9.9")
+        resolve("sglang", "9.9.9", _flags(index), tmp_path / "resolve")
 
 
 def test_an_index_that_cannot_be_asked_is_could_not_observe(tmp_path):
-    source = WheelSource(tmp_path / "cache", pip_args=["--no-index", "--find-links", str(tmp_path / "nothing")])
     with pytest.raises(FetchError) as caught:
-        source.resolve("sglang", "0.5.99")
+        resolve("sglang", "0.5.99", _flags(tmp_path / "nothing"), tmp_path / "resolve")
     assert caught.value.exit_code == 3
 
 
