@@ -656,6 +656,14 @@ _VERIFY_EXIT = {"verified": EXIT_OK, "failed": EXIT_FAIL, "could-not-rerun": EXI
 )
 @click.option("--repo", help="With --rerun: git URL or local path to fetch pins from.")
 @click.option(
+    "--release",
+    "rerun_releases",
+    multiple=True,
+    metavar="SPEC",
+    help="With --rerun of a sweep bundle: re-run only these of its releases (repeatable; a version, "
+    "A..B or a specifier, as sweep's --releases). Default: all.",
+)
+@click.option(
     "--torch-index",
     envvar="KVPROBE_TORCH_INDEX",
     help="With --rerun: index for torch, https:// or file://.",
@@ -674,6 +682,7 @@ def verify_cmd(
     attestation: Path | None,
     key: Path | None,
     repo: str | None,
+    rerun_releases: tuple[str, ...],
     torch_index: str | None,
     timeout: int,
     max_files: int,
@@ -685,6 +694,7 @@ def verify_cmd(
     2 not a bundle, 3 could not re-run)."""
     from kvprobe.cli.console import data, print_verify_diagnostics, print_verify_report
     from kvprobe.env.venv import check_index_url
+    from kvprobe.errors import UsageError
     from kvprobe.run.rerun import RerunOptions, rerun_step
     from kvprobe.verify.steps import VerifyOptions, parse_digest, verify
 
@@ -699,7 +709,10 @@ def verify_cmd(
             f"it signs manifest sha256 {signed.manifest_sha256}"
         )
     consent = _bundle_code_consent(streams.err, trust_bundle_code)
-    rerun_opts = RerunOptions(repo, torch_index, float(timeout), consent=consent)
+    if rerun_releases and not rerun:
+        raise UsageError("--release goes with --rerun: it names the sweep releases to re-run")
+    spec = ",".join(rerun_releases) if rerun_releases else None
+    rerun_opts = RerunOptions(repo, torch_index, float(timeout), consent=consent, releases=spec)
     step6 = rerun_step(rerun_opts, streams.reporter()) if rerun else None
     opts = VerifyOptions(
         limits=_limits(max_files, max_file_bytes, max_bytes),

@@ -18,6 +18,7 @@ current directory's ``./probes``. The fresh bundle goes to a temp dir removed af
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from kvprobe.model.records import Experiment
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.resources import builtin_search_path
+from kvprobe.run import rerun_sweep
 from kvprobe.verify.anchor import installed_experiment
 from kvprobe.verify.result import StepResult, step_result
 
@@ -48,6 +50,7 @@ class RerunOptions:
     timeout_s: float = 1800.0
     cache_root: Path | None = None
     consent: Consent | None = None  # None: the bundle's own code never runs
+    releases: str | None = None  # a sweep bundle's releases to re-run (--release; a SPEC); None: all
 
 
 _RawPaths = dict[tuple[str, str], str]
@@ -65,6 +68,11 @@ def bundle_code(bundle: Bundle) -> list[tuple[str, str]]:
 
 
 def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) -> StepResult:
+    """Step 6 of a run bundle or of a sweep bundle (its releases, or those --release names)."""
+    sweep = bundle.receipt_family == rerun_sweep.FAMILY
+    if opts.releases is not None and not sweep:
+        raise UsageError("--release applies to sweep bundles: a run bundle is re-run whole")
+    chosen = rerun_sweep.chosen_releases(bundle.accepted_receipt, opts.releases) if sweep else []
     exp_id = bundle.accepted_receipt["experiment"]["id"]
     installed = installed_experiment(exp_id)
     notes: list[str] = []
@@ -94,6 +102,8 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
                     "the experiment cannot be loaded",
                     [RerunDiffers(bundle.accepted_receipt["experiment"]["file"], exc.message)],
                 )
+            if sweep:
+                return _rerun_releases(bundle, exp, chosen, opts, work, notes, reporter)
             try:
                 fresh = _run(exp, bundle.accepted_receipt["pin_set"]["name"], opts, work, reporter)
             except (ObserveError, UsageError) as exc:
@@ -122,6 +132,48 @@ def _load(installed: Path | None, bundle: Bundle, work: Path) -> Experiment:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(bundle.tree.read_bytes(rel, bundle.limits.max_file_bytes))
     return load_file(work / PROBES_DIR / exp_id / "experiment.toml")
+
+
+def _rerun_releases(
+    bundle: Bundle,
+    exp: Experiment,
+    versions: list[str],
+    opts: RerunOptions,
+    work: Path,
+    notes: list[str],
+    reporter: Reporter | None,
+) -> StepResult:
+    """A sweep's releases again: a release whose version the index now serves as other bytes
+    is a finding and is not run; the others are swept and compared with the published ones."""
+    from kvprobe.run.sweep import SweepOptions, sweep_experiment
+
+    published = bundle.accepted_receipt
+    try:
+        changed = rerun_sweep.index_findings(published, versions, work / "resolve")
+        same = [v for v in versions if v not in changed]
+        if not same:
+            return step_result(
+                6, list(changed.values()), "not re-run: the index serves other bytes for every chosen release", notes
+            )
+        sweep_opts = SweepOptions(
+            releases=",".join(same), out=work / "bundle", torch_index=opts.torch_index, timeout_s=opts.timeout_s
+        )
+        if opts.cache_root is not None:
+            sweep_opts.cache_root = opts.cache_root
+        result = sweep_experiment(exp, sweep_opts, reporter)
+    except (ObserveError, UsageError) as exc:
+        return StepResult(6, "could-not-run", f"could not re-run: {exc.message}", notes=exc.hints)
+    fresh = result.receipt
+    was = rerun_sweep.raw_docs(published, lambda rel: bundle.raw_docs.get(rel))
+    now = rerun_sweep.raw_docs(fresh, lambda rel: json.loads((result.bundle / rel).read_text(encoding="utf-8")))
+    defects = [*changed.values(), *rerun_sweep.diff_sweeps(published, fresh, same, was, now)]
+    classes = ", ".join(f"{r['version']} {r['classification']['overall']}" for r in fresh["releases"])
+    return step_result(
+        6,
+        defects,
+        f"re-ran {exp.id} on {len(same)} of {len(versions)} releases: {classes}",
+        notes + env_notes(published, fresh),
+    )
 
 
 def _run(exp: Experiment, pin_set: str, opts: RerunOptions, work: Path, reporter: Reporter | None) -> dict[str, Any]:

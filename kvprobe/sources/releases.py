@@ -22,39 +22,42 @@ from kvprobe.sources.wheel import run_pip
 _OPERATOR = re.compile(r"^\s*(===|==|!=|~=|<=|>=|<|>)")
 
 
-def _version(text: str, spec: str) -> Version:
+def _version(text: str, spec: str, option: str) -> Version:
     try:
         return Version(text.strip())
     except InvalidVersion:
-        raise UsageError(f"--releases {spec!r}: {text.strip()!r} is not a version") from None
+        raise UsageError(f"{option} {spec!r}: {text.strip()!r} is not a version") from None
 
 
-def select(spec: str, available: list[str]) -> list[str]:
+def select(
+    spec: str, available: list[str], *, option: str = "--releases", among: str = "a release on the index"
+) -> list[str]:
     """The versions of ``available`` that ``spec`` names, ascending.
 
     A SPEC is comma-separated items: ``A..B`` (every release from A through B), a version
     (``0.5.19``), or a specifier (``>=0.5.20``). Ranges and versions add up; specifiers
     together form one set that also adds its matches (``>=0.5.20,<0.5.23`` is one set).
-    UsageError for a malformed item or a named version the index does not have."""
+    UsageError (naming ``option``) for a malformed item or a named version ``available``
+    does not hold (not ``among``)."""
     items = [item.strip() for item in spec.split(",") if item.strip()]
     if not items:
-        raise UsageError("--releases is empty: give versions, ranges (A..B) or specifiers (>=X)")
-    versions = {_version(v, spec): v for v in available}
+        raise UsageError(f"{option} is empty: give versions, ranges (A..B) or specifiers (>=X)")
+    versions = {_version(v, spec, option): v for v in available}
     chosen: set[Version] = set()
     specifiers = [item for item in items if _OPERATOR.match(item)]
     for item in items:
         if item in specifiers:
             continue
         if ".." in item:
-            low, high = (_version(part, spec) for part in item.split("..", 1))
+            low, high = (_version(part, spec, option) for part in item.split("..", 1))
             chosen |= {v for v in versions if low <= v <= high}
         else:
-            wanted = _version(item, spec)
+            wanted = _version(item, spec, option)
             if wanted not in versions:
-                raise UsageError(f"--releases: {item} is not a release on the index")
+                raise UsageError(f"{option}: {item} is not {among}")
             chosen.add(wanted)
     if specifiers:
-        chosen |= {v for v in versions if v in specifier_set(",".join(specifiers), "--releases")}
+        chosen |= {v for v in versions if v in specifier_set(",".join(specifiers), option)}
     return [versions[v] for v in sorted(chosen)]
 
 

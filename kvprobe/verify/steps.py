@@ -387,13 +387,7 @@ def _digest_check(bundle: Bundle, expected: str | None) -> StepResult:
 def _rerun_step(bundle: Bundle, steps: list[StepResult], rerun: RerunStep) -> StepResult:
     if any(s.status != "pass" for s in steps[:4]) or steps[4].status == "fail":
         return StepResult(6, "skipped", "an earlier step failed; nothing was re-run")
-    if bundle.receipt_family == "kvprobe.sweep-receipt":
-        return StepResult(
-            6,
-            "could-not-run",
-            "re-running a sweep is not implemented: run `kvprobe sweep` again with the receipt's releases",
-        )
-    if bundle.receipt_family != "kvprobe.receipt":
+    if bundle.receipt_family not in ("kvprobe.receipt", "kvprobe.sweep-receipt"):
         return StepResult(
             6,
             "could-not-run",

@@ -5,6 +5,7 @@ bundle verified, and a forged classification caught by verify."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -99,13 +100,12 @@ alloc_len = 2
 """
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sweep-world")
+def make_index(root: Path, releases: dict[str, str]) -> dict[str, Path]:
+    """A PEP 503 index at ``root/simple`` of one wheel per release, each link with its sha256."""
     simple = root / "simple" / "scrubkv"
     simple.mkdir(parents=True)
     wheels = {}
-    for version, code in RELEASES.items():
+    for version, code in releases.items():
         wheels[version] = build_wheel(simple, "scrubkv", version, {"scrubkv/__init__.py": code})
     links = "".join(
         f'<a href="{p.name}#sha256={hashlib.sha256(p.read_bytes()).hexdigest()}">{p.name}</a>\n'
@@ -113,6 +113,13 @@ def world(tmp_path_factory):
     )
     (simple / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
     (root / "simple" / "index.html").write_text('<html><body><a href="scrubkv/">scrubkv</a></body></html>\n')
+    return wheels
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep-world")
+    wheels = make_index(root, RELEASES)
     probes = root / "probes"
     folder = probes / "scrub-sweep"
     folder.mkdir(parents=True)
@@ -134,12 +141,16 @@ def sweep(world, monkeypatch, tmp_path):
     return invoke
 
 
-def test_sweep_classifies_each_release_and_verify_recomputes_it(world, sweep, tmp_path, monkeypatch):
+def _env(world, monkeypatch) -> None:
     from kvprobe.env.venv import EnvManager, load_profile
 
     monkeypatch.delenv("PIP_INDEX_URL")  # the env's lock comes from PyPI
     EnvManager(world["cache"]).ensure(load_profile("pytest-minimal"))
     monkeypatch.setenv("PIP_INDEX_URL", world["index"])
+
+
+def test_sweep_classifies_each_release_and_verify_recomputes_it(world, sweep, tmp_path, monkeypatch):
+    _env(world, monkeypatch)
     out = tmp_path / "sweep"
     result = sweep("sweep", "scrub-sweep", "--releases", "1.0..2.1", "--out", str(out), "--json")
     summary = json.loads(result.stdout)["summary"]
@@ -174,3 +185,86 @@ def test_sweep_classifies_each_release_and_verify_recomputes_it(world, sweep, tm
     caught = sweep("verify", str(forged), "--json")
     assert caught.exit_code == 1
     assert "release 1.1 is stated 'fixed'" in caught.stdout
+
+
+def test_sweep_trees_are_byte_compiled_once_with_checked_hashes(world, sweep, tmp_path, monkeypatch):
+    """A release's tree comes from the tree cache compiled for the env's python, like a run's."""
+    _env(world, monkeypatch)
+    out = tmp_path / "sweep"
+    sweep("sweep", "scrub-sweep", "--releases", "2.0", "--out", str(out), "--json")
+    digest = json.loads((out / "receipt.json").read_text())["releases"][0]["wheel"]["sha256"]
+    (entry,) = [p for p in (world["cache"] / "trees").iterdir() if p.is_dir() and p.name.startswith(digest)]
+    assert entry.name != f"{digest}-source"  # keyed by the interpreter's bytecode tag
+    (pyc,) = (entry / "tree" / "scrubkv" / "__pycache__").glob("__init__.*.pyc")
+    assert pyc.read_bytes()[:4] == importlib.util.MAGIC_NUMBER
+    assert int.from_bytes(pyc.read_bytes()[4:8], "little") == 0b11  # hash-based, checked
+
+
+def _forge_observation(bundle: Path, version: str, case: str, name: str, value) -> None:
+    """A self-consistent forgery: one raw observation changed, and everything derived from it
+    (citation digest, the release's classification, the summary, README, timeline, hashes)
+    re-derived, so steps 1-4 pass and only a rerun can tell."""
+    from kvprobe.evidence import manifest
+    from kvprobe.evidence import sweep as classify
+    from kvprobe.evidence.sweep_view import render_readme, timeline_svg
+
+    rel = f"raw/{version}/probes/scrub.json"
+    doc = json.loads((bundle / rel).read_text())
+    next(c for c in doc["cases"] if c["name"] == case)["observations"][name] = value
+    write_json(bundle / rel, doc)
+    receipt = json.loads((bundle / "receipt.json").read_text())
+    release = next(r for r in receipt["releases"] if r["version"] == version)
+    release["probes"][0]["raw"]["sha256"] = hashlib.sha256((bundle / rel).read_bytes()).hexdigest()
+    problems = classify.release_problems(release)
+    release["classification"] = classify.classify_release(receipt["expectations"], {"scrub": doc}, problems)
+    receipt["summary"] = classify.summary(receipt["releases"])
+    write_json(bundle / "receipt.json", receipt)
+    (bundle / "README.md").write_text(render_readme(receipt))
+    (bundle / "timeline.svg").write_text(timeline_svg(receipt))
+    for name in ("manifest.json", "SHA256SUMS"):
+        (bundle / name).unlink()
+    manifest.write(bundle)
+
+
+def test_verify_rerun_of_a_sweep_reruns_its_releases_and_names_what_differs(world, sweep, tmp_path, monkeypatch):
+    _env(world, monkeypatch)
+    out = tmp_path / "sweep"
+    sweep("sweep", "scrub-sweep", "--releases", "1.1,2.0", "--out", str(out), "--json")
+
+    same = sweep("verify", str(out), "--rerun", "--trust-bundle-code", "--json")
+    assert same.exit_code == 0, same.stdout
+    step6 = json.loads(same.stdout)["steps"][5]
+    assert step6["status"] == "pass" and "on 2 of 2 releases: 1.1 affected, 2.0 fixed" in step6["summary"]
+
+    # a bundle's own code never runs without consent
+    assert sweep("verify", str(out), "--rerun").exit_code == 3
+
+    wrong = sweep("verify", str(out), "--rerun", "--trust-bundle-code", "--release", "2.1")
+    assert wrong.exit_code == 2
+    assert "--release: 2.1 is not a release this sweep ran (1.1, 2.0)" in wrong.stderr
+
+    forged = tmp_path / "forged"
+    shutil.copytree(out, forged)
+    _forge_observation(forged, "2.0", "alloc.control", "alloc_len", 3)
+    assert sweep("verify", str(forged)).exit_code == 0  # self-consistent: steps 1-4 cannot tell
+    caught = sweep("verify", str(forged), "--rerun", "--trust-bundle-code", "--release", "2.0", "--json")
+    assert caught.exit_code == 1
+    details = [d["detail"] for d in json.loads(caught.stdout)["steps"][5]["defects"]]
+    assert "release 2.0 scrub/alloc.control alloc_len: published int:3, rerun int:2" in details
+    assert "release 2.0 case scrub/alloc.control: published 'neither', rerun 'control'" in details
+    assert "release 2.0: published 'mixed', rerun 'fixed'" in details
+    assert "1 of 1 releases" in json.loads(caught.stdout)["steps"][5]["summary"]
+
+
+def test_verify_rerun_refuses_a_release_the_index_now_serves_as_other_bytes(world, sweep, tmp_path, monkeypatch):
+    _env(world, monkeypatch)
+    out = tmp_path / "sweep"
+    sweep("sweep", "scrub-sweep", "--releases", "1.1", "--out", str(out), "--json")
+    swapped = make_index(tmp_path / "swapped", {**RELEASES, "1.1": RELEASES["1.1"] + "# re-uploaded\n"})
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "swapped" / "simple").as_uri())
+    result = sweep("verify", str(out), "--rerun", "--trust-bundle-code", "--json")
+    assert result.exit_code == 1
+    (defect,) = json.loads(result.stdout)["steps"][5]["defects"]
+    now = hashlib.sha256(swapped["1.1"].read_bytes()).hexdigest()
+    assert defect["detail"].startswith(f"release 1.1: the index now serves scrubkv-1.1-py3-none-any.whl sha256 {now}")
+    assert defect["detail"].endswith("so it was not re-run")
