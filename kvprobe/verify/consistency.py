@@ -605,7 +605,44 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
                 f"{receipt['exit_code']}); the gates give {overall.value!r}",
             )
         )
+    defects += gates_probe_defects(bundle)
     return step_result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks")
+
+
+def gates_probe_defects(bundle: Bundle) -> list[BundleDefect]:
+    """Gate 2's probe records agree with the raw outputs they cite: where each sits, a problem
+    only without an output, and the configuration the probe set and the calls its mocks
+    absorbed exactly the output's (absent only where the output records none: receipts
+    written before probes recorded them)."""
+    found: list[BundleDefect] = []
+    for i, probe in enumerate(bundle.accepted_receipt["probes"]):
+        where = f"probes[{i}] {probe['experiment']}/{probe['name']}"
+        want = f"raw/gate2/{probe['experiment']}/{probe['name']}.json"
+        if probe["raw"] is None:
+            if not (isinstance(probe["problem"], str) and probe["problem"]):
+                found.append(RecordMismatch(RECEIPT, f"{where}: no output and no problem recorded"))
+            doc: dict[str, Any] = {}
+        elif probe["raw"]["path"] != want:
+            found.append(CitationMisplaced(probe["raw"]["path"], f"{where}: expected {want}"))
+            continue
+        elif probe["raw"]["path"] not in bundle.raw_docs:
+            continue  # unusable, reported by step 2
+        else:
+            doc = bundle.raw_docs[probe["raw"]["path"]]
+            found += _probe_record(probe["raw"]["path"], doc, probe)
+        for key in ("configuration", "absorbed"):
+            derived = list(doc.get(key) or [])
+            if key not in probe and not derived:
+                continue
+            if key not in probe:
+                found.append(
+                    RecordMismatch(RECEIPT, f"{where}: {key} is missing; its raw output records {len(derived)}")
+                )
+                continue
+            diffs = json_diff(probe[key], derived, f"probes[{i}].{key}")
+            if diffs:
+                found.append(RecordMismatch(RECEIPT, f"{where}: {key} differs from the raw output: {_summary(diffs)}"))
+    return found
 
 
 # --- sweep receipts (one experiment on many releases) ----------------------------------------

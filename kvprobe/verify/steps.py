@@ -240,8 +240,11 @@ def step_documents(bundle: Bundle) -> StepResult:
         count += _read_cited(bundle, defects)
         _read_experiment(bundle, defects)
     elif bundle.receipt is not None and bundle.receipt_family == "kvprobe.sweep-receipt":
-        count += _read_sweep_raw(bundle, defects)
+        probes = [p for r in bundle.accepted_receipt["releases"] for p in r["probes"]]
+        count += _read_probe_outputs(bundle, probes, defects)
         _read_experiment(bundle, defects)
+    elif bundle.receipt is not None and bundle.receipt_family == "kvprobe.gates-receipt":
+        count += _read_probe_outputs(bundle, bundle.accepted_receipt["probes"], defects)
     return step_result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
 
 
@@ -280,19 +283,18 @@ def _read_cited(bundle: Bundle, defects: list[BundleDefect]) -> int:
     return count
 
 
-def _read_sweep_raw(bundle: Bundle, defects: list[BundleDefect]) -> int:
-    """Each release's probe outputs the sweep receipt cites, schema-checked."""
+def _read_probe_outputs(bundle: Bundle, probes: list[dict[str, Any]], defects: list[BundleDefect]) -> int:
+    """The probe outputs a sweep or gates receipt cites (``probes[].raw``), schema-checked."""
     count = 0
-    for release in bundle.accepted_receipt["releases"]:
-        for probe in release["probes"]:
-            if probe["raw"] is None:
-                continue
-            rel = probe["raw"]["path"]
-            doc = read_json(bundle, rel, defects)
-            if doc is not None:
-                count += 1
-                if _append(defects, schema_defects(doc, rel, "kvprobe.probe-output")):
-                    bundle.raw_docs[rel] = doc
+    for probe in probes:
+        if probe["raw"] is None:
+            continue
+        rel = probe["raw"]["path"]
+        doc = read_json(bundle, rel, defects)
+        if doc is not None:
+            count += 1
+            if _append(defects, schema_defects(doc, rel, "kvprobe.probe-output")):
+                bundle.raw_docs[rel] = doc
     return count
 
 

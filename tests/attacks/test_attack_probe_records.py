@@ -1,0 +1,111 @@
+"""A receipt's probe records (what each probe set away from its default, what its mocks absorbed)
+are derived from the raw outputs, so `verify` recomputes them (issue #12 §2): a publisher who
+hides a setting that made the probe reach its door, or claims mocks stood in for less than they
+did, and re-hashes everything consistently, is refused in step 4 with one line, exit 1.
+
+Run receipts state them in ``evidence``; gates receipts per gate-2 probe in ``probes[]``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests import forge
+from tests.attacks.gatelogs import CONTEXT, startup_log
+from tests.attacks.harness import assert_outcome
+
+pytestmark = pytest.mark.attack
+
+HICACHE = {"name": "enable_hicache_storage", "value": True, "default": False, "why": "reach the door", "case": None}
+ABSORBED = {"case": "reject", "mock": "sender", "call": "sender.send", "count": 1}
+
+
+@pytest.mark.parametrize("key", ["configuration", "absorbed"])
+def test_run_receipt_stating_records_its_raw_output_lacks(sandbox, forged, key):
+    """Attack: the raw output is rewritten without the setting (or the absorbed call) and
+    re-cited; the receipt still states it."""
+    rel = f"raw/head/probes/{forge.PROBE}.json"
+    raw = forge.load(forged, rel)
+    raw[key] = []
+    (forged / rel).write_bytes(forge.dumps(raw))
+    forge.recite(forged, rel)
+    result = sandbox.run("verify", forged)
+    assert_outcome(sandbox, result, 1, "record-mismatch", f"evidence.{key}")
+
+
+@pytest.fixture
+def gates_bundle(sandbox):
+    """A real `kvprobe gates` bundle (one worker log, no --sglang), copied out of the sandbox's
+    output, plus what gate 2 leaves when it runs a probe: its raw output and its record, the
+    output stating one setting and one absorbed call."""
+    log = sandbox.inputs / "prefill.log"
+    log.write_text(startup_log("prefill", CONTEXT, canary=True))
+    made = sandbox.run("gates", "--log", f"prefill={log}", "--out", sandbox.out, allow=(sandbox.out,))
+    assert made.code in (0, 1, 3), made.describe()
+    bundle = sandbox.inputs / "gates-bundle"
+    shutil.copytree(sandbox.out, bundle)
+    rel = f"raw/gate2/experiment-a/{forge.PROBE}.json"
+    (bundle / rel).parent.mkdir(parents=True)
+    (bundle / rel).write_bytes(
+        forge.dumps({**forge.probe_doc("head"), "configuration": [HICACHE], "absorbed": [ABSORBED]})
+    )
+    source = "probes/experiment-a/doors.py"
+    (bundle / source).parent.mkdir(parents=True)
+    (bundle / source).write_bytes(forge.PROBE_SOURCE)
+    receipt = forge.load(bundle, "receipt.json")
+    receipt["probes"] = [
+        {
+            "experiment": "experiment-a",
+            "name": forge.PROBE,
+            "source": {"path": source, "sha256": forge.sha(forge.PROBE_SOURCE)},
+            "raw": {"path": rel, "sha256": forge.sha((bundle / rel).read_bytes())},
+            "exit_code": 0,
+            "problem": None,
+            "duration_s": 1.0,
+            "configuration": [HICACHE],
+            "absorbed": [ABSORBED],
+        }
+    ]
+    (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    forge.rehash(bundle)
+    return bundle
+
+
+def test_a_gates_receipt_whose_probe_records_match_verifies(sandbox, gates_bundle):
+    """The control: the same bundle, its records those of the raw output, verifies."""
+    result = sandbox.run("verify", gates_bundle)
+    assert result.code == 0, result.describe()
+
+
+@pytest.mark.parametrize(
+    ("key", "stated"),
+    [
+        ("configuration", []),  # the setting that reached the door, hidden
+        ("configuration", [{**HICACHE, "value": False}]),  # stated as its default
+        ("absorbed", []),  # the mock's stand-in hidden
+        ("absorbed", [ABSORBED, {**ABSORBED, "call": "sender.poll"}]),  # more than the output shows
+    ],
+)
+def test_a_gates_receipt_stating_records_its_raw_output_does_not_support(sandbox, gates_bundle, key, stated):
+    """Attack: gate 2's probe record states other settings or absorbed calls than its raw
+    output; the receipt and manifest are re-hashed consistently."""
+    receipt = json.loads((gates_bundle / "receipt.json").read_bytes())
+    receipt["probes"][0][key] = stated
+    (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    forge.rehash(gates_bundle)
+    result = sandbox.run("verify", gates_bundle)
+    assert_outcome(sandbox, result, 1, "record-mismatch", f"{key} differs from the raw output")
+
+
+def test_a_gates_receipt_dropping_its_probe_records_is_refused(sandbox, gates_bundle):
+    """Attack: the keys removed outright, as if written before probes recorded them, while
+    the raw output records a setting."""
+    receipt = json.loads((gates_bundle / "receipt.json").read_bytes())
+    del receipt["probes"][0]["configuration"]
+    (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    forge.rehash(gates_bundle)
+    result = sandbox.run("verify", gates_bundle)
+    assert_outcome(sandbox, result, 1, "record-mismatch", "configuration is missing")
