@@ -17,12 +17,18 @@ from typing import Any
 from kvprobe import schema
 from kvprobe.evidence import manifest
 from kvprobe.files import sha256_file, write_atomic, write_json
+from kvprobe.model.receipt import FileRef
 from kvprobe.names import README, RECEIPT
 
 
+def cite(path: Path, root: Path) -> FileRef:
+    """A file in the bundle being written, as a receipt cites it."""
+    return FileRef(path.relative_to(root).as_posix(), sha256_file(path))
+
+
 def file_ref(path: Path | None, root: Path) -> dict[str, str] | None:
-    """``{"path", "sha256"}`` of a file in the bundle being written, as a receipt cites it."""
-    return None if path is None else {"path": path.relative_to(root).as_posix(), "sha256": sha256_file(path)}
+    """``{"path", "sha256"}`` of :func:`cite`, for the receipts still built as dicts (gates, sweep)."""
+    return None if path is None else cite(path, root).to_json()
 
 
 def seal_bundle(

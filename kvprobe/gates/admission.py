@@ -13,6 +13,7 @@ from kvprobe.evidence.bundle import file_ref
 from kvprobe.evidence.gate_status import Status
 from kvprobe.gates.gate import Check, Gate, GateOptions
 from kvprobe.gates.target import GATE_EXPERIMENTS, Target
+from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import Experiment, Side
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR
 from kvprobe.progress import Reporter
@@ -72,7 +73,7 @@ def run_gate2(
     work: Path,
     reporter: Reporter,
     held: contextlib.ExitStack | None = None,
-) -> tuple[Gate, list[dict[str, Any]], dict[str, Any] | None]:
+) -> tuple[Gate, list[dict[str, Any]], EnvRecord | None]:
     """Gate 2, the probe references for the receipt and the env block (None when nothing ran)."""
     title = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"
     if target is None:
@@ -84,7 +85,9 @@ def run_gate2(
     from kvprobe.experiments import experiment
 
     run_opts = runner.RunOptions(cache_root=opts.cache_root, torch_index=opts.torch_index)
-    checks, refs, env = [], [], None
+    checks: list[Check] = []
+    refs: list[dict[str, Any]] = []
+    env: EnvRecord | None = None
     for exp in (experiment.load(i) for i in GATE_EXPERIMENTS):
         # any non-synthetic pin set: it only selects the experiment's dependency profile
         pin_set = next(p for p in exp.pin_sets.values() if p.kind.value != "synthetic")

@@ -40,6 +40,7 @@ from kvprobe.gates.inputs import InputFile, read_logs, read_server_args
 from kvprobe.gates.pool import gate1, main_kv
 from kvprobe.gates.settings import collect_sources, gate3, gate4
 from kvprobe.gates.target import Target, resolve_target
+from kvprobe.model.receipt import EnvRecord
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.run.runner import verify_on_write
@@ -75,7 +76,7 @@ class GatesRun:
     gates: tuple[Gate, ...]
     findings: list[Finding]
     probe_refs: list[dict[str, Any]]
-    env: dict[str, Any] | None
+    env: EnvRecord | None
     timings: dict[str, float]
 
 
@@ -179,7 +180,7 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> dict[str, Any]:
             },
         },
         "probes": run.probe_refs,
-        "env": run.env,
+        "env": None if run.env is None else run.env.to_json(),
         "host": host_facts(),
         "evidence": {
             "layer": "deployment",

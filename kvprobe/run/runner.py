@@ -20,8 +20,20 @@ from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import check_index_url, load_profile
 from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
 from kvprobe.evidence import compare
-from kvprobe.evidence.bundle import file_ref, host_facts, seal_bundle
+from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
 from kvprobe.evidence.bundle_readme import render_readme
+from kvprobe.model.receipt import (
+    Comparison,
+    EnvRecord,
+    EvidenceScope,
+    ExperimentRef,
+    PinSetRef,
+    ProbeRecord,
+    Receipt,
+    SideRecord,
+    TestRecord,
+    Tool,
+)
 from kvprobe.model.records import Experiment, GitPin, PinSet, Side, SourceKind, WheelPin
 from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
@@ -60,7 +72,7 @@ class RunOutputs:
     """What the run produced in ``staging``, before it is written down as a receipt."""
 
     sides: dict[Side, dict[str, Any]]  # materialized tree and identity per side
-    env: dict[str, Any]
+    env: EnvRecord
     env_vars: dict[str, str]
     checks: dict[Side, dict[str, Any]]  # run.side.run_side per side
     staging: Path
@@ -326,46 +338,27 @@ def _head_test_files(exp: Experiment, pin_set: PinSet, sides: dict[Side, dict[st
 # --- receipt and bundle ------------------------------------------------------------------
 
 
-def _receipt(plan: RunPlan, out: RunOutputs) -> dict[str, Any]:
-    exp, pin_set, staging, env = plan.exp, plan.pin_set, out.staging, out.env
+def _receipt(plan: RunPlan, out: RunOutputs) -> Receipt:
+    exp, pin_set, staging = plan.exp, plan.pin_set, out.staging
     timings = dict(out.timings)
     probe_dir = staging / PROBES_DIR / exp.id
     probe_dir.mkdir(parents=True)
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
     for source in _experiment_sources(exp):
         shutil.copy2(source, probe_dir / source.name)
-    side_blocks: dict[str, Any] = {}
+    side_records: dict[str, SideRecord] = {}
     probe_docs: dict[str, dict[str, Any]] = {}
     problems: dict[str, dict[str, str]] = {}
     test_runs: dict[str, dict[str, Any]] = {}
     mocks: dict[str, Any] = {}
     for side in (Side.BASE, Side.HEAD):
         c = out.checks[side]
-        side_blocks[side.value] = {
-            "pin": out.sides[side]["pin"],
-            "source": out.sides[side]["source"],
-            "tests": [
-                {
-                    "path": t["path"],
-                    "raw": file_ref(t["raw"], staging),
-                    "junit": file_ref(t["junit"], staging),
-                    "exit_code": t["doc"]["exit_code"],
-                    "overlay": t["doc"]["overlay"],
-                    "problem": t["doc"]["problem"],
-                }
-                for t in c["tests"]
-            ],
-            "probes": [
-                {
-                    "name": p["name"],
-                    "source": file_ref(probe_dir / p["path"], staging),
-                    "raw": file_ref(p["raw"], staging),
-                    "exit_code": p["run"].exit_code,
-                    "problem": p["run"].problem,
-                }
-                for p in c["probes"]
-            ],
-        }
+        side_records[side.value] = SideRecord(
+            pin=out.sides[side]["pin"],
+            source=out.sides[side]["source"],
+            tests=tuple(_test_record(t, staging) for t in c["tests"]),
+            probes=tuple(_probe_record(p, probe_dir, staging) for p in c["probes"]),
+        )
         probe_docs[side.value] = {p["name"]: p["run"].output for p in c["probes"] if p["run"].ok}
         problems[side.value] = {p["name"]: p["run"].problem for p in c["probes"] if not p["run"].ok}
         for t in c["tests"]:
@@ -379,51 +372,61 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> dict[str, Any]:
     expectations = {s: exp.expectations.get(s, {}) for s in SIDES}
     if exp.expectations.get("tests"):
         expectations["tests"] = exp.expectations["tests"]
-    comparison = compare.compare(
-        expect=expectations, probe_docs=probe_docs, probe_problems=problems, test_runs=test_runs
+    comparison = Comparison.from_json(
+        compare.compare(expect=expectations, probe_docs=probe_docs, probe_problems=problems, test_runs=test_runs)
     )
-    receipt = {
-        "schema": RECEIPT_SCHEMA,
-        "tool": {"name": "kvprobe", "version": __version__},
-        "run_id": plan.run_id,
-        "created_utc": plan.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "experiment": {
-            "id": exp.id,
-            "title": exp.title,
-            "layer": exp.layer.value,
-            "file": f"{PROBES_DIR}/{exp.id}/experiment.toml",
-            "sha256": exp.file_sha256,
-            "upstream": exp.upstream,
-            "profile": exp.profile,
-            "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary},
-            **({"vulnerability": exp.vulnerability.to_json()} if exp.vulnerability else {}),
-            **({"source": exp.source} if exp.source else {}),
-        },
-        "pin_set": {
-            "name": pin_set.name,
-            "kind": pin_set.kind.value,
-            "pr": pin_set.pr,
-            "python_path": list(pin_set.python_path),
-            **({"tests_from": out.sides[Side.HEAD]["tests_from"]} if "tests_from" in out.sides[Side.HEAD] else {}),
-        },
-        "sides": side_blocks,
-        "env": env,
-        "host": host_facts(),
-        "settings": dict(sorted(out.env_vars.items())),
-        "expectations": expectations,
-        "comparison": comparison,
-        "verdict": comparison["verdict"],
-        "evidence": {
-            "layer": exp.layer.value,
-            "shows": exp.scope.shows,
-            "does_not_show": list(exp.scope.does_not_show),
-            "mocks": mocks,
-            **compare.probe_records(probe_docs),
-            "limits": _limits(exp, pin_set, env),
-        },
-        "timings": {k: round(v, 3) for k, v in timings.items()},
-    }
-    return receipt
+    records = compare.probe_records(probe_docs)
+    return Receipt(
+        schema=RECEIPT_SCHEMA,
+        tool=Tool(__version__),
+        run_id=plan.run_id,
+        created_utc=plan.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        experiment=ExperimentRef(
+            id=exp.id,
+            title=exp.title,
+            layer=exp.layer,
+            file=f"{PROBES_DIR}/{exp.id}/experiment.toml",
+            sha256=exp.file_sha256,
+            upstream=exp.upstream,
+            profile=exp.profile,
+            fix=exp.fix,
+            vulnerability=exp.vulnerability,
+            source=exp.source or None,
+        ),
+        pin_set=PinSetRef(
+            pin_set.name, pin_set.kind, pin_set.pr, pin_set.python_path, out.sides[Side.HEAD].get("tests_from")
+        ),
+        sides=side_records,
+        env=out.env,
+        host=host_facts(),
+        settings=dict(sorted(out.env_vars.items())),
+        expectations=expectations,
+        comparison=comparison,
+        verdict=comparison.verdict,
+        evidence=EvidenceScope(
+            layer=exp.layer,
+            shows=exp.scope.shows,
+            does_not_show=exp.scope.does_not_show,
+            mocks=mocks,
+            limits=tuple(_limits(exp, pin_set, out.env)),
+            configuration=records["configuration"],
+            absorbed=records["absorbed"],
+        ),
+        timings={k: round(v, 3) for k, v in timings.items()},
+    )
+
+
+def _test_record(ran: dict[str, Any], staging: Path) -> TestRecord:
+    doc = ran["doc"]
+    junit = cite(ran["junit"], staging) if ran["junit"] is not None else None
+    return TestRecord(ran["path"], cite(ran["raw"], staging), junit, doc["exit_code"], doc["overlay"], doc["problem"])
+
+
+def _probe_record(ran: dict[str, Any], probe_dir: Path, staging: Path) -> ProbeRecord:
+    raw = cite(ran["raw"], staging) if ran["raw"] is not None else None
+    return ProbeRecord(
+        ran["name"], cite(probe_dir / ran["path"], staging), raw, ran["run"].exit_code, ran["run"].problem
+    )
 
 
 def _experiment_sources(exp: Experiment) -> list[Path]:
@@ -433,7 +436,7 @@ def _experiment_sources(exp: Experiment) -> list[Path]:
     return sorted(listed | helpers)
 
 
-def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
+def _limits(exp: Experiment, pin_set: PinSet, env: EnvRecord) -> list[str]:
     limits = [f"host: {platform.system()} {platform.machine()}, CPU only; no GPU, RDMA or model weights"]
     if pin_set.kind is SourceKind.WHEEL and pin_set.tests_commit is not None:
         limits.append(
@@ -442,16 +445,17 @@ def _limits(exp: Experiment, pin_set: PinSet, env: dict[str, Any]) -> list[str]:
         )
     elif pin_set.kind is SourceKind.WHEEL:
         limits.append("release wheels carry no upstream tests: only the probes ran on these pins")
-    if env.get("torch"):
-        t = env["torch"]
+    if env.torch:
+        t = env.torch
         limits.append(
             f"torch {t.get('version')} (cuda build {t.get('cuda')}, cuda available: "
-            f"{t.get('cuda_available')}) from {env.get('torch_index')}"
+            f"{t.get('cuda_available')}) from {env.torch_index}"
         )
     return limits
 
 
-def _write_bundle(exp: Experiment, receipt: dict[str, Any], staging: Path, final: Path) -> RunResult:
+def _write_bundle(exp: Experiment, record: Receipt, staging: Path, final: Path) -> RunResult:
+    receipt = record.to_json()
     digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=verify_on_write)
     return RunResult(final, receipt, digest)
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from kvprobe import __version__
 from kvprobe.checks import probes, upstream
 from kvprobe.files import write_json
+from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import EnvInfo, Experiment, ModelPin, PinSet, ProbeCheck, Side, SourceKind
 from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
 from kvprobe.progress import Reporter
@@ -36,23 +37,14 @@ def environment(
     opts: EnvOptions,
     reporter: Reporter,
     held: contextlib.ExitStack | None = None,
-) -> tuple[dict[str, Any], str, dict[str, str]]:
+) -> tuple[EnvRecord, str, dict[str, str]]:
     """The env both sides share (one lock), its python, and the variables pinned for checks."""
     if pin_set.kind is SourceKind.SYNTHETIC:
         import hypothesis
 
+        packages = {"hypothesis": hypothesis.__version__, "kvprobe": __version__}
         return (
-            {
-                "key": "kvprobe-interpreter",
-                "python": platform.python_version(),
-                "profile": exp.profile,
-                "lock_name": None,
-                "lock_sha256": None,
-                "torch": None,
-                "torch_index": None,
-                "packages": {"hypothesis": hypothesis.__version__, "kvprobe": __version__},
-                "shared_by_sides": True,
-            },
+            EnvRecord("kvprobe-interpreter", platform.python_version(), exp.profile, None, None, packages, None, None),
             sys.executable,
             {},
         )
@@ -62,17 +54,16 @@ def environment(
     info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(
         profile, torch_index=opts.torch_index, hold=held
     )
-    env = {
-        "key": info.key,
-        "python": info.python,
-        "profile": profile.name,
-        "lock_name": info.lock_name,
-        "lock_sha256": info.lock_sha256,
-        "packages": dict(sorted(info.packages.items())),
-        "torch": info.build.get("torch"),
-        "torch_index": info.build.get("torch_index"),
-        "shared_by_sides": True,
-    }
+    env = EnvRecord(
+        key=info.key,
+        python=info.python,
+        profile=profile.name,
+        lock_name=info.lock_name,
+        lock_sha256=info.lock_sha256,
+        packages=dict(sorted(info.packages.items())),
+        torch=info.build.get("torch"),
+        torch_index=info.build.get("torch_index"),
+    )
     return env, str(info.path / "bin" / "python"), dict(profile.env)
 
 

@@ -30,6 +30,7 @@ from kvprobe.evidence import sweep as classify
 from kvprobe.evidence.bundle import file_ref, seal_bundle
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.files import write_atomic
+from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import Experiment, PinSet, SourceKind, WheelPin
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
@@ -225,7 +226,7 @@ def _receipt(
     serves: str | None,
     opts: SweepOptions,
     started: datetime,
-    env: dict[str, Any],
+    env: EnvRecord,
     env_vars: dict[str, str],
     units: list[dict[str, Any]],
     unserved: list[str],
@@ -251,7 +252,7 @@ def _receipt(
         "profile": {"name": profile, "serves": serves},
         "spec": opts.releases,
         "algorithm": classify.ALGORITHM,
-        "env": env,
+        "env": env.to_json(),
         "host": {
             "system": platform.system(),
             "machine": platform.machine(),

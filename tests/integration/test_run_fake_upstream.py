@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 
 from kvprobe import schema
 from kvprobe.cli import main
+from kvprobe.files import json_bytes
+from kvprobe.model.receipt import Receipt
+from kvprobe.model.records import Verdict
 from tests.fakeupstream import FakeUpstream, build_fake_upstream
 
 # Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
@@ -163,6 +167,7 @@ def test_run_reproduces_and_writes_a_checkable_bundle(world, cli, tmp_path):
     subprocess.run(["sha256sum", "-c", "--strict", "--quiet", "SHA256SUMS"], cwd=out, check=True)
     receipt = json.loads((out / "receipt.json").read_text())
     assert schema.errors(receipt, "kvprobe.receipt/1") == []
+    assert json_bytes(Receipt.from_json(receipt).to_json()) == (out / "receipt.json").read_bytes()
     fake = world["fake"]
     assert receipt["sides"]["base"]["source"]["commit"] == fake.base_sha
     assert receipt["sides"]["head"]["source"]["commit"] == fake.head_sha
@@ -300,8 +305,8 @@ def test_a_bundle_that_fails_its_own_verification_is_not_published(cli, tmp_path
 
     def lying_receipt(*args):  # a verdict the raw outputs do not support
         receipt = real(*args)
-        receipt["verdict"] = receipt["comparison"]["verdict"] = "not-reproduced"
-        return receipt
+        lie = Verdict.NOT_REPRODUCED
+        return replace(receipt, verdict=lie, comparison=replace(receipt.comparison, verdict=lie))
 
     monkeypatch.setattr(runner_mod, "_receipt", lying_receipt)
     out = tmp_path / "never"
