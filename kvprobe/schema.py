@@ -11,6 +11,7 @@ from kvprobe.errors import SchemaError
 from kvprobe.names import (
     EXPERIMENT_SCHEMA,
     GATES_RECEIPT_SCHEMA,
+    GATES_RECEIPT_SCHEMA_1,
     MANIFEST_SCHEMA,
     PROBE_OUTPUT_SCHEMA,
     RECEIPT_SCHEMA,
@@ -28,6 +29,7 @@ KNOWN = {
     MANIFEST_SCHEMA: "manifest.schema.json",
     PROBE_OUTPUT_SCHEMA: "probe-output.schema.json",
     GATES_RECEIPT_SCHEMA: "gates-receipt.schema.json",
+    GATES_RECEIPT_SCHEMA_1: "gates-receipt-1.schema.json",
     SWEEP_RECEIPT_SCHEMA: "sweep-receipt.schema.json",
     # Third-party formats `kvprobe report` writes (schemas/vendor/README.md says where from).
     "openvex/0.2.0": "vendor/openvex-0.2.0.schema.json",

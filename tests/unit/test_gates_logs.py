@@ -502,7 +502,7 @@ def test_cli_writes_a_receipt_and_exits_1_on_the_incident_pool(tmp_path):
     doc = json.loads(result.stdout)
     assert [g["status"] for g in doc["gates"]] == ["fail", "unknown", "fail", "unknown"]
     receipt = json.loads((out / "receipt.json").read_text())
-    assert receipt["schema"] == "kvprobe.gates-receipt/1" and receipt["layer"] == "deployment"
+    assert receipt["schema"] == "kvprobe.gates-receipt/2" and receipt["layer"] == "deployment"
     assert receipt["workers"][0]["pools"][0]["pool_tokens"] == INCIDENT_POOL
     assert receipt["inputs"]["logs"][1]["role_flag"] == "decode"
     assert (out / "manifest.json").is_file() and (out / "SHA256SUMS").is_file()
@@ -528,6 +528,50 @@ def test_gates_bundle_verifies_and_a_forged_gate_fails(tmp_path):
     forged = CliRunner().invoke(main, ["verify", str(out), "--json"], catch_exceptions=False)
     assert forged.exit_code == 1
     assert "forged-verdict" in forged.stdout and "gate 1" in forged.stdout
+
+
+def _gates_bundle(tmp_path: Path) -> Path:
+    tmp_path.mkdir(exist_ok=True)
+    p = write(tmp_path, "prefill.log", startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
+    out = tmp_path / "bundle"
+    CliRunner().invoke(main, ["gates", "--log", str(p), "--out", str(out)], catch_exceptions=False)
+    return out
+
+
+def _rewrite_receipt(bundle: Path, change) -> str:
+    """Change the receipt, re-hash the bundle, and return `kvprobe verify`'s outcome."""
+    from kvprobe.evidence import manifest
+
+    receipt = json.loads((bundle / "receipt.json").read_text())
+    change(receipt)
+    (bundle / "receipt.json").write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n")
+    manifest.write(bundle)
+    result = CliRunner().invoke(main, ["verify", str(bundle), "--json"], catch_exceptions=False)
+    return json.loads(result.stdout)["outcome"]
+
+
+def _as_first_shape(receipt: dict) -> None:
+    """A receipt as kvprobe first wrote /1: inputs by (absolute) path, no redacted_keys."""
+    receipt["schema"] = "kvprobe.gates-receipt/1"
+    for entry in receipt["inputs"]["logs"]:
+        entry["path"] = "/var/log/sglang/" + entry.pop("name")
+        del entry["redacted_keys"]
+
+
+def test_gates_receipts_of_schema_1_verify_by_their_own_schema(tmp_path):
+    first = _gates_bundle(tmp_path / "first")
+    assert _rewrite_receipt(first, _as_first_shape) == "verified"
+    # /1 receipts written after inputs went by name, before the id was bumped
+    later = _gates_bundle(tmp_path / "later")
+    assert _rewrite_receipt(later, lambda r: r.update(schema="kvprobe.gates-receipt/1")) == "verified"
+
+
+def test_a_gates_receipt_of_schema_2_must_have_the_second_shape(tmp_path):
+    def path_shape_as_2(receipt: dict) -> None:
+        _as_first_shape(receipt)
+        receipt["schema"] = "kvprobe.gates-receipt/2"
+
+    assert _rewrite_receipt(_gates_bundle(tmp_path), path_shape_as_2) == "failed"
 
 
 def test_cli_exits_3_when_nothing_failed_but_something_is_unknown(tmp_path):
