@@ -7,6 +7,8 @@ are VerificationFailed subclasses (exit 1), except NotABundle (exit 2: not a bun
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from kvprobe.errors import UsageError, VerificationFailed
 
 
@@ -29,6 +31,15 @@ class BundleDefect(VerificationFailed):
         return {"code": self.code, "step": self.step, "path": self.path, "detail": self.detail}
 
 
+_Step = TypeVar("_Step", bound=BundleDefect)
+
+
+def _kind(name: str, step: type[_Step], code: str) -> type[_Step]:
+    """One row of the tables below: a defect kind is its step's class with a stable code;
+    ``isinstance`` and ``except`` see it as a class of its own."""
+    return type(name, (step,), {"code": code, "__module__": __name__, "__qualname__": name})
+
+
 # --- step 1: layout ----------------------------------------------------------------------
 
 
@@ -36,72 +47,26 @@ class LayoutDefect(BundleDefect):
     step = 1
 
 
-class MissingRequired(LayoutDefect):
-    code = "missing-required"
-
-
-class SymlinkEntry(LayoutDefect):
-    code = "symlink"
-
-
-class SpecialFile(LayoutDefect):
-    """A FIFO, device or socket: never opened."""
-
-    code = "special-file"
-
-
-class BadName(LayoutDefect):
-    """Non-UTF-8, non-canonical, '.', '..', absolute or over-long names."""
-
-    code = "bad-name"
-
-
-class NameCollision(LayoutDefect):
-    """Two names equal after case folding or Unicode (NFC) normalisation."""
-
-    code = "name-collision"
-
-
-class UnreadableEntry(LayoutDefect):
-    """A directory the verifier cannot open (permissions, or it changed while scanned)."""
-
-    code = "unreadable-entry"
-
-
-class TooManyFiles(LayoutDefect):
-    code = "too-many-files"
-
-
-class FileTooLarge(LayoutDefect):
-    code = "file-too-large"
-
-
-class BundleTooLarge(LayoutDefect):
-    code = "bundle-too-large"
-
-
-class ArchiveLinkMember(LayoutDefect):
-    code = "archive-link-member"
-
-
-class ArchiveSpecialMember(LayoutDefect):
-    code = "archive-special-member"
-
-
-class ArchiveTraversal(LayoutDefect):
-    """An absolute member name or one with '..' components."""
-
-    code = "archive-traversal"
-
-
-class ArchiveDuplicateMember(LayoutDefect):
-    code = "archive-duplicate-member"
-
-
-class ArchiveHeaderTooLarge(LayoutDefect):
-    """A PAX or GNU long-name header (or a sparse map) larger than any bundle needs: never read."""
-
-    code = "archive-header-too-large"
+MissingRequired = _kind("MissingRequired", LayoutDefect, "missing-required")
+SymlinkEntry = _kind("SymlinkEntry", LayoutDefect, "symlink")
+# A FIFO, device or socket: never opened.
+SpecialFile = _kind("SpecialFile", LayoutDefect, "special-file")
+# Non-UTF-8, non-canonical, '.', '..', absolute or over-long names.
+BadName = _kind("BadName", LayoutDefect, "bad-name")
+# Two names equal after case folding or Unicode (NFC) normalisation.
+NameCollision = _kind("NameCollision", LayoutDefect, "name-collision")
+# A directory the verifier cannot open (permissions, or it changed while scanned).
+UnreadableEntry = _kind("UnreadableEntry", LayoutDefect, "unreadable-entry")
+TooManyFiles = _kind("TooManyFiles", LayoutDefect, "too-many-files")
+FileTooLarge = _kind("FileTooLarge", LayoutDefect, "file-too-large")
+BundleTooLarge = _kind("BundleTooLarge", LayoutDefect, "bundle-too-large")
+ArchiveLinkMember = _kind("ArchiveLinkMember", LayoutDefect, "archive-link-member")
+ArchiveSpecialMember = _kind("ArchiveSpecialMember", LayoutDefect, "archive-special-member")
+# An absolute member name or one with '..' components.
+ArchiveTraversal = _kind("ArchiveTraversal", LayoutDefect, "archive-traversal")
+ArchiveDuplicateMember = _kind("ArchiveDuplicateMember", LayoutDefect, "archive-duplicate-member")
+# A PAX or GNU long-name header (or a sparse map) larger than any bundle needs: never read.
+ArchiveHeaderTooLarge = _kind("ArchiveHeaderTooLarge", LayoutDefect, "archive-header-too-large")
 
 
 # --- step 2: JSON ------------------------------------------------------------------------
@@ -111,48 +76,18 @@ class JsonDefect(BundleDefect):
     step = 2
 
 
-class JsonNotUtf8(JsonDefect):
-    code = "json-not-utf8"
-
-
-class JsonMalformed(JsonDefect):
-    code = "json-malformed"
-
-
-class JsonDuplicateKey(JsonDefect):
-    code = "json-duplicate-key"
-
-
-class JsonNonFinite(JsonDefect):
-    """NaN, Infinity or -Infinity: not JSON."""
-
-    code = "json-non-finite"
-
-
-class JsonTooLarge(JsonDefect):
-    code = "json-too-large"
-
-
-class JsonTooDeep(JsonDefect):
-    code = "json-too-deep"
-
-
-class UnknownSchemaVersion(JsonDefect):
-    code = "schema-unknown-version"
-
-
-class SchemaViolation(JsonDefect):
-    code = "schema-violation"
-
-
-class TomlMalformed(JsonDefect):
-    code = "toml-malformed"
-
-
-class Unreadable(JsonDefect):
-    """A document the verifier needs is missing or not a regular file."""
-
-    code = "unreadable"
+JsonNotUtf8 = _kind("JsonNotUtf8", JsonDefect, "json-not-utf8")
+JsonMalformed = _kind("JsonMalformed", JsonDefect, "json-malformed")
+JsonDuplicateKey = _kind("JsonDuplicateKey", JsonDefect, "json-duplicate-key")
+# NaN, Infinity or -Infinity: not JSON.
+JsonNonFinite = _kind("JsonNonFinite", JsonDefect, "json-non-finite")
+JsonTooLarge = _kind("JsonTooLarge", JsonDefect, "json-too-large")
+JsonTooDeep = _kind("JsonTooDeep", JsonDefect, "json-too-deep")
+UnknownSchemaVersion = _kind("UnknownSchemaVersion", JsonDefect, "schema-unknown-version")
+SchemaViolation = _kind("SchemaViolation", JsonDefect, "schema-violation")
+TomlMalformed = _kind("TomlMalformed", JsonDefect, "toml-malformed")
+# A document the verifier needs is missing or not a regular file.
+Unreadable = _kind("Unreadable", JsonDefect, "unreadable")
 
 
 # --- step 3: integrity -------------------------------------------------------------------
@@ -162,78 +97,27 @@ class IntegrityDefect(BundleDefect):
     step = 3
 
 
-class MissingFile(IntegrityDefect):
-    code = "missing-file"
-
-
-class NotRegular(IntegrityDefect):
-    code = "not-regular"
-
-
-class SizeMismatch(IntegrityDefect):
-    code = "size-mismatch"
-
-
-class OversizedClaim(IntegrityDefect):
-    """The manifest claims a size over the cap: refused before any byte is hashed."""
-
-    code = "oversized-claim"
-
-
-class FileDigestMismatch(IntegrityDefect):
-    code = "digest-mismatch"
-
-
-class UnlistedFile(IntegrityDefect):
-    code = "unlisted-file"
-
-
-class UnsafePath(IntegrityDefect):
-    """A listed or cited path that is absolute, has '..' or is not canonical."""
-
-    code = "unsafe-path"
-
-
-class DuplicateEntry(IntegrityDefect):
-    code = "duplicate-entry"
-
-
-class ReservedEntry(IntegrityDefect):
-    """manifest.json or SHA256SUMS listed inside the manifest itself."""
-
-    code = "reserved-entry"
-
-
-class ManifestNotCanonical(IntegrityDefect):
-    code = "manifest-not-canonical"
-
-
-class SumsMismatch(IntegrityDefect):
-    """SHA256SUMS and manifest.json disagree on the set of files or a digest."""
-
-    code = "sums-mismatch"
-
-
-class SumsMalformed(IntegrityDefect):
-    code = "sums-malformed"
-
-
-class SumsBsdStyle(IntegrityDefect):
-    code = "sums-bsd-style"
-
-
-class SumsUppercaseHex(IntegrityDefect):
-    code = "sums-uppercase-hex"
-
-
-class SumsCrlf(IntegrityDefect):
-    code = "sums-crlf"
-
-
-class SumsNotCanonical(IntegrityDefect):
-    """Parsable but not byte-identical to the writer's render (order, '*', no final LF)."""
-
-    code = "sums-not-canonical"
+MissingFile = _kind("MissingFile", IntegrityDefect, "missing-file")
+NotRegular = _kind("NotRegular", IntegrityDefect, "not-regular")
+SizeMismatch = _kind("SizeMismatch", IntegrityDefect, "size-mismatch")
+# The manifest claims a size over the cap: refused before any byte is hashed.
+OversizedClaim = _kind("OversizedClaim", IntegrityDefect, "oversized-claim")
+FileDigestMismatch = _kind("FileDigestMismatch", IntegrityDefect, "digest-mismatch")
+UnlistedFile = _kind("UnlistedFile", IntegrityDefect, "unlisted-file")
+# A listed or cited path that is absolute, has '..' or is not canonical.
+UnsafePath = _kind("UnsafePath", IntegrityDefect, "unsafe-path")
+DuplicateEntry = _kind("DuplicateEntry", IntegrityDefect, "duplicate-entry")
+# manifest.json or SHA256SUMS listed inside the manifest itself.
+ReservedEntry = _kind("ReservedEntry", IntegrityDefect, "reserved-entry")
+ManifestNotCanonical = _kind("ManifestNotCanonical", IntegrityDefect, "manifest-not-canonical")
+# SHA256SUMS and manifest.json disagree on the set of files or a digest.
+SumsMismatch = _kind("SumsMismatch", IntegrityDefect, "sums-mismatch")
+SumsMalformed = _kind("SumsMalformed", IntegrityDefect, "sums-malformed")
+SumsBsdStyle = _kind("SumsBsdStyle", IntegrityDefect, "sums-bsd-style")
+SumsUppercaseHex = _kind("SumsUppercaseHex", IntegrityDefect, "sums-uppercase-hex")
+SumsCrlf = _kind("SumsCrlf", IntegrityDefect, "sums-crlf")
+# Parsable but not byte-identical to the writer's render (order, '*', no final LF).
+SumsNotCanonical = _kind("SumsNotCanonical", IntegrityDefect, "sums-not-canonical")
 
 
 # --- step 4: consistency -----------------------------------------------------------------
@@ -243,95 +127,43 @@ class ConsistencyDefect(BundleDefect):
     step = 4
 
 
-class CitationNotInManifest(ConsistencyDefect):
-    code = "citation-not-in-manifest"
-
-
-class CitationDigestMismatch(ConsistencyDefect):
-    code = "citation-digest-mismatch"
-
-
-class CitationMisplaced(ConsistencyDefect):
-    """A cited raw output that is not where its side and check put it."""
-
-    code = "citation-misplaced"
-
-
-class RawInvalid(ConsistencyDefect):
-    """A raw output that is not what the receipt says it is (side, probe, path, schema)."""
-
-    code = "raw-invalid"
-
-
-class RecordMismatch(ConsistencyDefect):
-    """The receipt's per-check record disagrees with its raw output."""
-
-    code = "record-mismatch"
-
-
-class ForgedVerdict(ConsistencyDefect):
-    code = "forged-verdict"
-
-
-class ComparisonMismatch(ConsistencyDefect):
-    code = "comparison-mismatch"
-
-
-class RecomputeFailed(ConsistencyDefect):
-    code = "recompute-failed"
-
-
-class ComparisonAlgorithmUnknown(ConsistencyDefect):
-    code = "comparison-algorithm-unknown"
-
-
-class ExpectationsMismatch(ConsistencyDefect):
-    code = "expectations-mismatch"
-
-
-class ExperimentDigestMismatch(ConsistencyDefect):
-    code = "experiment-digest-mismatch"
-
-
-class ExperimentMismatch(ConsistencyDefect):
-    """The receipt's experiment block disagrees with the bundled experiment.toml."""
-
-    code = "experiment-mismatch"
-
-
-class BadPin(ConsistencyDefect):
-    code = "bad-pin"
-
-
-class PinMismatch(ConsistencyDefect):
-    code = "pin-mismatch"
-
-
-class RunIdMismatch(ConsistencyDefect):
-    code = "run-id-mismatch"
-
-
-class ReadmeMismatch(ConsistencyDefect):
-    """README.md (what a reviewer reads first) is not the one kvprobe renders from the receipt."""
-
-    code = "readme-mismatch"
+CitationNotInManifest = _kind("CitationNotInManifest", ConsistencyDefect, "citation-not-in-manifest")
+CitationDigestMismatch = _kind("CitationDigestMismatch", ConsistencyDefect, "citation-digest-mismatch")
+# A cited raw output that is not where its side and check put it.
+CitationMisplaced = _kind("CitationMisplaced", ConsistencyDefect, "citation-misplaced")
+# A raw output that is not what the receipt says it is (side, probe, path, schema).
+RawInvalid = _kind("RawInvalid", ConsistencyDefect, "raw-invalid")
+# The receipt's per-check record disagrees with its raw output.
+RecordMismatch = _kind("RecordMismatch", ConsistencyDefect, "record-mismatch")
+ForgedVerdict = _kind("ForgedVerdict", ConsistencyDefect, "forged-verdict")
+ComparisonMismatch = _kind("ComparisonMismatch", ConsistencyDefect, "comparison-mismatch")
+RecomputeFailed = _kind("RecomputeFailed", ConsistencyDefect, "recompute-failed")
+ComparisonAlgorithmUnknown = _kind("ComparisonAlgorithmUnknown", ConsistencyDefect, "comparison-algorithm-unknown")
+ExpectationsMismatch = _kind("ExpectationsMismatch", ConsistencyDefect, "expectations-mismatch")
+ExperimentDigestMismatch = _kind("ExperimentDigestMismatch", ConsistencyDefect, "experiment-digest-mismatch")
+# The receipt's experiment block disagrees with the bundled experiment.toml.
+ExperimentMismatch = _kind("ExperimentMismatch", ConsistencyDefect, "experiment-mismatch")
+BadPin = _kind("BadPin", ConsistencyDefect, "bad-pin")
+PinMismatch = _kind("PinMismatch", ConsistencyDefect, "pin-mismatch")
+RunIdMismatch = _kind("RunIdMismatch", ConsistencyDefect, "run-id-mismatch")
+# README.md (what a reviewer reads first) is not the one kvprobe renders from the receipt.
+ReadmeMismatch = _kind("ReadmeMismatch", ConsistencyDefect, "readme-mismatch")
 
 
 # --- step 5: authenticity, step 6: rerun -------------------------------------------------
 
 
-class ManifestDigestMismatch(BundleDefect):
+class AuthenticityDefect(BundleDefect):
     step = 5
-    code = "manifest-digest-mismatch"
 
 
-class DiffersFromInstalled(BundleDefect):
-    """A bundled file of an experiment kvprobe ships that is not the installed copy's."""
-
-    step = 5
-    code = "differs-from-installed"
+ManifestDigestMismatch = _kind("ManifestDigestMismatch", AuthenticityDefect, "manifest-digest-mismatch")
+# A bundled file of an experiment kvprobe ships that is not the installed copy's.
+DiffersFromInstalled = _kind("DiffersFromInstalled", AuthenticityDefect, "differs-from-installed")
 
 
 class RerunDiffers(BundleDefect):
+    """Step 6's one kind (a class, so rerun annotates with it)."""
+
     step = 6
     code = "rerun-differs"
