@@ -53,7 +53,9 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Entry:
+class ScannedPath:
+    """A path the scan saw: what it is (never followed) and its size when a regular file."""
+
     rel: str
     kind: str  # file | dir | symlink | fifo | socket | device | other
     size: int
@@ -61,12 +63,12 @@ class Entry:
 
 @dataclass
 class Scan:
-    entries: dict[str, Entry] = field(default_factory=dict)
+    entries: dict[str, ScannedPath] = field(default_factory=dict)
     defects: list[BundleDefect] = field(default_factory=list)
     complete: bool = True  # every entry was seen (integrity needs this)
     stopped: bool = False  # a cap was hit: scanning stopped early
 
-    def files(self) -> dict[str, Entry]:
+    def files(self) -> dict[str, ScannedPath]:
         return {rel: e for rel, e in self.entries.items() if e.kind == "file"}
 
 
@@ -204,7 +206,7 @@ class Tree:
                 )
                 result.complete, result.stopped = False, True
                 return total
-            entry = Entry(rel, kind_of(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0)
+            entry = ScannedPath(rel, kind_of(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0)
             result.entries[rel] = entry
             total = self._check_entry(entry, name, result, limits, total)
             if entry.kind == "dir":
@@ -216,7 +218,7 @@ class Tree:
         return total
 
     @staticmethod
-    def _check_entry(entry: Entry, name: str, result: Scan, limits: Limits, total: int) -> int:
+    def _check_entry(entry: ScannedPath, name: str, result: Scan, limits: Limits, total: int) -> int:
         shown = display(entry.rel)
         problem = name_problem(name, limits) or (
             "path too long or too deep" if path_problem(entry.rel, limits) else None

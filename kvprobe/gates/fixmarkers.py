@@ -104,7 +104,7 @@ MARKERS: tuple[Marker, ...] = (
 )
 
 
-class Tree:
+class CodeTree:
     """Read-only view of an SGLang tree (the directory holding ``sglang/``), files cached."""
 
     def __init__(self, root: Path) -> None:
@@ -142,7 +142,7 @@ def _squash(text: str) -> str:
     return text
 
 
-def find(tree: Tree, marker: Marker) -> Finding:
+def find(tree: CodeTree, marker: Marker) -> Finding:
     """Present, absent (anchor there, marker not) or unknown (anchor not recognisable)."""
     anchor_file, anchor_text = marker.anchor
     if not tree.has(anchor_file, anchor_text):
@@ -160,7 +160,7 @@ def find(tree: Tree, marker: Marker) -> Finding:
     return Finding(marker, Presence.PRESENT, "found " + "; ".join(found))
 
 
-def find_all(tree: Tree, gate: int | None = None) -> list[Finding]:
+def find_all(tree: CodeTree, gate: int | None = None) -> list[Finding]:
     return [find(tree, m) for m in MARKERS if gate is None or m.gate == gate]
 
 
@@ -183,7 +183,7 @@ class CodeSettings:
 _ENV_DEFAULT_RE = re.compile(r"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE = EnvBool\((True|False)\)")
 
 
-def code_settings(tree: Tree) -> CodeSettings:
+def code_settings(tree: CodeTree) -> CodeSettings:
     flag_files = tree.files_containing("sglang/srt/arg_groups", "disaggregation_enable_kv_checksum:") + (
         ["sglang/srt/server_args.py"]
         if tree.has("sglang/srt/server_args.py", "disaggregation_enable_kv_checksum:")

@@ -34,7 +34,7 @@ from kvprobe.evidence.bundle import host_facts, seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.admission import run_gate2
-from kvprobe.gates.fixmarkers import CodeSettings, Finding, Tree, code_settings
+from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Finding, code_settings
 from kvprobe.gates.gate import Gate, GateOptions
 from kvprobe.gates.inputs import InputFile, read_logs, read_server_args
 from kvprobe.gates.pool import gate1, main_kv
@@ -99,7 +99,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
     try:
         clock = time.monotonic()
         target = resolve_target(opts.sglang, work, opts.cache_root, reporter) if opts.sglang else None
-        tree = Tree(target.code_root) if target else None
+        tree = CodeTree(target.code_root) if target else None
         code = code_settings(tree) if tree else None
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvprobe.evidence.gate_status import Status, combine
 from kvprobe.gates import serverlog
-from kvprobe.gates.fixmarkers import CodeSettings, Presence, Tree, find_all
+from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Presence, find_all
 from kvprobe.gates.gate import Check, Gate
 from kvprobe.gates.inputs import InputFile
 
@@ -45,7 +45,7 @@ def collect_sources(
     return Sources(args, by_role, unassigned)
 
 
-def marker_checks(tree: Tree | None, gate: int, findings_out: list) -> list[Check]:
+def marker_checks(tree: CodeTree | None, gate: int, findings_out: list) -> list[Check]:
     from kvprobe.gates.fixmarkers import MARKERS
 
     if tree is None:
@@ -157,7 +157,7 @@ def worker_args(role: str, sources: Sources) -> list[tuple[serverlog.ServerArgs,
     return merged
 
 
-def gate3(sources: Sources, tree: Tree | None, code: CodeSettings | None, findings: list) -> Gate:
+def gate3(sources: Sources, tree: CodeTree | None, code: CodeSettings | None, findings: list) -> Gate:
     checks = marker_checks(tree, 3, findings)
     per_role = {}
     for role in ("prefill", "decode"):
@@ -218,7 +218,7 @@ def deferred_state(args: serverlog.ServerArgs, code: CodeSettings | None) -> tup
     return Status.PASS, f"on, backend {backend!r} supports it"
 
 
-def gate4(sources: Sources, tree: Tree | None, code: CodeSettings | None, findings: list) -> Gate:
+def gate4(sources: Sources, tree: CodeTree | None, code: CodeSettings | None, findings: list) -> Gate:
     checks = marker_checks(tree, 4, findings)
     for role in ("prefill", "decode"):
         status, detail, evidence = _role_args_state(role, sources, lambda a: deferred_state(a, code))

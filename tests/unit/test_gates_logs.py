@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from kvprobe.cli import main
 from kvprobe.evidence.gate_status import Status
 from kvprobe.gates import pool, serverlog, settings
-from kvprobe.gates.fixmarkers import MARKERS, Presence, Tree, code_settings, find, find_all
+from kvprobe.gates.fixmarkers import MARKERS, CodeTree, Presence, code_settings, find, find_all
 
 GLM_CONTEXT = 1_048_576
 INCIDENT_POOL = 681_280
@@ -347,8 +347,8 @@ def fake_tree(root: Path, *, fixed: bool, deferred_backends=("mooncake", "nixl")
 
 
 def test_markers_absent_before_present_after(tmp_path):
-    before = Tree(fake_tree(tmp_path / "before", fixed=False))
-    after = Tree(fake_tree(tmp_path / "after", fixed=True))
+    before = CodeTree(fake_tree(tmp_path / "before", fixed=False))
+    after = CodeTree(fake_tree(tmp_path / "after", fixed=True))
     assert {f.marker.pr: f.presence for f in find_all(before)} == {m.pr: Presence.ABSENT for m in MARKERS}
     assert {f.marker.pr: f.presence for f in find_all(after)} == {m.pr: Presence.PRESENT for m in MARKERS}
     assert {m.pr for m in MARKERS} == {39500, 40645, 41402, 41404, 41023}
@@ -363,19 +363,19 @@ def test_a_marker_survives_reformatting_and_an_unrecognisable_tree_is_unknown(tm
         )
     )
     marker = next(m for m in MARKERS if m.pr == 41404)
-    assert find(Tree(root), marker).presence is Presence.PRESENT
+    assert find(CodeTree(root), marker).presence is Presence.PRESENT
     empty = tmp_path / "empty" / "sglang" / "srt"
     empty.mkdir(parents=True)
-    findings = find_all(Tree(empty.parent.parent))
+    findings = find_all(CodeTree(empty.parent.parent))
     assert all(f.presence is Presence.UNKNOWN for f in findings)
     assert "anchor" in findings[0].evidence
 
 
 def test_code_settings_read_from_the_tree(tmp_path):
-    before = code_settings(Tree(fake_tree(tmp_path / "b", fixed=False)))
+    before = code_settings(CodeTree(fake_tree(tmp_path / "b", fixed=False)))
     assert not before.has_checksum_flag and before.deferred_default is False
     assert not before.deferred_capability_flag
-    after = code_settings(Tree(fake_tree(tmp_path / "a", fixed=True, deferred_backends=("mooncake", "mori"))))
+    after = code_settings(CodeTree(fake_tree(tmp_path / "a", fixed=True, deferred_backends=("mooncake", "mori"))))
     assert after.has_checksum_flag and after.deferred_default is True
     assert after.deferred_backends == ("mooncake", "mori") and after.has_canary_flag
 
@@ -394,7 +394,7 @@ def sources_for(
 
 
 def test_gate_3_checksum_on_both_sides_passes_on_fixed_code(tmp_path):
-    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    tree = CodeTree(fake_tree(tmp_path / "t", fixed=True))
     on = {"disaggregation_enable_kv_checksum": True}
     src = sources_for(server_args_dict("0.5.22", "prefill", **on), server_args_dict("0.5.22", "decode", **on))
     gate = settings.gate3(src, tree, code_settings(tree), [])
@@ -402,7 +402,7 @@ def test_gate_3_checksum_on_both_sides_passes_on_fixed_code(tmp_path):
 
 
 def test_gate_3_fails_when_no_defence_is_active(tmp_path):
-    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    tree = CodeTree(fake_tree(tmp_path / "t", fixed=True))
     src = sources_for(server_args_dict("0.5.22", "prefill"), server_args_dict("0.5.22", "decode"))
     gate = settings.gate3(src, tree, code_settings(tree), [])
     assert gate.status is Status.FAIL
@@ -413,7 +413,7 @@ def test_gate_3_fails_when_no_defence_is_active(tmp_path):
 def test_gate_3_checksum_flag_missing_from_the_release_is_said_so(tmp_path):
     old = server_args_dict("0.5.20", "prefill")
     src = sources_for(old, server_args_dict("0.5.20", "decode"))
-    tree = Tree(fake_tree(tmp_path / "t", fixed=False))
+    tree = CodeTree(fake_tree(tmp_path / "t", fixed=False))
     gate = settings.gate3(src, tree, code_settings(tree), [])
     checksum = next(c for c in gate.checks if c.name == "prefill: KV checksum")
     assert "not present in this release" in checksum.detail
@@ -424,7 +424,7 @@ def test_gate_3_checksum_flag_missing_from_the_release_is_said_so(tmp_path):
 
 
 def test_gate_3_unsupported_device_does_not_count(tmp_path):
-    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    tree = CodeTree(fake_tree(tmp_path / "t", fixed=True))
     on = {"disaggregation_enable_kv_checksum": True, "device": "npu"}
     src = sources_for(server_args_dict("0.5.22", "prefill", **on), server_args_dict("0.5.22", "decode", **on))
     gate = settings.gate3(src, tree, code_settings(tree), [])
@@ -434,7 +434,7 @@ def test_gate_3_unsupported_device_does_not_count(tmp_path):
 
 
 def test_gate_3_canary_counts_only_when_the_log_shows_it(tmp_path):
-    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    tree = CodeTree(fake_tree(tmp_path / "t", fixed=True))
     args = {m: server_args_dict("0.5.22", m, kv_canary="log") for m in ("prefill", "decode")}
     shown = settings.gate3(
         sources_for(args["prefill"], args["decode"], canary=(True, True)), tree, code_settings(tree), []
@@ -448,7 +448,7 @@ def test_gate_3_canary_counts_only_when_the_log_shows_it(tmp_path):
 
 
 def test_gate_4_deferred_release(tmp_path):
-    tree = Tree(fake_tree(tmp_path / "t", fixed=True))
+    tree = CodeTree(fake_tree(tmp_path / "t", fixed=True))
     code = code_settings(tree)
     src = sources_for(server_args_dict("0.5.22", "prefill"), server_args_dict("0.5.22", "decode"))
     gate = settings.gate4(src, tree, code, [])
@@ -476,7 +476,7 @@ def test_gate_4_deferred_release(tmp_path):
     unsupported = settings.gate4(with_env("1", backend="ascend"), tree, code, [])
     assert unsupported.status is Status.FAIL
     assert "does not count" in next(c for c in unsupported.checks if c.name == "decode: deferred KV release").detail
-    old = Tree(fake_tree(tmp_path / "old", fixed=False))
+    old = CodeTree(fake_tree(tmp_path / "old", fixed=False))
     assert settings.gate4(with_env("1"), old, code_settings(old), []).status is Status.FAIL  # markers absent
 
 
