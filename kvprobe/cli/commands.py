@@ -455,31 +455,20 @@ def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
     from kvprobe.evidence.safetree import Limits
 
     defaults = Limits()
-    for option in (
-        click.option(
-            "--max-bytes",
-            type=click.IntRange(1),
-            default=defaults.max_total_bytes,
-            show_default=True,
-            help="Cap on the bundle's total bytes.",
-        ),
-        click.option(
-            "--max-file-bytes",
-            type=click.IntRange(1),
-            default=defaults.max_file_bytes,
-            show_default=True,
-            help="Cap on any one file's bytes.",
-        ),
-        click.option(
-            "--max-files",
-            type=click.IntRange(1),
-            default=defaults.max_files,
-            show_default=True,
-            help="Cap on the number of files and directories.",
-        ),
-    ):
+    for flag, field, text in _LIMIT_OPTIONS:
+        option = click.option(
+            flag, type=click.IntRange(1), default=getattr(defaults, field), show_default=True, help=text
+        )
         func = option(func)
     return func
+
+
+# (option, Limits field it sets, help): applied in this order, so --help lists them reversed
+_LIMIT_OPTIONS = (
+    ("--max-bytes", "max_total_bytes", "Cap on the bundle's total bytes."),
+    ("--max-file-bytes", "max_file_bytes", "Cap on any one file's bytes."),
+    ("--max-files", "max_files", "Cap on the number of files and directories."),
+)
 
 
 def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:

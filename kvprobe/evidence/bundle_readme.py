@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvprobe.names import SIDES
@@ -22,15 +23,26 @@ def _pins(receipt: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _case_state(case: dict[str, Any] | None) -> str:
+def case_state(
+    case: Mapping[str, Any] | None,
+    name: Callable[[str], str],
+    text: Callable[[str], str],
+    raised: Callable[[Mapping[str, Any]], str],
+) -> str:
+    """How far a probe case got on one side, for a Markdown table: ``name`` renders a missing
+    symbol, ``text`` a reason, ``raised`` a case that raised (each destination its own way)."""
     if case is None:
         return "not run"
     seen = case.get("observation", "observed")  # receipts before compare/4: every case observed
     if seen == "not-present":
-        return "not present (" + ", ".join(for_markdown(m) for m in case["missing"]) + ")"
+        return "not present (" + ", ".join(name(m) for m in case["missing"]) + ")"
     if seen != "observed":
-        return f"unobserved ({for_markdown(case['reason'])})"
-    return f"raised {case['error_type']}" if case["status"] == "raised" else "behaviour"
+        return f"unobserved ({text(case['reason'])})"
+    return raised(case) if case["status"] == "raised" else "behaviour"
+
+
+def _case_state(case: Mapping[str, Any] | None) -> str:
+    return case_state(case, for_markdown, for_markdown, lambda c: f"raised {c['error_type']}")
 
 
 def _cases(receipt: dict[str, Any]) -> list[str]:

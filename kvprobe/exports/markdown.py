@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kvprobe.evidence.bundle_readme import case_state
 from kvprobe.exports.bundle_view import (
     BundleView,
     counts_text,
@@ -64,18 +65,13 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
 
 
 def _case_outcome(case: Mapping[str, Any] | None) -> str:
-    if case is None:
-        return "not run"
-    seen = case.get("observation", "observed")  # receipts before compare/4: every case observed
-    if seen == "not-present":
-        return "not present (" + ", ".join(code_cell(m) for m in case["missing"]) + ")"
-    if seen != "observed":
-        return f"unobserved ({cell(case['reason'])})"
-    if case["status"] == "raised":
-        root = case.get("root_type")
-        extra = f" (root {code_cell(root)})" if root and root != case.get("error_type") else ""
-        return f"raised {code_cell(case.get('error_type') or 'an exception')}{extra}"
-    return "behaviour"
+    return case_state(case, code_cell, cell, _raised)
+
+
+def _raised(case: Mapping[str, Any]) -> str:
+    root = case.get("root_type")
+    extra = f" (root {code_cell(root)})" if root and root != case.get("error_type") else ""
+    return f"raised {code_cell(case.get('error_type') or 'an exception')}{extra}"
 
 
 def _check(row: Mapping[str, Any]) -> str:

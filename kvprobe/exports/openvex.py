@@ -142,15 +142,30 @@ def openvex(view: BundleView, *, author: str, issued: str, role: str | None = No
             }
             for side in SIDES
         ]
-    document = {
+    return document(
+        f"{exp['id']}:{view.manifest_sha256}",
+        f"a kvprobe {r['tool']['version']} receipt",
+        statements,
+        author,
+        issued,
+        role,
+    )
+
+
+def document(
+    name: str, made_from: str, statements: list[dict[str, Any]], author: str, issued: str, role: str | None
+) -> dict[str, Any]:
+    """The OpenVEX document around ``statements``: ``urn:kvprobe:openvex:<name>``, by
+    ``author`` (``role``), issued at ``issued``, and the kvprobe receipt it was ``made_from``."""
+    found: dict[str, Any] = {
         "@context": OPENVEX_CONTEXT,
-        "@id": f"urn:kvprobe:openvex:{exp['id']}:{view.manifest_sha256}",
+        "@id": f"urn:kvprobe:openvex:{name}",
         "author": author,
         "timestamp": issued,
         "version": 1,
-        "tooling": f"kvprobe {__version__} (report --format openvex) from a kvprobe {r['tool']['version']} receipt",
+        "tooling": f"kvprobe {__version__} (report --format openvex) from {made_from}",
         "statements": statements,
     }
     if role:
-        document["role"] = role
-    return document
+        found["role"] = role
+    return found

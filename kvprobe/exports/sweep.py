@@ -17,7 +17,7 @@ from kvprobe.evidence.sweep import AFFECTED, FIXED, MIXED
 from kvprobe.evidence.sweep_view import release_table, timeline_svg, unserved_line
 from kvprobe.exports.bundle_view import BundleView, oneline, prs_text, verify_command
 from kvprobe.exports.markdown import cell
-from kvprobe.exports.openvex import OPENVEX_CONTEXT, vulnerability
+from kvprobe.exports.openvex import document, vulnerability
 
 OSV_SCHEMA = "osv"  # a key of kvprobe.schema.KNOWN
 OSV_SCHEMA_VERSION = "1.6.0"
@@ -161,18 +161,8 @@ def openvex(view: BundleView, *, author: str, issued: str, role: str | None = No
         statements.append(statement)
     if not statements:
         raise UsageError("the sweep observed no release: there is nothing to state in OpenVEX")
-    document = {
-        "@context": OPENVEX_CONTEXT,
-        "@id": f"urn:kvprobe:openvex:{r['experiment']['id']}:sweep:{view.manifest_sha256}",
-        "author": author,
-        "timestamp": issued,
-        "version": 1,
-        "tooling": f"kvprobe {__version__} (report --format openvex) from a kvprobe {r['tool']['version']} sweep",
-        "statements": statements,
-    }
-    if role:
-        document["role"] = role
-    return document
+    name = f"{r['experiment']['id']}:sweep:{view.manifest_sha256}"
+    return document(name, f"a kvprobe {r['tool']['version']} sweep", statements, author, issued, role)
 
 
 def markdown(view: BundleView) -> str:
