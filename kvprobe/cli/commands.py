@@ -119,28 +119,21 @@ def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], None]
 def _common_params() -> list[click.Parameter]:
     """-q, -v and --debug: accepted before or after the subcommand."""
     return [
-        click.Option(
-            ["-q", "--quiet"],
-            count=True,
-            expose_value=False,
-            callback=_remember(_QUIET),
-            help="Less output: -q no progress, -qq no results either (errors and the exit code only).",
-        ),
-        click.Option(
-            ["-v", "--verbose"],
-            count=True,
-            expose_value=False,
-            callback=_remember(_VERBOSE),
-            help="More output: every row and every defect, not a summary.",
-        ),
-        click.Option(
-            ["--debug"],
-            is_flag=True,
-            expose_value=False,
-            callback=_remember(_DEBUG),
-            help="Show tracebacks for errors.",
-        ),
+        click.Option(list(names), expose_value=False, callback=_remember(key), help=text, **kind)
+        for names, key, kind, text in _COMMON_OPTIONS
     ]
+
+
+_COMMON_OPTIONS: tuple[tuple[tuple[str, ...], str, dict[str, bool], str], ...] = (
+    (
+        ("-q", "--quiet"),
+        _QUIET,
+        {"count": True},
+        "Less output: -q no progress, -qq no results either (errors and the exit code only).",
+    ),
+    (("-v", "--verbose"), _VERBOSE, {"count": True}, "More output: every row and every defect, not a summary."),
+    (("--debug",), _DEBUG, {"is_flag": True}, "Show tracebacks for errors."),
+)
 
 
 class _Command(click.Command):

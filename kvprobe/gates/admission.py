@@ -18,7 +18,7 @@ from kvprobe.model.records import Experiment, Side
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR
 from kvprobe.progress import Reporter
 from kvprobe.run import runner
-from kvprobe.run.side import CheckContext, environment, run_probe
+from kvprobe.run.side import CheckContext, CheckPaths, environment, run_probe
 
 
 def gate2_checks(exp: Experiment, docs: dict[str, Any], problems: list[str]) -> list[Check]:
@@ -106,19 +106,13 @@ def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> 
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
     scratch = ctx.work / "home" / exp.id
     scratch.mkdir(parents=True, exist_ok=True)
+    raw, logs = staging / RAW_DIR / "gate2" / exp.id, staging / LOGS_DIR / "gate2" / exp.id
+    paths = CheckPaths(Side.HEAD, [target.import_root], raw, logs, scratch)
     docs, problems, refs = {}, [], []
     for check in exp.probes:
         shutil.copy2(exp.directory / check.path, probe_dir / check.path)
         with reporter.step(f"gate 2: {exp.id} probe {check.name} against {target.spec}"):
-            ran = run_probe(
-                ctx,
-                Side.HEAD,
-                [target.import_root],
-                check,
-                staging / RAW_DIR / "gate2" / exp.id,
-                staging / LOGS_DIR / "gate2" / exp.id,
-                scratch,
-            )
+            ran = run_probe(ctx, paths, check)
         run = ran["run"]
         if run.ok:
             docs[check.name] = run.output

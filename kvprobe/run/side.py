@@ -11,7 +11,7 @@ import contextlib
 import json
 import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -80,37 +80,48 @@ class CheckContext:
     timeout_s: float
 
 
+@dataclass(frozen=True)
+class CheckPaths:
+    """Where one side's checks import from and write to: raw outputs, logs, a scratch home."""
+
+    side: Side
+    python_path: list[Path]
+    raw: Path
+    logs: Path
+    scratch: Path
+
+    def sub(self, kind: str) -> CheckPaths:
+        """The same, writing under ``raw/<kind>`` and ``logs/<kind>`` (tests, probes)."""
+        return replace(self, raw=self.raw / kind, logs=self.logs / kind)
+
+
 def run_side(
     ctx: CheckContext, side: Side, materialized: dict[str, Any], head_tests: dict[str, bytes], reporter: Reporter
 ) -> dict[str, Any]:
     tree = materialized["tree"]
-    python_path = [tree / p for p in ctx.pin_set.python_path]
     scratch = ctx.work / side.value / "home"
     scratch.mkdir(parents=True, exist_ok=True)
-    raw, logs = ctx.staging / RAW_DIR / side.value, ctx.staging / LOGS_DIR / side.value
+    paths = CheckPaths(
+        side,
+        [tree / p for p in ctx.pin_set.python_path],
+        ctx.staging / RAW_DIR / side.value,
+        ctx.staging / LOGS_DIR / side.value,
+        scratch,
+    )
     tests: list[dict[str, Any]] = []
     probe_runs: list[dict[str, Any]] = []
     with reporter.step(f"{side.value}: running checks"):
         for rel, data in head_tests.items():
             reporter.update(f"{side.value}: pytest {rel}")
-            tests.append(run_test(ctx, side, tree, python_path, rel, data, raw / "tests", logs / "tests", scratch))
+            tests.append(run_test(ctx, paths.sub("tests"), tree, rel, data))
         for check in ctx.exp.probes:
             reporter.update(f"{side.value}: probe {check.name}")
-            probe_runs.append(run_probe(ctx, side, python_path, check, raw / "probes", logs / "probes", scratch))
+            probe_runs.append(run_probe(ctx, paths.sub("probes"), check))
     return {"tests": tests, "probes": probe_runs}
 
 
-def run_test(
-    ctx: CheckContext,
-    side: Side,
-    tree: Path,
-    python_path: list[Path],
-    rel: str,
-    data: bytes,
-    raw_dir: Path,
-    log_dir: Path,
-    scratch: Path,
-) -> dict[str, Any]:
+def run_test(ctx: CheckContext, paths: CheckPaths, tree: Path, rel: str, data: bytes) -> dict[str, Any]:
+    raw_dir = paths.raw
     raw_dir.mkdir(parents=True, exist_ok=True)
     run = upstream.run_test_file(
         python=Path(ctx.python),
@@ -118,9 +129,9 @@ def run_test(
         rootdir_hint=None,
         test_rel=rel,
         head_test_bytes=data,
-        python_path=python_path,
+        python_path=paths.python_path,
         out_dir=raw_dir,
-        log_dir=log_dir,
+        log_dir=paths.logs,
         timeout_s=ctx.timeout_s,
         env_extra=ctx.env_vars,
     )
@@ -135,7 +146,7 @@ def run_test(
     doc = {
         "schema": TEST_RUN_SCHEMA,
         "path": rel,
-        "side": side.value,
+        "side": paths.side.value,
         "exit_code": run.exit_code,
         "timed_out": run.timed_out,
         "overlay": run.overlay,
@@ -154,31 +165,23 @@ def run_test(
     }
 
 
-def run_probe(
-    ctx: CheckContext,
-    side: Side,
-    python_path: list[Path],
-    check: ProbeCheck,
-    raw_dir: Path,
-    log_dir: Path,
-    scratch: Path,
-) -> dict[str, Any]:
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    out = raw_dir / f"{check.name}.json"
-    pin = ctx.pin_set.pin(side)
-    side_config: dict[str, Any] = {"side": side.value}
+def run_probe(ctx: CheckContext, paths: CheckPaths, check: ProbeCheck) -> dict[str, Any]:
+    paths.raw.mkdir(parents=True, exist_ok=True)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    out = paths.raw / f"{check.name}.json"
+    pin = ctx.pin_set.pin(paths.side)
+    side_config: dict[str, Any] = {"side": paths.side.value}
     if isinstance(pin, ModelPin):  # the synthetic pin set's sides are model switches
         side_config["switches"] = dict(pin.switches)
     run = probes.run_probe(
         python=ctx.python,
         probe_file=ctx.exp.directory / check.path,
-        python_path=python_path,
+        python_path=paths.python_path,
         out_json=out,
-        log_dir=log_dir,
+        log_dir=paths.logs,
         side_config=side_config,
         env_extra=ctx.env_vars,
-        scratch=scratch,
+        scratch=paths.scratch,
         timeout_s=ctx.timeout_s,
     )
     if not run.ok and out.exists():
