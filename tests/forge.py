@@ -298,6 +298,13 @@ def recite(root: Path, rel: str) -> None:
     edit_receipt(root, fix)
 
 
+def replace_cited(root: Path, rel: str, old: bytes, new: bytes) -> None:
+    """Edit a cited file's bytes and make the receipt (and the manifest) agree with the edit."""
+    path = root / rel
+    path.write_bytes(path.read_bytes().replace(old, new))
+    recite(root, rel)
+
+
 def write_manifest_doc(root: Path, doc: dict) -> None:
     (root / MANIFEST).write_bytes(manifest.render_manifest(doc))
     (root / SUMS).write_text(manifest.render_sums(doc), encoding="utf-8")

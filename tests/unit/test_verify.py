@@ -192,9 +192,7 @@ def test_duplicate_key(env):
 
 
 def test_nan_in_raw_output(env):
-    path = env["bundle"] / B
-    path.write_bytes(path.read_bytes().replace(b'"duration_s": 0.01', b'"duration_s": NaN'))
-    forge.recite(env["bundle"], B)
+    forge.replace_cited(env["bundle"], B, b'"duration_s": 0.01', b'"duration_s": NaN')
     doc = verify(env, env["bundle"], code=1)
     assert_defect(doc, "json-non-finite", B, step=2)
 
@@ -401,9 +399,7 @@ def test_citation_digest_mismatch(env):
 
 def test_expectations_differ_from_bundled_experiment(env):
     rel = f"probes/{forge.EXP_ID}/experiment.toml"
-    path = env["bundle"] / rel
-    path.write_bytes(path.read_bytes().replace(b"enqueued = false", b"enqueued = true"))
-    forge.recite(env["bundle"], rel)
+    forge.replace_cited(env["bundle"], rel, b"enqueued = false", b"enqueued = true")
     doc = verify(env, env["bundle"], code=1)
     assert_defect(doc, "expectations-mismatch", rel, step=4)
 
