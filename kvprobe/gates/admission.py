@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.evidence import compare
-from kvprobe.evidence.bundle import file_ref
+from kvprobe.evidence.bundle import cite
 from kvprobe.evidence.gate_status import Status
 from kvprobe.gates.gate import Check, Gate, GateOptions
 from kvprobe.gates.target import GATE_EXPERIMENTS, Target
+from kvprobe.model.gates_receipt import GateProbeRecord
 from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import Experiment, Side
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR
@@ -63,7 +64,7 @@ def gate2_checks(exp: Experiment, docs: dict[str, Any], problems: list[str]) -> 
 @dataclass
 class _ProbeOutcome:
     checks: list[Check]
-    refs: list[dict[str, Any]]
+    refs: list[GateProbeRecord]
 
 
 def run_gate2(
@@ -73,7 +74,7 @@ def run_gate2(
     work: Path,
     reporter: Reporter,
     held: contextlib.ExitStack | None = None,
-) -> tuple[Gate, list[dict[str, Any]], EnvRecord | None]:
+) -> tuple[Gate, list[GateProbeRecord], EnvRecord | None]:
     """Gate 2, the probe references for the receipt and the env block (None when nothing ran)."""
     title = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"
     if target is None:
@@ -86,7 +87,7 @@ def run_gate2(
 
     run_opts = runner.RunOptions(cache_root=opts.cache_root, torch_index=opts.torch_index)
     checks: list[Check] = []
-    refs: list[dict[str, Any]] = []
+    refs: list[GateProbeRecord] = []
     env: EnvRecord | None = None
     for exp in (experiment.load(i) for i in GATE_EXPERIMENTS):
         # any non-synthetic pin set: it only selects the experiment's dependency profile
@@ -108,7 +109,9 @@ def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> 
     scratch.mkdir(parents=True, exist_ok=True)
     raw, logs = staging / RAW_DIR / "gate2" / exp.id, staging / LOGS_DIR / "gate2" / exp.id
     paths = CheckPaths(Side.HEAD, [target.import_root], raw, logs, scratch)
-    docs, problems, refs = {}, [], []
+    docs: dict[str, Any] = {}
+    problems: list[str] = []
+    refs: list[GateProbeRecord] = []
     for check in exp.probes:
         shutil.copy2(exp.directory / check.path, probe_dir / check.path)
         with reporter.step(f"gate 2: {exp.id} probe {check.name} against {target.spec}"):
@@ -118,18 +121,19 @@ def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> 
             docs[check.name] = run.output
         else:
             problems.append(run.problem)
+        found = docs.get(check.name, {})
         refs.append(
-            {
-                "experiment": exp.id,
-                "name": check.name,
-                "source": file_ref(probe_dir / check.path, staging),
-                "raw": file_ref(ran["raw"], staging),
-                "exit_code": run.exit_code,
-                "problem": run.problem,
-                "duration_s": round(run.duration_s, 3),
+            GateProbeRecord(
+                experiment=exp.id,
+                name=check.name,
+                source=cite(probe_dir / check.path, staging),
+                raw=cite(ran["raw"], staging) if ran["raw"] is not None else None,
+                exit_code=run.exit_code,
+                problem=run.problem,
+                duration_s=round(run.duration_s, 3),
                 # what the probe set and what its mocks stood in for: the limits of its evidence
-                "configuration": docs.get(check.name, {}).get("configuration", []),
-                "absorbed": docs.get(check.name, {}).get("absorbed", []),
-            }
+                configuration=found.get("configuration", []),
+                absorbed=found.get("absorbed", []),
+            )
         )
     return _ProbeOutcome(gate2_checks(exp, docs, problems), refs)

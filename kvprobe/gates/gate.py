@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kvprobe.env.cache import default_cache_root
 from kvprobe.evidence.gate_status import Status, combine
+from kvprobe.model.gates_receipt import CheckRecord, GateRecord
 
 
 @dataclass(frozen=True)
@@ -18,14 +18,8 @@ class Check:
     evidence: str = "-"
     decides: bool = True
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status.value,
-            "detail": self.detail,
-            "evidence": self.evidence,
-            "decides": self.decides,
-        }
+    def record(self) -> CheckRecord:
+        return CheckRecord(self.name, self.status.value, self.detail, self.evidence, self.decides)
 
 
 @dataclass(frozen=True)
@@ -38,13 +32,8 @@ class Gate:
     def status(self) -> Status:
         return combine(c.status for c in self.checks if c.decides)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "title": self.title,
-            "status": self.status.value,
-            "checks": [c.to_json() for c in self.checks],
-        }
+    def record(self) -> GateRecord:
+        return GateRecord(self.number, self.title, self.status.value, tuple(c.record() for c in self.checks))
 
 
 @dataclass

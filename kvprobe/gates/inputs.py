@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvprobe import files
 from kvprobe.errors import UsageError
 from kvprobe.gates import serverlog
+from kvprobe.model.gates_receipt import InputRecord
 
 
 def split_role(spec: str, what: str) -> tuple[str | None, Path]:
@@ -35,16 +35,9 @@ class InputFile:
     sha256: str
     size: int
 
-    def to_json(self, role: str | None, redacted: frozenset[str] | set[str]) -> dict[str, Any]:
+    def record(self, role: str | None, redacted: frozenset[str] | set[str]) -> InputRecord:
         """Name and digest only: the operator's directory layout is not the bundle's business."""
-        return {
-            "name": self.path.name,
-            "role_flag": self.role_flag,
-            "role": role,
-            "sha256": self.sha256,
-            "size": self.size,
-            "redacted_keys": sorted(redacted),
-        }
+        return InputRecord(self.path.name, self.role_flag, role, self.sha256, self.size, tuple(sorted(redacted)))
 
 
 def _input(role: str | None, path: Path) -> InputFile:

@@ -40,7 +40,15 @@ from kvprobe.gates.inputs import InputFile, read_logs, read_server_args
 from kvprobe.gates.pool import gate1, main_kv
 from kvprobe.gates.settings import collect_sources, gate3, gate4
 from kvprobe.gates.target import Target, resolve_target
-from kvprobe.model.receipt import EnvRecord
+from kvprobe.model.gates_receipt import (
+    DeploymentScope,
+    GateProbeRecord,
+    GatesReceipt,
+    Inputs,
+    MarkerRecord,
+    TargetRecord,
+)
+from kvprobe.model.receipt import EnvRecord, Tool
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.run.runner import verify_on_write
@@ -75,7 +83,7 @@ class GatesRun:
     started: datetime
     gates: tuple[Gate, ...]
     findings: list[Finding]
-    probe_refs: list[dict[str, Any]]
+    probe_refs: list[GateProbeRecord]
     env: EnvRecord | None
     timings: dict[str, float]
 
@@ -109,9 +117,10 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         sources = collect_sources(worker_logs, files)
         findings: list = []
         gates = (gate1(worker_logs), gate2, gate3(sources, tree, code, findings), gate4(sources, tree, code, findings))
-        receipt = build_receipt(
+        record = build_receipt(
             GateInputs(logs, files, target, code), GatesRun(started, gates, findings, probe_refs, env, timings)
         )
+        receipt = record.to_json()
         readme = render_readme(receipt)
         digest = seal_bundle(receipt, GATES_RECEIPT_SCHEMA, readme, staging, final, check=verify_on_write)
         return GatesResult(final, receipt, digest)
@@ -132,78 +141,78 @@ def overall(gates: Iterable[Gate]) -> Status:
     return combine(g.status for g in gates)
 
 
-def build_receipt(inputs: GateInputs, run: GatesRun) -> dict[str, Any]:
-    logs, files, target, code = inputs.logs, inputs.files, inputs.target, inputs.code
-    started, gates, findings = run.started, run.gates, run.findings
-    verdict = overall(gates)
-    return {
-        "schema": GATES_RECEIPT_SCHEMA,
-        "tool": {"name": "kvprobe", "version": __version__},
-        "run_id": f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}",
-        "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "layer": "deployment",
-        "overall": verdict.value,
-        "exit_code": RECORDED_EXIT_CODE[verdict],
-        "gates": [g.to_json() for g in gates],
-        "inputs": {
-            "logs": [f.to_json(log.role, log.redacted) for f, log in logs],
-            "server_args": [f.to_json(role, args.redacted) for f, role, args in files],
-        },
-        "workers": [_worker_json(log) for _f, log in logs],
-        "target": None
-        if target is None
-        else {
-            "spec": target.spec if target.kind == "version" else Path(target.spec).name,
-            "kind": target.kind,
-            "identity": target.identity,
-            "markers": [
-                {
-                    "pr": f.marker.pr,
-                    "gate": f.marker.gate,
-                    "title": f.marker.title,
-                    "presence": f.presence.value,
-                    "evidence": f.evidence,
-                    "first_release": f.marker.first_release,
-                    "basis": f.marker.basis,
-                }
-                for f in findings
-            ],
-            "settings": None
-            if code is None
-            else {
-                "checksum_flag": code.has_checksum_flag,
-                "checksum_evidence": code.checksum_evidence,
-                "canary_flag": code.has_canary_flag,
-                "deferred_default": code.deferred_default,
-                "deferred_evidence": code.deferred_evidence,
-                "deferred_backends": list(code.deferred_backends) if code.deferred_capability_flag else None,
-            },
-        },
-        "probes": run.probe_refs,
-        "env": None if run.env is None else run.env.to_json(),
-        "host": host_facts(),
-        "evidence": {
-            "layer": "deployment",
-            "shows": (
-                "What this deployment's own startup logs, server arguments and SGLang code say about the "
-                "four acceptance gates, and how the experiment A/B probes behave on that code (CPU, mocked "
-                "transport)."
-            ),
-            "does_not_show": [
-                "that no cross-request KV exposure happened or can happen: nothing here serves a request",
-                "GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler",
-                "settings the process really ran with beyond what its log and the given files show "
-                "(environment variables are seen only when given)",
-            ],
-            "limits": [
-                f"host: {platform.system()} {platform.machine()}, CPU only",
-                "fix markers are code patterns measured on 0.5.19..0.5.22; a refactor may read as unknown",
-                "operator logs and argument files are not copied into the bundle: their sha256 and the "
-                "deciding lines are",
-            ],
-        },
-        "timings": {k: round(v, 3) for k, v in run.timings.items()},
-    }
+def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
+    logs, files, started = inputs.logs, inputs.files, run.started
+    verdict = overall(run.gates)
+    return GatesReceipt(
+        schema=GATES_RECEIPT_SCHEMA,
+        tool=Tool(__version__),
+        run_id=f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}",
+        created_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        layer="deployment",
+        overall=verdict.value,
+        exit_code=RECORDED_EXIT_CODE[verdict],
+        gates=tuple(g.record() for g in run.gates),
+        inputs=Inputs(
+            logs=tuple(f.record(log.role, log.redacted) for f, log in logs),
+            server_args=tuple(f.record(role, args.redacted) for f, role, args in files),
+        ),
+        workers=tuple(_worker_json(log) for _f, log in logs),
+        target=None if inputs.target is None else _target(inputs.target, inputs.code, run.findings),
+        probes=tuple(run.probe_refs),
+        env=run.env,
+        host=host_facts(),
+        evidence=_SCOPE,
+        timings={k: round(v, 3) for k, v in run.timings.items()},
+    )
+
+
+def _target(target: Target, code: CodeSettings | None, findings: list[Finding]) -> TargetRecord:
+    markers = tuple(
+        MarkerRecord(
+            f.marker.pr,
+            f.marker.gate,
+            f.marker.title,
+            f.presence.value,
+            f.evidence,
+            f.marker.first_release,
+            f.marker.basis,
+        )
+        for f in findings
+    )
+    settings = None
+    if code is not None:
+        settings = {
+            "checksum_flag": code.has_checksum_flag,
+            "checksum_evidence": code.checksum_evidence,
+            "canary_flag": code.has_canary_flag,
+            "deferred_default": code.deferred_default,
+            "deferred_evidence": code.deferred_evidence,
+            "deferred_backends": list(code.deferred_backends) if code.deferred_capability_flag else None,
+        }
+    spec = target.spec if target.kind == "version" else Path(target.spec).name
+    return TargetRecord(spec, target.kind, target.identity, markers, settings)
+
+
+_SCOPE = DeploymentScope(
+    layer="deployment",
+    shows=(
+        "What this deployment's own startup logs, server arguments and SGLang code say about the "
+        "four acceptance gates, and how the experiment A/B probes behave on that code (CPU, mocked "
+        "transport)."
+    ),
+    does_not_show=(
+        "that no cross-request KV exposure happened or can happen: nothing here serves a request",
+        "GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler",
+        "settings the process really ran with beyond what its log and the given files show "
+        "(environment variables are seen only when given)",
+    ),
+    limits=(
+        f"host: {platform.system()} {platform.machine()}, CPU only",
+        "fix markers are code patterns measured on 0.5.19..0.5.22; a refactor may read as unknown",
+        "operator logs and argument files are not copied into the bundle: their sha256 and the deciding lines are",
+    ),
+)
 
 
 def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:

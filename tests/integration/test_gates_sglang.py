@@ -18,6 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
+from kvprobe.files import json_bytes
+from kvprobe.model.gates_receipt import GatesReceipt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_gates_logs import GLM_CONTEXT, RAISED_POOL, server_args_dict, startup_log
@@ -74,6 +76,7 @@ def test_gates_pass_on_0_5_22(tmp_path):
         "prefill_result_cleanup": None,
     }
     assert receipt["target"]["identity"]["version"] == "0.5.22"
+    assert json_bytes(GatesReceipt.from_json(receipt).to_json()) == (bundle / "receipt.json").read_bytes()
 
 
 def test_gates_fail_gate_2_on_0_5_20_door_fix_absent(tmp_path):

@@ -17,8 +17,10 @@ from click.testing import CliRunner
 
 from kvprobe.cli import main
 from kvprobe.evidence.gate_status import Status
+from kvprobe.files import json_bytes
 from kvprobe.gates import pool, serverlog, settings
 from kvprobe.gates.fixmarkers import MARKERS, CodeTree, Presence, code_settings, find, find_all
+from kvprobe.model.gates_receipt import GatesReceipt
 
 GLM_CONTEXT = 1_048_576
 INCIDENT_POOL = 681_280
@@ -503,6 +505,7 @@ def test_cli_writes_a_receipt_and_exits_1_on_the_incident_pool(tmp_path):
     assert [g["status"] for g in doc["gates"]] == ["fail", "unknown", "fail", "unknown"]
     receipt = json.loads((out / "receipt.json").read_text())
     assert receipt["schema"] == "kvprobe.gates-receipt/2" and receipt["layer"] == "deployment"
+    assert json_bytes(GatesReceipt.from_json(receipt).to_json()) == (out / "receipt.json").read_bytes()
     assert receipt["workers"][0]["pools"][0]["pool_tokens"] == INCIDENT_POOL
     assert receipt["inputs"]["logs"][1]["role_flag"] == "decode"
     assert (out / "manifest.json").is_file() and (out / "SHA256SUMS").is_file()

@@ -1,0 +1,124 @@
+"""The gates receipt (schemas/gates-receipt.schema.json, kvprobe.gates-receipt/2) as frozen
+dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as the run
+receipt, so ``GatesReceipt.from_json(doc).to_json() == doc``.
+
+Statuses stay strings ("pass", "fail", "unknown", "info"): their enum and how they combine
+live in ``evidence.gate_status``, above this layer. /1 receipts (inputs by path) are read
+by verification as documents; this model reads /2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvprobe.model.receipt import OPTIONAL, EnvRecord, FileRef, Part, Tool
+
+
+@dataclass(frozen=True)
+class CheckRecord(Part):
+    """One check of a gate; only checks that ``decides`` count towards the gate's status."""
+
+    name: str
+    status: str
+    detail: str
+    evidence: str
+    decides: bool
+
+
+@dataclass(frozen=True)
+class GateRecord(Part):
+    number: int
+    title: str
+    status: str
+    checks: tuple[CheckRecord, ...]
+
+
+@dataclass(frozen=True)
+class InputRecord(Part):
+    """An operator's file by name and digest (never its path or its bytes), and the secret
+    keys whose values were masked before anything was stored."""
+
+    name: str
+    role_flag: str | None
+    role: str | None
+    sha256: str
+    size: int
+    redacted_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Inputs(Part):
+    logs: tuple[InputRecord, ...]
+    server_args: tuple[InputRecord, ...]
+
+
+@dataclass(frozen=True)
+class MarkerRecord(Part):
+    """A fix marker looked for in the target's code, and whether it is there."""
+
+    pr: int
+    gate: int
+    title: str
+    presence: str
+    evidence: str
+    first_release: str
+    basis: str
+
+
+@dataclass(frozen=True)
+class TargetRecord(Part):
+    """The SGLang the deployment runs: how it was given, what it is, what its code shows."""
+
+    spec: str
+    kind: str
+    identity: Mapping[str, Any]
+    markers: tuple[MarkerRecord, ...]
+    settings: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class GateProbeRecord(Part):
+    """One gate-2 probe run against the target's code."""
+
+    experiment: str
+    name: str
+    source: FileRef
+    raw: FileRef | None
+    exit_code: int | None
+    problem: str | None
+    duration_s: float
+    # the probe output's own lists; absent in receipts written before probes recorded them
+    configuration: list[Any] | None = field(default=None, metadata=OPTIONAL)
+    absorbed: list[Any] | None = field(default=None, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class DeploymentScope(Part):
+    layer: str
+    shows: str
+    does_not_show: tuple[str, ...]
+    limits: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GatesReceipt(Part):
+    """One deployment against the four acceptance gates."""
+
+    schema: str
+    tool: Tool
+    run_id: str
+    created_utc: str
+    layer: str
+    overall: str
+    exit_code: int
+    gates: tuple[GateRecord, ...]
+    inputs: Inputs
+    workers: tuple[Mapping[str, Any], ...]  # what each worker's startup log showed, as parsed
+    target: TargetRecord | None
+    probes: tuple[GateProbeRecord, ...]
+    env: EnvRecord | None
+    host: Mapping[str, Any]
+    evidence: DeploymentScope
+    timings: Mapping[str, float]
