@@ -367,3 +367,10 @@ _COMMIT_ORDER = [m for _f, m in _EARLY_COMMITS] + [
     "minikv: scrub_all, tested in a new module",
 ]
 _DATES = {message: f"2024-01-{day:02d}T12:00:00+0000" for day, message in enumerate(_COMMIT_ORDER, start=1)}
+
+
+def git_pins(name: str, base: str, head: str, pr: int | None = None) -> str:
+    """An experiment.toml pin set of two commits (TOML text), as the tests' experiments declare them."""
+    pr_line = "" if pr is None else f"pr = {pr}\n"
+    sides = f'[pins.{name}.base]\ncommit = "{base}"\n[pins.{name}.head]\ncommit = "{head}"\n'
+    return f'[pins.{name}]\nkind = "git"\n{pr_line}{sides}'

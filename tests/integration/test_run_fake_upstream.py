@@ -14,7 +14,7 @@ from kvprobe.cli import main
 from kvprobe.files import json_bytes
 from kvprobe.model.receipt import Receipt
 from kvprobe.model.records import Verdict
-from tests.fakeupstream import FakeUpstream, build_fake_upstream
+from tests.fakeupstream import FakeUpstream, build_fake_upstream, git_pins
 
 # Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
 pytestmark = pytest.mark.network
@@ -61,20 +61,8 @@ default_pins = "commits"
 [fix]
 prs = [1]
 summary = "scrub blocks on free"
-[pins.commits]
-kind = "git"
-pr = 1
-[pins.commits.base]
-commit = "{fake.base_sha}"
-[pins.commits.head]
-commit = "{fake.head_sha}"
-[pins.nofix]
-kind = "git"
-pr = 2
-[pins.nofix.base]
-commit = "{fake.base_sha}"
-[pins.nofix.head]
-commit = "{fake.nofix_sha}"
+{git_pins("commits", fake.base_sha, fake.head_sha, pr=1)}
+{git_pins("nofix", fake.base_sha, fake.nofix_sha, pr=2)}
 {extra_pins}
 [checks]
 tests = [{{ path = "{fake.test_path}" }}]
@@ -132,10 +120,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("world")
     fake = build_fake_upstream(root)
     missing = "0123456789abcdef0123456789abcdef01234567"
-    extra = (
-        f'[pins.missing]\nkind = "git"\n[pins.missing.base]\ncommit = "{fake.base_sha}"\n'
-        f'[pins.missing.head]\ncommit = "{missing}"\n'
-    )
+    extra = git_pins("missing", fake.base_sha, missing)
     folder = root / "probes" / "fake-fix"
     folder.mkdir(parents=True)
     (folder / "experiment.toml").write_text(experiment_toml(fake, extra))

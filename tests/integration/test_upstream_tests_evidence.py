@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from kvprobe.cli import main
 from kvprobe.experiments.experiment import load_file
 from kvprobe.files import sha256_file
-from tests.fakeupstream import COLLECT_TEST_PATH, build_fake_upstream, package_files
+from tests.fakeupstream import COLLECT_TEST_PATH, build_fake_upstream, git_pins, package_files
 from tests.wheelfactory import build_wheel
 
 # Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
@@ -187,14 +187,7 @@ default_pins = "commits"
 [fix]
 prs = [{pr}]
 summary = "scrub blocks"
-[pins.commits]
-kind = "git"
-pr = {pr}
-[pins.commits.base]
-commit = "{base}"
-[pins.commits.head]
-commit = "{head}"
-{pins}
+{git_pins("commits", base, head, pr=pr)}{pins}
 [checks]
 tests = [{{ path = "{test}" }}]
 [scope]
