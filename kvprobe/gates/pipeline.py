@@ -121,7 +121,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
             GateInputs(logs, files, target, code), GatesRun(started, gates, findings, probe_refs, env, timings)
         )
         receipt = record.to_json()
-        readme = render_readme(receipt)
+        readme = render_readme(record)
         digest = seal_bundle(receipt, GATES_RECEIPT_SCHEMA, readme, staging, final, check=verify_on_write)
         return GatesResult(final, receipt, digest)
     finally:
@@ -242,30 +242,29 @@ def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:
     }
 
 
-def render_readme(receipt: dict[str, Any]) -> str:
+def render_readme(receipt: GatesReceipt) -> str:
     lines = [
-        f"# kvprobe gates: {receipt['overall']}",
+        f"# kvprobe gates: {receipt.overall}",
         "",
-        "Layer: deployment. Exit code: " + str(receipt["exit_code"]) + " (0 all pass, 1 a gate failed, "
-        "3 could not decide).",
+        f"Layer: deployment. Exit code: {receipt.exit_code} (0 all pass, 1 a gate failed, 3 could not decide).",
         "",
     ]
-    for gate in receipt["gates"]:
+    for gate in receipt.gates:
         lines += [
-            f"## Gate {gate['number']}: {gate['status']}",
+            f"## Gate {gate.number}: {gate.status}",
             "",
-            gate["title"],
+            gate.title,
             "",
             "| check | status | detail | evidence |",
             "| --- | --- | --- | --- |",
         ]
-        for c in gate["checks"]:
-            status = c["status"] if c["decides"] else f"{c['status']} (info)"
-            lines.append(f"| {_md(c['name'])} | {status} | {_md(c['detail'])} | {_md(c['evidence'])} |")
+        for c in gate.checks:
+            status = c.status if c.decides else f"{c.status} (info)"
+            lines.append(f"| {_md(c.name)} | {status} | {_md(c.detail)} | {_md(c.evidence)} |")
         lines.append("")
     lines += [
         "What this does not show:",
-        *[f"- {x}" for x in receipt["evidence"]["does_not_show"]],
+        *[f"- {x}" for x in receipt.evidence.does_not_show],
         "",
         "Check the files: `sha256sum -c --strict SHA256SUMS`.",
         "",
