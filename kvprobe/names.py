@@ -12,6 +12,12 @@ RAW_DIR, LOGS_DIR, PROBES_DIR = "raw", "logs", "probes"
 # A two-sided experiment: the pin before the fix and the pin with it.
 SIDES = ("base", "head")
 
+# Default caps on reading a bundle (evidence.safetree.Limits), here so that the CLI states
+# them in --help without importing the bundle reader.
+MAX_BUNDLE_FILES = 10_000
+MAX_BUNDLE_FILE_BYTES = 512 << 20
+MAX_BUNDLE_BYTES = 2 << 30
+
 # Schema ids every kvprobe JSON document names (kvprobe.schema maps them to schemas/).
 EXPERIMENT_SCHEMA = "kvprobe.experiment/1"
 RECEIPT_SCHEMA = "kvprobe.receipt/1"

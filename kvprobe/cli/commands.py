@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvprobe import __version__
+from kvprobe import __version__, names
 from kvprobe.errors import KvprobeError
 from kvprobe.text import for_shell, for_terminal
 
@@ -445,22 +445,18 @@ def run_summary(result: RunResult) -> dict[str, Any]:
 
 def _limit_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--max-files / --max-file-bytes / --max-bytes: caps that keep a hostile bundle cheap."""
-    from kvprobe.evidence.safetree import Limits
-
-    defaults = Limits()
-    for flag, field, text in _LIMIT_OPTIONS:
-        option = click.option(
-            flag, type=click.IntRange(1), default=getattr(defaults, field), show_default=True, help=text
-        )
+    for flag, default, text in _LIMIT_OPTIONS:
+        option = click.option(flag, type=click.IntRange(1), default=default, show_default=True, help=text)
         func = option(func)
     return func
 
 
-# (option, Limits field it sets, help): applied in this order, so --help lists them reversed
+# (option, default: Limits' own, from names so that --help needs no bundle reader, help):
+# applied in this order, so --help lists them reversed
 _LIMIT_OPTIONS = (
-    ("--max-bytes", "max_total_bytes", "Cap on the bundle's total bytes."),
-    ("--max-file-bytes", "max_file_bytes", "Cap on any one file's bytes."),
-    ("--max-files", "max_files", "Cap on the number of files and directories."),
+    ("--max-bytes", names.MAX_BUNDLE_BYTES, "Cap on the bundle's total bytes."),
+    ("--max-file-bytes", names.MAX_BUNDLE_FILE_BYTES, "Cap on any one file's bytes."),
+    ("--max-files", names.MAX_BUNDLE_FILES, "Cap on the number of files and directories."),
 )
 
 

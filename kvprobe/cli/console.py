@@ -16,16 +16,18 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.status import Status
 from rich.table import Table
 
 from kvprobe.model.records import Experiment
 from kvprobe.progress import Reporter
 from kvprobe.text import for_terminal
+
+if TYPE_CHECKING:
+    from rich.status import Status  # Console.status() imports it: a spinner on a terminal only
 
 _VERDICT_STYLE = {
     "reproduced": "bold green",

@@ -29,6 +29,7 @@ from kvprobe.defects import (
     TooManyFiles,
     UnreadableEntry,
 )
+from kvprobe.names import MAX_BUNDLE_BYTES, MAX_BUNDLE_FILE_BYTES, MAX_BUNDLE_FILES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -40,9 +41,9 @@ _CHUNK = 1 << 20
 class Limits:
     """Caps that make a hostile bundle fail fast with little memory (raise with CLI flags)."""
 
-    max_files: int = 10_000
-    max_file_bytes: int = 512 << 20
-    max_total_bytes: int = 2 << 30
+    max_files: int = MAX_BUNDLE_FILES
+    max_file_bytes: int = MAX_BUNDLE_FILE_BYTES
+    max_total_bytes: int = MAX_BUNDLE_BYTES
     max_json_bytes: int = 8 << 20  # receipt, manifest, raw outputs (the largest seen: 0.2 MiB)
     max_json_values: int = strict_json.MAX_VALUES
     max_json_depth: int = strict_json.MAX_DEPTH
