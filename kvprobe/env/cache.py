@@ -8,7 +8,8 @@ Layout under the cache root::
                                                                     lock: envs/<name>.lock
                             runs in progress hold envs/<name>.users/<lease>.lock
     trees/<digest>-<tag>/   a wheel's verified tree, frozen, complete when kvprobe-tree.json
-                            exists (kvprobe.sources.treecache)    lock: trees/<name>.lock
+    trees/git-<tree>-<tag>/ exists; a git export's likewise, keyed by the commit's tree id
+                            (kvprobe.sources.treecache)           lock: trees/<name>.lock
     uv/                     uv's download cache, shared by every lock (uv manages it;
                             `uv cache clean --cache-dir <root>/uv` empties it)
     */.build-* .download-* .<key>.tmp-*   work in progress (or left behind by a crash)

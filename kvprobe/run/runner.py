@@ -221,9 +221,9 @@ def _place(tree: Path, files: dict[str, bytes]) -> None:
 
 
 def _bytecode_python(exp: Experiment, pin_set: PinSet) -> str | None:
-    """The interpreter the env is made from (same bytecode tag): wheel trees are cached
-    compiled for it, so no side pays SGLang's compile time again."""
-    if pin_set.kind is not SourceKind.WHEEL:
+    """The interpreter the env is made from (same bytecode tag): wheel and git trees are
+    cached compiled for it, so no side pays SGLang's compile time again."""
+    if pin_set.kind is SourceKind.SYNTHETIC:
         return None
     from kvprobe.env.venv import find_python, load_profile
 
@@ -247,7 +247,7 @@ def _materialize_side(
             identity = pin.identity()
         elif pin_set.kind is SourceKind.GIT:
             assert isinstance(source, _GitWithHints) and isinstance(pin, GitPin), "_source: git pins, git source"
-            identity = source.materialize(pin, tree, pr=pin_set.pr)
+            identity = source.materialize(pin, tree, pr=pin_set.pr, python=python)
         else:
             assert not isinstance(source, _GitWithHints) and isinstance(pin, WheelPin), "_source: wheel pins, wheels"
             identity = source.materialize(pin, tree, python=python)
@@ -293,9 +293,9 @@ class _GitWithHints:
     def __init__(self, source: GitSource, exp: Experiment, pin_set: PinSet, has_repo: bool) -> None:
         self.source, self.exp, self.pin_set, self.has_repo = source, exp, pin_set, has_repo
 
-    def materialize(self, pin: GitPin, dest: Path, pr: int | None = None) -> dict[str, Any]:
+    def materialize(self, pin: GitPin, dest: Path, pr: int | None = None, python: str | None = None) -> dict[str, Any]:
         try:
-            return self.source.materialize(pin, dest, pr=pr)
+            return self.source.materialize(pin, dest, pr=pr, python=python)
         except FetchError as exc:
             others = [n for n, p in self.exp.pin_sets.items() if not p.runs_tests]
             hint = "point the run at a mirror or local clone with --repo URL_OR_PATH"

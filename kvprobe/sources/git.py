@@ -1,4 +1,5 @@
-"""Git sources: a cached object store per upstream URL, fetch by full SHA, export one tree.
+"""Git sources: a cached object store per upstream URL, fetch by full SHA, export one tree
+(once per tree id, into the verified tree cache: kvprobe.sources.treecache).
 
 Every git process goes through :mod:`kvprobe.proc` (timeout, process-group kill, clean
 environment). Git runs with no system or global config, no hooks, no submodules and only
@@ -26,6 +27,7 @@ from kvprobe import proc
 from kvprobe.env.cache import tree_size
 from kvprobe.errors import CheckoutError, FetchError, PinError, UsageError
 from kvprobe.model.records import GitPin
+from kvprobe.sources.treecache import TreeCache, cache_tag, place_copy
 
 # Safety switches on every git invocation. The store's own config can add to these but
 # cannot turn them off, because -c wins over repository config.
@@ -208,9 +210,12 @@ class GitSource:
 
     # ---- public API
 
-    def materialize(self, pin: GitPin, dest: Path, *, pr: int | None = None) -> dict:
+    def materialize(self, pin: GitPin, dest: Path, *, pr: int | None = None, python: str | None = None) -> dict:
         """Export the pinned commit's tree into ``dest`` (no .git) and return its identity.
 
+        The tree comes from the tree cache, keyed by the commit's tree id (and, with
+        ``python``, that interpreter's bytecode tag): exported, hashed against the tree id,
+        byte-compiled and frozen once; ``dest`` gets a private copy made of hard links.
         ``dest`` must not exist or be empty. Raises FetchError when the commit cannot be
         fetched, CheckoutError when the export does not hash to the commit's tree.
         """
@@ -220,7 +225,18 @@ class GitSource:
         _check_dest(dest)
         with self._locked():
             via, fetch_bytes = self._ensure_commit(sha, pr)
-            tree = self._export(sha, dest)
+            tree = self._tree_id(sha)
+        tag = cache_tag(python) if python else "source"
+
+        def build(target: Path) -> None:
+            with self._locked():
+                self._export(sha, target)
+
+        cached, how = TreeCache(self.git_root.parent).ensure(f"git-{tree}-{tag}", build, python=python)
+        try:
+            place_copy(cached, dest)
+        except OSError as exc:
+            raise CheckoutError(f"could not place the exported tree at {dest}: {exc}") from exc
         return {
             "kind": "git",
             "url": self.url,
@@ -228,6 +244,8 @@ class GitSource:
             "tree": tree,
             "fetched_via": via,
             "fetch_bytes": fetch_bytes,
+            "tree_cache": how,
+            "bytecode": tag,
         }
 
     def read_file(self, pin: GitPin, rel_path: str, *, pr: int | None = None) -> bytes | None:
@@ -379,21 +397,14 @@ class GitSource:
 
     # ---- export and verification
 
-    def _export(self, sha: str, dest: Path) -> str:
-        """Write the commit's tree to a temp sibling, verify it, then rename it to dest."""
+    def _export(self, sha: str, target: Path) -> str:
+        """Write the commit's tree to ``target`` (new) and check it hashes to the commit's tree."""
         kind = self._git_capture(["cat-file", "-t", sha])
         if kind.stdout.strip() != "commit":
             raise CheckoutError(f"{sha} in {self.url} is a {kind.stdout.strip() or 'missing'} object, not a commit")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-        try:
-            self._checkout_tree(sha, tmp)
-            tree = self.verify_export(sha, tmp)
-            _replace_dir(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return tree
+        target.mkdir(parents=True)
+        self._checkout_tree(sha, target)
+        return self.verify_export(sha, target)
 
     def _checkout_tree(self, sha: str, target: Path) -> None:
         """read-tree into a throwaway index, then checkout-index: files only, no .git."""
@@ -417,9 +428,7 @@ class GitSource:
         symlink, extra or missing file).
         """
         sha = validate_sha(sha)
-        expected = self._git_checked(
-            ["rev-parse", "--verify", f"{sha}^{{tree}}"], what=f"read the tree of {sha}", error=CheckoutError
-        )
+        expected = self._tree_id(sha)
         with tempfile.TemporaryDirectory(prefix="kvprobe-index-") as scratch:
             env = {"GIT_INDEX_FILE": str(Path(scratch, "index"))}
             what = f"hash the exported tree at {root}"
@@ -434,6 +443,12 @@ class GitSource:
             self._add_gitlinks(sha, env)
             exported = self._git_checked(["write-tree"], env=env, what=what, error=CheckoutError)
         return compare_trees(sha, expected, exported, root)
+
+    def _tree_id(self, sha: str) -> str:
+        """The commit's tree id: what an export must hash to, and its tree cache key."""
+        return self._git_checked(
+            ["rev-parse", "--verify", f"{sha}^{{tree}}"], what=f"read the tree of {sha}", error=CheckoutError
+        )
 
     def _add_gitlinks(self, sha: str, env: Mapping[str, str]) -> None:
         """Put the commit's submodule entries into the hashing index.
@@ -538,11 +553,3 @@ def _check_dest(dest: Path) -> None:
         raise CheckoutError(f"destination {dest} exists and is not a directory")
     if dest.is_dir() and any(dest.iterdir()):
         raise CheckoutError(f"destination {dest} exists and is not empty")
-
-
-def _replace_dir(tmp: Path, dest: Path) -> None:
-    """Rename a finished tree into place (an empty dest dir is replaced atomically)."""
-    try:
-        os.replace(tmp, dest)
-    except OSError as exc:
-        raise CheckoutError(f"could not move the exported tree to {dest}: {exc}") from exc

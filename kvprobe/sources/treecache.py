@@ -1,11 +1,13 @@
-"""Verified trees, built once per key (a wheel digest and an interpreter), read-only after.
+"""Verified trees, built once per key, read-only after: ``<wheel sha256>-<tag>`` for a wheel,
+``git-<tree id>-<tag>`` for a git export (the tag: an interpreter's bytecode tag, or "source").
 
 An entry is ``trees/<key>/`` holding ``tree/`` and ``kvprobe-tree.json``, the sha256,
-size and mtime of every file. It is built in a ``.build-*`` directory (unpacked, checked
-against the wheel's RECORD, bytecode compiled once with checked-hash ``.pyc`` so a stale
-one can never be used), frozen (``chmod a-w``) and renamed into place only when complete:
-a build killed half way leaves a ``.build-*`` leftover that nothing reads and ``cache
-prune`` removes. A file lock serializes builders, so two first users build once.
+size and mtime of every file (a symlink's target). It is built in a ``.build-*`` directory
+(a wheel unpacked and checked against its RECORD, or a commit exported and hashed against
+its tree id; bytecode compiled once with checked-hash ``.pyc`` so a stale one can never be
+used), frozen (``chmod a-w``) and renamed into place only when complete: a build killed
+half way leaves a ``.build-*`` leftover that nothing reads and ``cache prune`` removes. A
+file lock serializes builders, so two first users build once.
 
 Each use re-checks the entry cheaply against its marker (the same files, sizes, mtimes
 and no write bits); a difference, or a missing or unreadable marker, makes it rebuilt.
@@ -21,7 +23,7 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,22 +99,28 @@ def compile_bytecode(python: str, tree: Path, scratch: Path) -> None:
         raise CheckoutError(f"compiling bytecode failed: {result.summary()}")
 
 
-def freeze(tree: Path) -> dict[str, dict]:
-    """Drop write permission on everything under ``tree``; returns each file's record."""
-    files = {}
+def _leaves(tree: Path) -> Iterator[tuple[str, Path]]:
+    """Every file and symlink under ``tree`` (a symlink to a directory is a leaf, never entered)."""
     for dirpath, dirnames, filenames in os.walk(tree):
-        for name in filenames:
-            path = Path(dirpath, name)
-            if path.is_symlink():
-                raise CheckoutError(f"tree cache: unexpected symlink {path.relative_to(tree)}")
-            os.chmod(path, os.lstat(path).st_mode & ~_WRITE)
-            st = os.lstat(path)
-            files[path.relative_to(tree).as_posix()] = {
-                "sha256": sha256_file(path),
-                "size": st.st_size,
-                "mtime_ns": st.st_mtime_ns,
-            }
         dirnames.sort()
+        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            path = Path(dirpath, name)
+            yield path.relative_to(tree).as_posix(), path
+
+
+def freeze(tree: Path) -> dict[str, dict]:
+    """Drop write permission on everything under ``tree``; returns each file's record.
+
+    A symlink (git trees have them) is recorded by its target, never followed or chmodded.
+    """
+    files: dict[str, dict] = {}
+    for rel, path in _leaves(tree):
+        if path.is_symlink():
+            files[rel] = {"symlink": os.readlink(path)}
+            continue
+        os.chmod(path, os.lstat(path).st_mode & ~_WRITE)
+        st = os.lstat(path)
+        files[rel] = {"sha256": sha256_file(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     for dirpath, _dirs, _files in os.walk(tree, topdown=False):
         os.chmod(dirpath, os.lstat(dirpath).st_mode & ~_WRITE)
     return files
@@ -126,28 +134,23 @@ def _listing(entry: Path) -> dict[str, dict] | None:
         return None
 
 
-def _walk(tree: Path) -> dict[str, os.stat_result]:
-    found = {}
-    for dirpath, _dirs, filenames in os.walk(tree):
-        for name in filenames:
-            path = Path(dirpath, name)
-            found[path.relative_to(tree).as_posix()] = os.lstat(path)
-    return found
-
-
 def quick_problems(entry: Path) -> list[Problem]:
-    """Cheap check (stat only): the marker's files, sizes and mtimes, nothing writable."""
+    """Cheap check (stat only): the marker's files, sizes and mtimes, symlink targets, nothing writable."""
     listing = _listing(entry)
     if listing is None:
         return [Problem(MARKER, "missing or unreadable (half-written entry)")]
-    found = _walk(entry / "tree")
+    found = {rel: path for rel, path in _leaves(entry / "tree")}
     problems = [Problem(p, "not in the listing") for p in sorted(set(found) - set(listing))]
     problems += [Problem(p, "missing") for p in sorted(set(listing) - set(found))]
-    for rel, st in found.items():
+    for rel, path in found.items():
         want = listing.get(rel)
         if want is None:
             continue
-        if not stat.S_ISREG(st.st_mode):
+        st = os.lstat(path)
+        if "symlink" in want:
+            if not stat.S_ISLNK(st.st_mode) or os.readlink(path) != want["symlink"]:
+                problems.append(Problem(rel, "symlink changed"))
+        elif not stat.S_ISREG(st.st_mode):
             problems.append(Problem(rel, "not a regular file"))
         elif st.st_size != want["size"] or st.st_mtime_ns != want["mtime_ns"] or st.st_mode & _WRITE:
             problems.append(Problem(rel, "size, mtime or permissions changed"))
@@ -160,7 +163,7 @@ def verify(entry: Path) -> list[Problem]:
     listing = _listing(entry) or {}
     for rel, want in sorted(listing.items()):
         path = entry / "tree" / rel
-        if path.is_file() and not path.is_symlink() and sha256_file(path) != want["sha256"]:
+        if "sha256" in want and path.is_file() and not path.is_symlink() and sha256_file(path) != want["sha256"]:
             problems.append(Problem(rel, "sha256 differs from the listing"))
     return problems
 
@@ -173,15 +176,39 @@ def entries(cache_root: Path) -> list[Path]:
 
 
 def link_copy(tree: Path, dest: Path) -> None:
-    """``dest``: a private copy of ``tree`` whose files are hard links (dirs are new)."""
-    for dirpath, _dirs, filenames in os.walk(tree):
-        target = dest / Path(dirpath).relative_to(tree)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in filenames:
-            try:
-                os.link(Path(dirpath, name), target / name)
-            except OSError:  # another file system, or no hard links there
-                shutil.copy2(Path(dirpath, name), target / name)
+    """``dest``: a private copy of ``tree`` whose files are hard links (dirs are new, symlinks made anew)."""
+    for dirpath, _dirs, _files in os.walk(tree):
+        (dest / Path(dirpath).relative_to(tree)).mkdir(parents=True, exist_ok=True)
+    for rel, path in _leaves(tree):
+        if path.is_symlink():
+            os.symlink(os.readlink(path), dest / rel)
+            continue
+        try:
+            os.link(path, dest / rel)
+        except OSError:  # another file system, or no hard links there
+            shutil.copy2(path, dest / rel)
+
+
+def place_copy(tree: Path, dest: Path) -> None:
+    """``dest`` (absent or empty): a link copy of ``tree``, built beside it and renamed into place."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
+    try:
+        link_copy(tree, tmp / "tree")
+        os.replace(tmp / "tree", dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cache_tag(python: str) -> str:
+    """The interpreter's bytecode tag ("cpython-311"): compiled trees are kept per tag."""
+    result = proc.capture(
+        [python, "-c", "import sys; print(sys.implementation.cache_tag)"], timeout_s=60, env=proc.clean_env()
+    )
+    tag = result.stdout.strip()
+    if not result.ok or not tag.replace("-", "").isalnum():
+        raise CheckoutError(f"cannot ask {python} for its bytecode tag: {result.summary()}")
+    return tag
 
 
 def discard(path: Path) -> None:

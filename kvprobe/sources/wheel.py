@@ -19,7 +19,7 @@ from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, UsageError
 from kvprobe.files import sha256_file
 from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
-from kvprobe.sources.treecache import TreeCache, link_copy
+from kvprobe.sources.treecache import TreeCache, cache_tag, place_copy
 
 
 def run_pip(args: list[str], scratch: Path, *, timeout_s: float, failure: str) -> proc.CommandResult:
@@ -156,24 +156,8 @@ class WheelSource:
 
         tag = cache_tag(python) if python else "source"
         tree, how = TreeCache(self.store.parent).ensure(f"{pin.sha256}-{tag}", build, python=python)
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
-        try:
-            link_copy(tree, tmp / "tree")
-            os.replace(tmp / "tree", dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        place_copy(tree, dest)
         return {**pin.identity(), "fetched_via": fetched.get("via", "cache"), "tree_cache": how, "bytecode": tag}
-
-
-def cache_tag(python: str) -> str:
-    """The interpreter's bytecode tag ("cpython-311"): compiled trees are kept per tag."""
-    result = proc.capture(
-        [python, "-c", "import sys; print(sys.implementation.cache_tag)"], timeout_s=60, env=proc.clean_env()
-    )
-    tag = result.stdout.strip()
-    if not result.ok or not tag.replace("-", "").isalnum():
-        raise CheckoutError(f"cannot ask {python} for its bytecode tag: {result.summary()}")
-    return tag
 
 
 def safe_unzip(wheel: Path, dest: Path) -> None:
