@@ -797,7 +797,7 @@ def _cache_root() -> Path:
 
 @main.group("cache")
 def cache_group() -> None:
-    """The cache of git stores, wheels and envs ($KVPROBE_CACHE_DIR overrides its place)."""
+    """The cache of git stores, wheels, trees, envs and uv's downloads ($KVPROBE_CACHE_DIR overrides its place)."""
 
 
 @cache_group.command("ls")
@@ -839,7 +839,8 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
 
     Leftovers (interrupted builds and downloads, incomplete envs) always go; complete
     entries go with --older-than or --all. Entries whose lock is held, envs a run is
-    using, and builds younger than a few hours are skipped and named.
+    using, uv's cache while an env build uses it, and builds younger than a few hours
+    are skipped and named.
     """
     from kvprobe.env import cache
 

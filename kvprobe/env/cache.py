@@ -10,15 +10,16 @@ Layout under the cache root::
     trees/<digest>-<tag>/   a wheel's verified tree, frozen, complete when kvprobe-tree.json
     trees/git-<tree>-<tag>/ exists; a git export's likewise, keyed by the commit's tree id
                             (kvprobe.sources.treecache)           lock: trees/<name>.lock
-    uv/                     uv's download cache, shared by every lock (uv manages it;
-                            `uv cache clean --cache-dir <root>/uv` empties it)
+    uv/                     uv's download cache, shared by every lock     lock: uv.lock
+                            env builds hold uv.users/<lease>.lock while uv runs
     */.build-* .download-* .<key>.tmp-*   work in progress (or left behind by a crash)
     */.trash-*                            already condemned by a prune that was interrupted
 
 Pruning never blocks and never breaks a run in progress: an entry is removed only while
 its lock is taken without waiting (filelock, timeout 0) and, for an env, while no run
 holds a lease on it; it is first renamed to a trash name inside the same directory (so no
-reader ever sees half a tree) and then deleted. Work in progress younger than
+reader ever sees half a tree) and then deleted. uv's cache is one entry, removed the same
+way while no env build holds a lease on it. Work in progress younger than
 ``PARTIAL_GRACE_S`` is left alone. Nothing outside the root is touched: symlinks are never
 followed, and a kind directory that is itself a symlink is skipped.
 """
@@ -42,6 +43,7 @@ ENV_MARKER = "kvprobe-env.json"  # kvprobe.env.venv.MARKER (not imported: cache 
 GIT_URL_MARKER = "kvprobe-url"  # kvprobe.sources.git.URL_MARKER
 TREE_MARKER = "kvprobe-tree.json"  # kvprobe.sources.treecache.MARKER
 KIND_DIRS = {"git": "git", "wheel": "wheels", "env": "envs", "tree": "trees"}
+UV_DIR = "uv"  # uv's cache: one entry (kind "uv"), leased by env builds like an env by runs
 PARTIAL_PREFIXES = (".build-", ".download-")
 TRASH_PREFIX = ".trash-"
 PARTIAL_GRACE_S = 6 * 3600.0
@@ -59,7 +61,7 @@ def default_cache_root() -> Path:
 class Entry:
     """One removable thing in the cache."""
 
-    kind: str  # git | wheel | env | partial | trash
+    kind: str  # git | wheel | env | tree | uv | partial | trash
     key: str  # the name under its kind directory
     path: Path
     size: int
@@ -109,6 +111,10 @@ def scan(root: Path) -> list[Entry]:
             entry = _entry(kind, child)
             if entry is not None:
                 entries.append(entry)
+    uv = root / UV_DIR
+    if uv.is_dir() and not uv.is_symlink():
+        lock, label = root / f"{UV_DIR}.lock", "uv's download cache (shared by every lock)"
+        entries.append(Entry("uv", UV_DIR, uv, tree_size(uv), _last_used_tree(uv), lock, label=label))
     return entries
 
 
@@ -215,10 +221,10 @@ def _prune_one(root: Path, entry: Entry, dry_run: bool, now: float) -> Outcome:
     except Timeout:
         return Outcome(entry, "skipped", "in use (its lock is held)")
     try:
-        if entry.kind == "env" and _env_in_use(entry.path):
-            return Outcome(entry, "skipped", "in use by a run in progress")
+        if entry.kind in _LEASED and _leased(entry.path):
+            return Outcome(entry, "skipped", _LEASED[entry.kind])
         outcome = _remove(entry, dry_run)
-        if entry.kind == "env" and not dry_run:
+        if entry.kind in _LEASED and not dry_run:
             _rmdir_quietly(entry.path.parent / f"{entry.path.name}.users")
         return outcome
     finally:
@@ -227,13 +233,17 @@ def _prune_one(root: Path, entry: Entry, dry_run: bool, now: float) -> Outcome:
 
 def _inside(root: Path, path: Path) -> bool:
     """``path`` lies in ``root`` without passing through a symlink (its own name may be one)."""
-    real_root = os.path.realpath(root)
-    return os.path.realpath(path.parent).startswith(real_root + os.sep)
+    real_root, parent = os.path.realpath(root), os.path.realpath(path.parent)
+    return parent == real_root or parent.startswith(real_root + os.sep)  # uv/ sits in the root itself
 
 
-def _env_in_use(env_path: Path) -> bool:
-    """True if a run holds a lease on the env; stale leases (lockable) are cleared."""
-    users = env_path.parent / f"{env_path.name}.users"
+_LEASED = {"env": "in use by a run in progress", "uv": "in use by an env build in progress"}
+
+
+def _leased(path: Path) -> bool:
+    """True if a run holds a lease on the env (an env build on uv's cache); stale leases
+    (lockable) are cleared."""
+    users = path.parent / f"{path.name}.users"
     if users.is_symlink() or not users.is_dir():
         return False
     for lease in users.glob("*.lock"):

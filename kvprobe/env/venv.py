@@ -31,6 +31,7 @@ from filelock import FileLock
 
 from kvprobe import proc
 from kvprobe.env import installer
+from kvprobe.env.cache import UV_DIR
 from kvprobe.errors import EnvBuildError, ExperimentError, UsageError
 from kvprobe.model.records import EnvInfo
 from kvprobe.progress import Reporter
@@ -217,7 +218,7 @@ class EnvManager:
 
     def __init__(self, cache_root: Path, *, reporter: Reporter | None = None, timeout_s: float = 3600.0) -> None:
         self.root = cache_root / "envs"
-        self.uv_cache = cache_root / "uv"  # shared by every profile's lock
+        self.uv_cache = cache_root / UV_DIR  # shared by every profile's lock
         self.reporter = reporter or Reporter()
         self.timeout_s = timeout_s
 
@@ -306,7 +307,8 @@ class EnvManager:
             self._install(profile, env_dir, tmp, torch_index)
             return {"tool": "pip"}
         try:
-            self._install_uv(uv, profile, env_dir, tmp, torch_index)
+            with uv_cache_lease(self.uv_cache):
+                self._install_uv(uv, profile, env_dir, tmp, torch_index)
             return {"tool": "uv", "version": installer.uv_version(uv)}
         except EnvBuildError as exc:
             self.reporter.note(f"uv could not build env {profile.name} ({exc}); building it with pip")
@@ -397,6 +399,20 @@ class EnvManager:
         if not result.ok:
             raise EnvBuildError(f"the new env's python does not run: {result.summary()}")
         return json.loads(result.stdout())
+
+
+@contextlib.contextmanager
+def uv_cache_lease(uv_cache: Path) -> Iterator[None]:
+    """A lease on uv's cache while uv reads and fills it, taken under ``uv.lock``: the lock
+    `kvprobe cache prune` holds while it checks for leases and removes the cache."""
+    uv_cache.parent.mkdir(parents=True, exist_ok=True)
+    held = contextlib.ExitStack()
+    with FileLock(str(uv_cache.parent / f"{UV_DIR}.lock")):
+        held.enter_context(_lease(uv_cache))
+    with held:
+        yield
+    with contextlib.suppress(OSError):
+        os.utime(uv_cache)  # last used, for `cache ls` / `prune --older-than`
 
 
 @contextlib.contextmanager

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from kvprobe.env import installer
+from kvprobe.env import cache, installer
 from kvprobe.env.venv import MARKER, EnvManager, Profile, load_profile
 from tests.wheelfactory import build_wheel
 
@@ -117,3 +120,33 @@ def test_local_index_names_the_file_by_hash_and_uv_lines_keep_the_hashes(tmp_pat
 def test_installer_choice_can_be_forced_to_pip(monkeypatch):
     monkeypatch.setenv(installer.INSTALLER_VAR, "pip")
     assert installer.find_uv() is None
+
+
+@needs_uv
+def test_cache_prune_leaves_uv_cache_alone_while_an_env_build_uses_it(two_indexes, tmp_path, monkeypatch):
+    """A real uv build paused half way (a wrapper waits before running uv): prune skips uv's cache."""
+    root = tmp_path / "cache"
+    EnvManager(root).ensure(two_indexes)  # fills uv's cache
+    shutil.rmtree(root / "envs")
+    wrapper = tmp_path / "bin" / "uv"
+    wrapper.parent.mkdir()
+    started, go = tmp_path / "started", tmp_path / "go"
+    wrapper.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] || {{ touch {started}; while [ ! -e {go} ]; do sleep 0.05; done; }}\n'
+        f'exec {installer.find_uv()} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(installer, "find_uv", lambda: str(wrapper))
+    with ThreadPoolExecutor(1) as pool:
+        build = pool.submit(EnvManager(root).ensure, two_indexes)
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            assert time.monotonic() < deadline and not build.done(), "uv never started"
+            time.sleep(0.05)
+        during = {o.entry.kind: o for o in cache.prune(root, everything=True)}
+        go.touch()
+        info = build.result(timeout=300)
+    assert during["uv"].action == "skipped" and "env build in progress" in during["uv"].reason
+    assert info.build["installer"]["tool"] == "uv" and origin(info.path / "bin" / "python") == "pinned"
+    after = {o.entry.kind: o.action for o in cache.prune(root, everything=True)}
+    assert after == {"uv": "deleted", "env": "deleted"} and not (root / "uv").exists()

@@ -13,6 +13,7 @@ from filelock import FileLock
 
 from kvprobe.cli import main
 from kvprobe.env import cache
+from kvprobe.env.venv import uv_cache_lease
 from kvprobe.errors import UsageError
 
 NOW = time.time()
@@ -53,6 +54,18 @@ def _env(root: Path, name: str = "prof-0123", days: float = 0, complete: bool = 
         _age(env / cache.ENV_MARKER, days)
     _age(env, days)
     return env
+
+
+def _uv(root: Path, days: float = 0) -> Path:
+    """uv's cache as uv lays it out: buckets, an archive, a symlink from a wheel bucket into it."""
+    uv = root / cache.UV_DIR
+    (uv / "archive-v0" / "abc" / "pkg").mkdir(parents=True)
+    (uv / "archive-v0" / "abc" / "pkg" / "__init__.py").write_bytes(b"u" * 700)
+    (uv / "wheels-v5" / "pypi" / "pkg").mkdir(parents=True)
+    (uv / "wheels-v5" / "pypi" / "pkg" / "pkg-1.0").symlink_to(uv / "archive-v0" / "abc")
+    for path in (uv / "archive-v0", uv / "wheels-v5", uv):
+        _age(path, days)
+    return uv
 
 
 def _partial(root: Path, name: str = ".build-prof-0123-xyz", hours: float = 0) -> Path:
@@ -121,7 +134,7 @@ def test_dry_run_deletes_nothing(tmp_path):
     assert all(p.exists() for p in paths)
 
 
-@pytest.mark.parametrize("make", [_git, _wheel, _env])
+@pytest.mark.parametrize("make", [_git, _wheel, _env, _uv])
 def test_a_held_lock_is_respected(tmp_path, make):
     entry = make(tmp_path)
     held = FileLock(str(entry.parent / f"{entry.name}.lock"))
@@ -145,6 +158,35 @@ def test_an_env_leased_by_a_run_is_skipped_and_stale_leases_are_cleared(tmp_path
     (users / "123-live.lock").unlink()
     assert _outcomes(tmp_path, everything=True)[env.name].action == "deleted"
     assert not env.exists() and not users.exists()
+
+
+def test_uv_cache_is_one_entry_listed_and_pruned_by_age(tmp_path):
+    uv = _uv(tmp_path, days=10)
+    (entry,) = cache.scan(tmp_path)
+    # the wheel bucket's link into the archive is not followed: its 700 bytes count once
+    assert (entry.kind, entry.key, entry.size, entry.lock) == ("uv", "uv", 700, tmp_path / "uv.lock")
+    assert "uv" not in _outcomes(tmp_path, older_than_days=30)
+    assert _outcomes(tmp_path, older_than_days=7)["uv"].action == "deleted"
+    assert [p.name for p in tmp_path.iterdir()] == ["uv.lock"]  # no trash left behind
+
+
+def test_uv_cache_leased_by_an_env_build_is_skipped(tmp_path):
+    uv = _uv(tmp_path, days=90)
+    with uv_cache_lease(uv):  # what EnvManager holds while uv installs
+        done = _outcomes(tmp_path, everything=True)
+        assert done["uv"].action == "skipped" and "env build in progress" in done["uv"].reason
+        assert (uv / "archive-v0" / "abc" / "pkg" / "__init__.py").is_file()
+    assert _outcomes(tmp_path, everything=True)["uv"].action == "deleted"
+    assert not uv.exists() and not (tmp_path / "uv.users").exists()
+
+
+def test_uv_cache_that_is_a_symlink_is_not_ours(tmp_path):
+    outside = _uv(tmp_path / "outside")
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "uv").symlink_to(outside)
+    assert cache.scan(root) == [] and cache.prune(root, everything=True) == []
+    assert (outside / "archive-v0" / "abc" / "pkg" / "__init__.py").is_file()
 
 
 def test_young_builds_are_skipped_even_with_all(tmp_path):
