@@ -12,10 +12,16 @@ Sections (each figure: min / median / max over repetitions, and the ratio to its
   warm     `kvprobe run experiment-a` with sources and env cached, --jobs 2 and --jobs 1,
            against the floor: the same probes (and tests) run directly with the env's python
            on the same trees, sides in parallel (jobs 2) or in turn (jobs 1). Target <= 1.3x.
+           Then the peak memory of one such run with --jobs 2, its whole process tree (summed
+           PSS, sampled from /proc; the largest single process exact, from wait4), vs the floor's.
+  sweep    goal 4: the marginal cost of one more release in a warm `kvprobe sweep`
+           (N+1 releases minus N) vs one release's probes run directly / cores.
   cold     bytes a shallow pin fetch stores vs a full clone of a fake upstream with a long
            history and large files that left it; a second env ensure() and wheel fetch are
            cache hits (and both experiments share one env).
-  startup  `kvprobe --help` and `kvprobe list` vs `python -c pass`. Target < 150 ms.
+  startup  `kvprobe --help`, `list` and `-V` vs `python -c pass`, with kvprobe's bytecode
+           written (as pip installs it). Target < 150 ms. Also, without target, from source
+           (PYTHONDONTWRITEBYTECODE=1: every kvprobe module compiled at each start).
   verify   sha256 throughput of kvprobe.files.sha256_file on a 1 GiB file vs `sha256sum`
            (target within 1.2x); `kvprobe verify` of a normal bundle (target < 0.3 s) and of
            that bundle with the 1 GiB file added.
@@ -58,7 +64,8 @@ if str(REPO) not in sys.path:
 MiB = 1 << 20
 GiB = 1 << 30
 EXPERIMENT = "experiment-a"
-SECTIONS = ("startup", "verify", "memory", "hostile", "cold", "warm", "env")
+SECTIONS = ("startup", "verify", "memory", "hostile", "cold", "warm", "sweep", "env")
+SWEEP_N, SWEEP_N1 = "0.5.22,0.5.23", "0.5.21,0.5.22,0.5.23"  # N and N+1 releases, all served
 
 
 # --- figures -----------------------------------------------------------------------------
@@ -109,6 +116,8 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value / MiB:.2f} MiB" if value >= MiB else f"{value / 1024:.1f} KiB"
     if unit == "MiB/s":
         return f"{value:.0f} MiB/s"
+    if unit == "MiB":
+        return f"{value:.1f} MiB"
     return f"{value:g} {unit}"
 
 
@@ -178,6 +187,72 @@ def peak_rss_mib(argv: list[str], *, ok: tuple[int, ...] = (0,)) -> float:
     return kib / 1024
 
 
+class TreeMemory:
+    """Peak memory of a process tree, sampled from /proc every ``interval_s`` in a thread.
+
+    ``peak_mib``: the largest sum over the tree (the root and every descendant) of each
+    process's PSS (proportional set size: a page shared by N processes counts 1/N in each, so
+    pages a preloading parent shares with its forked children are not counted twice; RSS
+    where smaps_rollup cannot be read). ``largest_mib``: the largest RSS of one process.
+    Sampling can miss a spike shorter than the interval.
+    """
+
+    def __init__(self, root_pid: int, *, include_root: bool = True, interval_s: float = 0.1) -> None:
+        self.root_pid, self.include_root, self.interval_s = root_pid, include_root, interval_s
+        self.peak_mib = self.largest_mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TreeMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            pids = self._tree()
+            sizes = [self._kib(pid) for pid in pids]
+            self.peak_mib = max(self.peak_mib, sum(p for p, _ in sizes) / 1024)
+            self.largest_mib = max([self.largest_mib, *(r / 1024 for _, r in sizes)])
+            if self._stop.wait(self.interval_s):
+                return
+
+    def _tree(self) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as handle:
+                        ppid = int(handle.read().rsplit(b")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry))
+        found, todo = [], [self.root_pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo += children.get(pid, [])
+        return found if self.include_root else found[1:]
+
+    @staticmethod
+    def _kib(pid: int) -> tuple[float, float]:
+        """(PSS, RSS) in KiB; (0, 0) for a process that is gone."""
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", "rb") as handle:
+                fields = {line.split(b":")[0]: line.split()[1] for line in handle if line[:4] in (b"Rss:", b"Pss:")}
+            return float(fields[b"Pss"]), float(fields[b"Rss"])
+        except (OSError, KeyError, IndexError):
+            try:
+                with open(f"/proc/{pid}/statm", "rb") as handle:
+                    rss = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
+                return rss, rss
+            except (OSError, IndexError, ValueError):
+                return 0.0, 0.0
+
+
 def repeat(n: int, func: Callable[[], float]) -> list[float]:
     return [func() for _ in range(n)]
 
@@ -185,14 +260,27 @@ def repeat(n: int, func: Callable[[], float]) -> list[float]:
 # --- startup -----------------------------------------------------------------------------
 
 
-def bench_startup(figs: Figures, reps: int) -> None:
+def bench_startup(figs: Figures, work: Path, reps: int) -> None:
+    """As installed (pip writes bytecode at install): kvprobe's .pyc kept in a scratch prefix,
+    written by one warm-up run; and, without target, from source (PYTHONDONTWRITEBYTECODE=1,
+    as an editable checkout in this machine's environment runs: every module compiled each start)."""
     kv = kvprobe_argv()
-    floor = repeat(reps, lambda: wall([sys.executable, "-c", "pass"]))
+    installed = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    installed["PYTHONPYCACHEPREFIX"] = str(work / "pyc")
+    source = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    source.pop("PYTHONPYCACHEPREFIX", None)
+    for args in (["--help"], ["list"], ["list", "--json"], ["-V"]):
+        wall([*kv, *args], env=installed)  # writes the bytecode
+    floor = repeat(reps, lambda: wall([sys.executable, "-c", "pass"], env=installed))
     figs.add("startup", "python -c pass", floor)
-    for args in (["--help"], ["list"], ["list", "--json"]):
-        samples = repeat(reps, lambda: wall([*kv, *args]))
+    for args in (["--help"], ["list"], ["list", "--json"], ["-V"]):
+        samples = repeat(reps, lambda args=args: wall([*kv, *args], env=installed))
         median = statistics.median(samples)
         figs.add("startup", f"kvprobe {' '.join(args)}", samples, floor=floor, target="< 150 ms", met=median < 0.150)
+    for args in (["--help"], ["list"]):
+        samples = repeat(reps, lambda args=args: wall([*kv, *args], env=source))
+        name = f"kvprobe {' '.join(args)} (no bytecode)"
+        figs.add("startup", name, samples, floor=floor, note="kvprobe's modules compiled at every start")
 
 
 # --- verify and memory -------------------------------------------------------------------
@@ -767,7 +855,104 @@ def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
             met=statistics.median(runs) <= 1.3 * statistics.median(floors),
             note="receipt timings: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(t.items())),
         )
+    bench_run_memory(figs, work, lambda: floor_run(exp, pin_set, python, env_vars, trees, work, 2), bundles)
     return bundles[0]
+
+
+def bench_run_memory(figs: Figures, work: Path, floor: Callable[[], float], bundles: list[Path]) -> None:
+    """Peak memory of one warm `kvprobe run --jobs 2` (its whole process tree) and of the floor.
+
+    The run is started under /usr/bin/time, whose wait4 rusage gives the exact peak RSS of
+    the largest single process in the tree (Linux folds reaped descendants' ru_maxrss into
+    their parent's); the tree's summed PSS is sampled (TreeMemory). The floor (the probes
+    and tests run directly, sides in parallel) is sampled the same way, as this process's
+    descendants.
+    """
+    out = Path(tempfile.mkdtemp(dir=work, prefix="run-mem-")) / "bundle"
+    argv = [*kvprobe_argv(), "run", EXPERIMENT, "--jobs", "2", "--out", str(out)]
+    with tempfile.NamedTemporaryFile("r") as maxrss:
+        child = subprocess.Popen(
+            ["/usr/bin/time", "-f", "%M", "-o", maxrss.name, *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        with TreeMemory(child.pid) as run_mem:
+            code = child.wait()
+        largest_exact = float(maxrss.read().strip().splitlines()[-1]) / 1024
+    if code not in (0, 1):
+        raise SystemExit(f"bench: kvprobe run for the memory figure exited {code}")
+    bundles.append(out)
+    with TreeMemory(os.getpid(), include_root=False) as floor_mem:
+        floor()
+    figs.add(
+        "warm",
+        f"peak memory of kvprobe run {EXPERIMENT} --jobs 2 (process tree, summed PSS)",
+        [run_mem.peak_mib],
+        unit="MiB",
+        floor=[floor_mem.peak_mib],
+        target="reported; <= 1.25x floor",
+        met=run_mem.peak_mib <= 1.25 * floor_mem.peak_mib,
+        note=f"sampled every 0.1 s; largest single process {largest_exact:.0f} MiB RSS (exact: wait4 via "
+        f"/usr/bin/time), floor's largest {floor_mem.largest_mib:.0f} MiB (sampled)",
+    )
+
+
+# --- sweep ------------------------------------------------------------------------------
+
+
+def kvprobe_sweep(work: Path, releases: str) -> tuple[float, Path, dict]:
+    """Wall seconds of one warm sweep, its bundle and receipt."""
+    out = Path(tempfile.mkdtemp(dir=work, prefix="sweep-")) / "bundle"
+    argv = [*kvprobe_argv(), "sweep", EXPERIMENT, "--releases", releases, "--jobs", "2", "--out", str(out)]
+    elapsed = wall(argv, ok=(0, 1))
+    return elapsed, out, json.loads((out / "receipt.json").read_text())
+
+
+def bench_sweep(figs: Figures, work: Path, reps: int) -> None:
+    """Goal 4: one more release in a warm sweep costs at most the per-release floor / cores.
+
+    Marginal: a sweep of N+1 releases minus one of N (whole commands, interleaved). Floor:
+    one release's probes run directly with the env's python on its unpacked wheel
+    (bench/sweep.py's floor_once), divided by the cores.
+    """
+    from sweep import floor_once  # bench/sweep.py, beside this script
+
+    _log(f"warming: one `kvprobe sweep {EXPERIMENT} --releases {SWEEP_N1}` (fetches what is missing)")
+    _, bundle, receipt = kvprobe_sweep(work, SWEEP_N1)
+    ran = [r for r in receipt["releases"] if r["wheel"] is not None]
+    if len(ran) != len(SWEEP_N1.split(",")):
+        raise SystemExit(f"bench: the warm-up sweep ran {len(ran)} releases, not {len(SWEEP_N1.split(','))}")
+    small, large, per_unit = [], [], []
+    for _ in range(reps):
+        small.append(kvprobe_sweep(work, SWEEP_N)[0])
+        seconds, _, receipt = kvprobe_sweep(work, SWEEP_N1)
+        large.append(seconds)
+        per_unit.append(receipt["timings"]["units_s"] / len(ran))
+    cores = os.cpu_count() or 1
+    floors = []
+    for _ in range(reps):
+        scratch = Path(tempfile.mkdtemp(dir=work, prefix="sweep-floor-"))
+        floors.append(floor_once(receipt, bundle, ran[-1], scratch) / cores)
+        shutil.rmtree(scratch, ignore_errors=True)
+    marginal = [b - a for a, b in zip(small, large, strict=True)]
+    figs.add(
+        "sweep",
+        f"marginal cost of one more release, warm sweep of {EXPERIMENT} --jobs 2",
+        marginal,
+        floor=floors,
+        target="<= 1.0x (per-release floor / cores)",
+        met=statistics.median(marginal) <= statistics.median(floors),
+        note=f"N={len(SWEEP_N.split(','))}: {', '.join(f'{x:.1f}' for x in small)} s; "
+        f"N+1: {', '.join(f'{x:.1f}' for x in large)} s; floor = {EXPERIMENT}'s probes on {ran[-1]['version']} "
+        f"/ {cores} cores",
+    )
+    figs.add(
+        "sweep",
+        f"units_s / releases from the N+1 sweep's receipt ({EXPERIMENT})",
+        per_unit,
+        floor=floors,
+        note="the sweep's release phase per release (excludes start-up and env check)",
+    )
 
 
 # --- main --------------------------------------------------------------------------------
@@ -793,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bundle = None
         if "startup" in only:
-            bench_startup(figs, reps["startup"])
+            bench_startup(figs, work, reps["startup"])
         if "warm" in only or {"verify", "memory"} & set(only):
             bundle = bench_warm(figs, work, reps["warm"]) if "warm" in only else _one_bundle(work)
         if {"verify", "memory"} & set(only):
@@ -807,6 +992,8 @@ def main(argv: list[str] | None = None) -> int:
         if "cold" in only:
             bench_git(figs, work, 400 if args.quick else 2000)
             bench_reuse(figs, work, reps["fast"])
+        if "sweep" in only:
+            bench_sweep(figs, work, 1 if args.quick else 2)
         if "env" in only:
             bench_env(figs, work, args.full)
     finally:
