@@ -10,6 +10,7 @@ Layout under the cache root::
     trees/<digest>-<tag>/   a wheel's verified tree, frozen, complete when kvprobe-tree.json
     trees/git-<tree>-<tag>/ exists; a git export's likewise, keyed by the commit's tree id
                             (kvprobe.sources.treecache)           lock: trees/<name>.lock
+                            runs using it in place hold trees/<name>.users/<lease>.lock
     uv/                     uv's download cache, shared by every lock     lock: uv.lock
                             env builds hold uv.users/<lease>.lock while uv runs
     */.build-* .download-* .<key>.tmp-*   work in progress (or left behind by a crash)
@@ -237,7 +238,27 @@ def _inside(root: Path, path: Path) -> bool:
     return parent == real_root or parent.startswith(real_root + os.sep)  # uv/ sits in the root itself
 
 
-_LEASED = {"env": "in use by a run in progress", "uv": "in use by an env build in progress"}
+_LEASED = {
+    "env": "in use by a run in progress",
+    "tree": "in use by a run in progress",
+    "uv": "in use by an env build in progress",
+}
+
+
+@contextlib.contextmanager
+def lease(path: Path) -> Iterator[None]:
+    """Hold ``<name>.users/<unique>.lock`` beside ``path`` while using it: prune skips a
+    leased env, tree or uv cache. Take it under the entry's lock, as prune checks under it."""
+    users = path.parent / f"{path.name}.users"
+    users.mkdir(exist_ok=True)
+    held = users / f"{os.getpid()}-{uuid.uuid4().hex[:12]}.lock"
+    lock = FileLock(str(held))
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+        held.unlink(missing_ok=True)
 
 
 def _leased(path: Path) -> bool:

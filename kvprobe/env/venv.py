@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 import tomllib
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -31,7 +30,7 @@ from filelock import FileLock
 
 from kvprobe import proc
 from kvprobe.env import installer
-from kvprobe.env.cache import UV_DIR
+from kvprobe.env.cache import UV_DIR, lease
 from kvprobe.errors import EnvBuildError, ExperimentError, UsageError
 from kvprobe.model.records import EnvInfo
 from kvprobe.progress import Reporter
@@ -250,7 +249,7 @@ class EnvManager:
                 self.reporter.note(f"env {final.name}: cached")
             os.utime(final / MARKER)  # last used, for `cache ls` / `cache prune`
             if hold is not None:
-                hold.enter_context(_lease(final))
+                hold.enter_context(lease(final))
             return _read_marker(final)
 
     def _build(self, profile: Profile, python: str, torch_index: str | None, final: Path) -> None:
@@ -408,26 +407,11 @@ def uv_cache_lease(uv_cache: Path) -> Iterator[None]:
     uv_cache.parent.mkdir(parents=True, exist_ok=True)
     held = contextlib.ExitStack()
     with FileLock(str(uv_cache.parent / f"{UV_DIR}.lock")):
-        held.enter_context(_lease(uv_cache))
+        held.enter_context(lease(uv_cache))
     with held:
         yield
     with contextlib.suppress(OSError):
         os.utime(uv_cache)  # last used, for `cache ls` / `prune --older-than`
-
-
-@contextlib.contextmanager
-def _lease(env_dir: Path) -> Iterator[None]:
-    """Hold ``envs/<name>.users/<unique>.lock`` while a run uses the env (see kvprobe.env.cache)."""
-    users = env_dir.parent / f"{env_dir.name}.users"
-    users.mkdir(exist_ok=True)
-    path = users / f"{os.getpid()}-{uuid.uuid4().hex[:12]}.lock"
-    lock = FileLock(str(path))
-    lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
-        path.unlink(missing_ok=True)
 
 
 def _python_identity(python: str) -> str:

@@ -101,7 +101,7 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
     held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
         clock = time.monotonic()
-        sides = _materialize(exp, pin_set, opts, work, reporter)
+        sides = _materialize(exp, pin_set, opts, work, reporter, held)
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
         env, python, env_vars = environment(exp, pin_set, opts, reporter, held)
@@ -152,9 +152,10 @@ def _final_path(opts: RunOptions, exp: Experiment, pin_set: PinSet, started: dat
 
 
 def _materialize(
-    exp: Experiment, pin_set: PinSet, opts: RunOptions, work: Path, reporter: Reporter
+    exp: Experiment, pin_set: PinSet, opts: RunOptions, work: Path, reporter: Reporter, held: contextlib.ExitStack
 ) -> dict[Side, dict[str, Any]]:
-    """Each side's tree (its own directory, no .git) and resolved identity.
+    """Each side's tree (its own directory, no .git; for a pin set that runs no upstream tests,
+    a link to the cached tree itself, leased in ``held`` while the run lasts) and identity.
 
     Sides are unpacked in parallel with --jobs 2: a release wheel is thousands of small
     files, and unpacking one took 2-3 s of a ~30 s warm run (a git store's lock still
@@ -165,9 +166,11 @@ def _materialize(
     tests_from = _tests_checkout(exp, pin_set, commit, opts, work, reporter) if commit else None
     source = _source(exp, pin_set, opts, reporter)
     python = _bytecode_python(exp, pin_set)
+    # a pin set that runs no upstream tests writes nothing into its trees: they are used in place
+    hold = None if pin_set.runs_tests else held
     with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
         futures = {
-            side: pool.submit(_materialize_side, source, pin_set, side, work, reporter, python)
+            side: pool.submit(_materialize_side, source, pin_set, side, work, reporter, python, hold)
             for side in (Side.BASE, Side.HEAD)
         }
         sides = {side: f.result() for side, f in futures.items()}
@@ -237,6 +240,7 @@ def _materialize_side(
     work: Path,
     reporter: Reporter,
     python: str | None = None,
+    hold: contextlib.ExitStack | None = None,
 ) -> dict[str, Any]:
     pin = pin_set.pin(side)
     tree = work / side.value / "tree"
@@ -250,7 +254,7 @@ def _materialize_side(
             identity = source.materialize(pin, tree, pr=pin_set.pr, python=python)
         else:
             assert not isinstance(source, _GitWithHints) and isinstance(pin, WheelPin), "_source: wheel pins, wheels"
-            identity = source.materialize(pin, tree, python=python)
+            identity = source.materialize(pin, tree, python=python, hold=hold)
     return {
         "tree": tree,
         "pin": pin.identity(),

@@ -17,6 +17,7 @@ hard links: cheap, and nothing a run adds to its copy reaches the cache.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from kvprobe import proc
+from kvprobe.env.cache import lease
 from kvprobe.errors import CheckoutError
 from kvprobe.files import sha256_file, write_atomic
 
@@ -54,21 +56,34 @@ class TreeCache:
     def __init__(self, cache_root: Path) -> None:
         self.root = cache_root / "trees"
 
-    def ensure(self, key: str, build: Callable[[Path], None], *, python: str | None = None) -> tuple[Path, str]:
+    def ensure(
+        self,
+        key: str,
+        build: Callable[[Path], None],
+        *,
+        python: str | None = None,
+        hold: contextlib.ExitStack | None = None,
+    ) -> tuple[Path, str]:
         """The entry's tree and "cache" or "built"; ``build(dest)`` fills a new tree.
 
-        With ``python``, the tree's bytecode is compiled by that interpreter.
+        With ``python``, the tree's bytecode is compiled by that interpreter. With ``hold``, a
+        lease on the entry is taken under its lock and kept until ``hold`` closes, so `cache
+        prune` leaves it alone while a run uses the tree in place (:func:`place_shared`).
         """
         self.root.mkdir(parents=True, exist_ok=True)
         entry = self.root / key
         with FileLock(str(self.root / f"{key}.lock")):
-            if entry.exists():
-                if not quick_problems(entry):
-                    os.utime(entry / MARKER)  # last used, for `cache ls` / `prune`
-                    return entry / "tree", "cache"
+            how = "cache"
+            if entry.exists() and quick_problems(entry):
                 discard(entry)  # tampered or half written: never reused
-            self._build(entry, build, python)
-        return entry / "tree", "built"
+            if entry.exists():
+                os.utime(entry / MARKER)  # last used, for `cache ls` / `prune`
+            else:
+                self._build(entry, build, python)
+                how = "built"
+            if hold is not None:
+                hold.enter_context(lease(entry))
+        return entry / "tree", how
 
     def _build(self, entry: Path, build: Callable[[Path], None], python: str | None) -> None:
         tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=f".build-{entry.name}-"))
@@ -187,6 +202,17 @@ def link_copy(tree: Path, dest: Path) -> None:
             os.link(path, dest / rel)
         except OSError:  # another file system, or no hard links there
             shutil.copy2(path, dest / rel)
+
+
+def place_shared(tree: Path, dest: Path) -> None:
+    """``dest`` (absent or empty): a symlink to the frozen tree itself, for a run that writes
+    nothing into its tree (probes only). It saves the per-file link copy and its removal
+    (~9,000 files and ~2,000 directories per SGLang release); anything written through it
+    anyway lands in the entry, which the next use's check finds and rebuilds."""
+    if dest.is_dir() and not dest.is_symlink():
+        dest.rmdir()  # empty, or refused
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.symlink_to(tree, target_is_directory=True)
 
 
 def place_copy(tree: Path, dest: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -19,7 +20,7 @@ from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, UsageError
 from kvprobe.files import sha256_file
 from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
-from kvprobe.sources.treecache import TreeCache, cache_tag, place_copy
+from kvprobe.sources.treecache import TreeCache, cache_tag, place_copy, place_shared
 
 
 def run_pip(args: list[str], scratch: Path, *, timeout_s: float, failure: str) -> proc.CommandResult:
@@ -142,9 +143,14 @@ class WheelSource:
             raise FetchError(f"pip download of {pin.package}=={pin.version} gave {names}, not {pin.filename}")
         return path
 
-    def materialize(self, pin: WheelPin, dest: Path, *, python: str | None = None) -> dict[str, str]:
+    def materialize(
+        self, pin: WheelPin, dest: Path, *, python: str | None = None, hold: contextlib.ExitStack | None = None
+    ) -> dict[str, str]:
         """``dest``: the pinned wheel's verified tree, from the tree cache (RECORD checked,
-        unpacked and, for ``python``, byte-compiled once per digest); returns its identity."""
+        unpacked and, for ``python``, byte-compiled once per digest); returns its identity.
+
+        With ``hold`` (a run that writes nothing into the tree), ``dest`` is the cached tree
+        itself, leased until ``hold`` closes; otherwise a private copy of hard links."""
         fetched: dict[str, str] = {}
 
         def build(tree: Path) -> None:
@@ -155,8 +161,8 @@ class WheelSource:
                 safe_unzip(wheel, tree)  # RECORD checked before anything is extracted
 
         tag = cache_tag(python) if python else "source"
-        tree, how = TreeCache(self.store.parent).ensure(f"{pin.sha256}-{tag}", build, python=python)
-        place_copy(tree, dest)
+        tree, how = TreeCache(self.store.parent).ensure(f"{pin.sha256}-{tag}", build, python=python, hold=hold)
+        (place_copy if hold is None else place_shared)(tree, dest)
         return {**pin.identity(), "fetched_via": fetched.get("via", "cache"), "tree_cache": how, "bytecode": tag}
 
 

@@ -5,6 +5,7 @@ Real processes for concurrency and kill -9, real compileall for bytecode.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -166,3 +167,16 @@ def test_prune_removes_a_frozen_tree(tmp_path):
     outcomes = cache.prune(tmp_path, everything=True)
     assert [(o.entry.kind, o.action) for o in outcomes] == [("tree", "deleted")]
     assert [p.name for p in (tmp_path / "trees").iterdir()] == ["k.lock"]  # no trash left behind
+
+
+def test_a_tree_used_in_place_is_leased_until_the_run_ends(tmp_path):
+    with contextlib.ExitStack() as held:
+        tree, _ = TreeCache(tmp_path).ensure("k", fill, hold=held)
+        treecache.place_shared(tree, tmp_path / "run" / "tree")
+        assert (tmp_path / "run" / "tree" / "pkg" / "__init__.py").read_text() == "VALUE = 1\n"
+        during = cache.prune(tmp_path, everything=True)
+        assert [(o.entry.kind, o.action, o.reason) for o in during] == [
+            ("tree", "skipped", "in use by a run in progress")
+        ]
+    assert [(o.entry.kind, o.action) for o in cache.prune(tmp_path, everything=True)] == [("tree", "deleted")]
+    assert not (tmp_path / "trees" / "k.users").exists()
