@@ -161,7 +161,7 @@ def test_an_env_leased_by_a_run_is_skipped_and_stale_leases_are_cleared(tmp_path
 
 
 def test_uv_cache_is_one_entry_listed_and_pruned_by_age(tmp_path):
-    uv = _uv(tmp_path, days=10)
+    _uv(tmp_path, days=10)
     (entry,) = cache.scan(tmp_path)
     # the wheel bucket's link into the archive is not followed: its 700 bytes count once
     assert (entry.kind, entry.key, entry.size, entry.lock) == ("uv", "uv", 700, tmp_path / "uv.lock")
