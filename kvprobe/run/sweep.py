@@ -159,10 +159,11 @@ def run_unit(ctx: UnitContext, version: str, reporter: Reporter) -> dict[str, An
     scratch = ctx.work / "units" / version
     scratch.mkdir(parents=True)
     entry: dict[str, Any] = {"version": version, "wheel": None, "problem": None, "probes": []}
+    held = contextlib.ExitStack()  # probes write nothing into the tree: the cached one, used in place
     try:
         reporter.update(f"{version}: wheel")
         pin = releases.resolve(ctx.package, version, ctx.flags, scratch / "resolve")
-        identity = ctx.wheels.materialize(pin, scratch / "tree", python=ctx.python)
+        identity = ctx.wheels.materialize(pin, scratch / "tree", python=ctx.python, hold=held)
         entry["wheel"] = {
             "package": pin.package,
             "version": pin.version,
@@ -180,7 +181,7 @@ def run_unit(ctx: UnitContext, version: str, reporter: Reporter) -> dict[str, An
             entry["probes"].append(record)
             if doc is not None:
                 docs[check.name] = doc
-    shutil.rmtree(scratch / "tree", ignore_errors=True)
+    held.close()  # the lease: `cache prune` may remove the tree again
     expect = {side: ctx.exp.expectations.get(side, {}) for side in SIDES}
     entry["classification"] = classify.classify_release(expect, docs, classify.release_problems(entry))
     entry["duration_s"] = round(time.monotonic() - clock, 3)
