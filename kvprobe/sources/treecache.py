@@ -197,10 +197,15 @@ def verify(entry: Path) -> list[Problem]:
 
 
 def entries(cache_root: Path) -> list[Path]:
+    """Every entry (not work in progress, trash or a lease folder ``<key>.users``)."""
     root = cache_root / "trees"
     if not root.is_dir() or root.is_symlink():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+    return sorted(
+        p
+        for p in root.iterdir()
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and not p.name.endswith(".users")
+    )
 
 
 def link_copy(tree: Path, dest: Path) -> None:

@@ -178,5 +178,6 @@ def test_a_tree_used_in_place_is_leased_until_the_run_ends(tmp_path):
         assert [(o.entry.kind, o.action, o.reason) for o in during] == [
             ("tree", "skipped", "in use by a run in progress")
         ]
+        assert [e.name for e in treecache.entries(tmp_path)] == ["k"]  # `cache verify` skips the lease folder
     assert [(o.entry.kind, o.action) for o in cache.prune(tmp_path, everything=True)] == [("tree", "deleted")]
     assert not (tmp_path / "trees" / "k.users").exists()
