@@ -9,10 +9,12 @@ untrusted code (upstream tests, probes).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -228,6 +230,77 @@ def _kill_group(process: subprocess.Popen) -> None:
             continue
         except ProcessLookupError:
             return
+
+
+class Service:
+    """A long-lived process (the preloaded fork server): started in its own session, stopped
+    by killing its whole group, and killed anyway once ``lifetime_s`` has passed."""
+
+    def __init__(self, process: subprocess.Popen, lifetime_s: float) -> None:
+        self._process = process
+        self._timer = threading.Timer(lifetime_s, self.stop)
+        self._timer.daemon = True
+        self._timer.start()
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def running(self) -> bool:
+        return self._process.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM the group, SIGKILL what is left: nothing it started outlives it."""
+        self._timer.cancel()
+        if self._process.poll() is None:
+            _kill_group(self._process)
+        else:
+            kill_group(self._process.pid)  # a leader gone early may leave its group behind
+
+    def __enter__(self) -> Service:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start(
+    argv: Sequence[str | os.PathLike],
+    *,
+    lifetime_s: float,
+    env: Mapping[str, str],
+    stdout_path: Path,
+    stderr_path: Path,
+    cwd: Path | None = None,
+) -> Service:
+    """Start ``argv`` and return at once; the caller stops it (or ``lifetime_s`` does).
+
+    Raises ObserveError when the program cannot be started at all.
+    """
+    args = tuple(os.fspath(a) for a in argv)
+    for path in (stdout_path, stderr_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        try:
+            process = subprocess.Popen(
+                args,
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise ObserveError(f"cannot start {args[0]}: {exc.strerror or exc}") from exc
+    return Service(process, lifetime_s)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group a service reported (a check forked in its own group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def python_executable() -> str:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvprobe import proc, schema
-from kvprobe.errors import SchemaError
+from kvprobe.checks.forkserver import FORKED, FRESH, Execution, ForkServer
+from kvprobe.errors import CheckRunError, SchemaError
 from kvprobe.names import PROBE_OUTPUT_SCHEMA
 from kvprobe.resources import probe_api_dir
 
@@ -23,6 +24,7 @@ class ProbeRun:
     duration_s: float
     output: dict[str, Any] | None
     problem: str | None
+    execution: Execution = field(default_factory=lambda: Execution(FRESH))
 
     @property
     def ok(self) -> bool:
@@ -40,11 +42,14 @@ def run_probe(
     env_extra: dict[str, str],
     scratch: Path,
     timeout_s: float,
+    server: ForkServer | None = None,
 ) -> ProbeRun:
-    """Run ``probe_file --out out_json`` with the side's tree first on PYTHONPATH.
+    """Run ``probe_file --out out_json`` with the side's tree first on PYTHONPATH, in a fresh
+    interpreter or, given a ``server``, in a child forked from its preloaded one.
 
-    A probe that crashes, times out or writes an invalid document yields a ProbeRun
-    with ``problem`` set: the comparison then reports an error, never a result.
+    A probe that crashes, times out or writes an invalid document, or whose fork server
+    fails, yields a ProbeRun with ``problem`` set: the comparison then reports an error,
+    never a result.
     """
     name = probe_file.stem
     paths = [*map(str, python_path), str(probe_file.parent), str(probe_api_dir())]
@@ -58,16 +63,28 @@ def run_probe(
         },
         home=scratch,
     )
-    result = proc.run(
-        [python, str(probe_file), "--out", str(out_json)],
-        timeout_s=timeout_s,
-        env=env,
-        cwd=scratch,
-        stdout_path=log_dir / f"{name}.stdout",
-        stderr_path=log_dir / f"{name}.stderr",
-    )
+    stdout, stderr = log_dir / f"{name}.stdout", log_dir / f"{name}.stderr"
+    argv = [str(probe_file), "--out", str(out_json)]
+    if server is None:
+        result = proc.run(
+            [python, *argv], timeout_s=timeout_s, env=env, cwd=scratch, stdout_path=stdout, stderr_path=stderr
+        )
+    else:
+        try:
+            result = server.run(
+                argv,
+                path=[Path(p) for p in paths],
+                env=env,
+                cwd=scratch,
+                timeout_s=timeout_s,
+                stdout_path=stdout,
+                stderr_path=stderr,
+            )
+        except CheckRunError as exc:
+            return ProbeRun(name, -1, False, 0.0, None, f"probe {name}: {exc}", Execution(FORKED))
     output, problem = _read_output(out_json, name, result)
-    return ProbeRun(name, result.returncode, result.timed_out, result.duration_s, output, problem)
+    execution = Execution(FRESH if server is None else FORKED)
+    return ProbeRun(name, result.returncode, result.timed_out, result.duration_s, output, problem, execution)
 
 
 def _read_output(path: Path, name: str, result: proc.CommandResult) -> tuple[dict | None, str | None]:

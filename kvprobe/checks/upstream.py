@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kvprobe import proc
+from kvprobe.checks.forkserver import ForkServer
 from kvprobe.checks.results import check_report_schema, count_results, failure_kinds, results_from_report
 from kvprobe.errors import CheckRunError, SchemaError, UsageError
 from kvprobe.files import write_atomic
@@ -92,12 +93,15 @@ def run_test_file(
     log_dir: Path,
     timeout_s: float,
     env_extra: dict[str, str],
+    server: ForkServer | None = None,
 ) -> TestFileRun:
-    """Overlay head's test file into ``tree`` and run it with pytest in ``python``.
+    """Overlay head's test file into ``tree`` and run it with pytest in ``python`` (or in a
+    child of ``server``'s preloaded ``python``).
 
     Failing tests, collection errors, timeouts and crashes are results, not exceptions.
     Raises UsageError for a bad ``test_rel``/``env_extra``, CheckRunError when the file
-    cannot be placed in the tree, ObserveError when the interpreter cannot start.
+    cannot be placed in the tree or the fork server fails, ObserveError when the
+    interpreter cannot start.
     """
     env_pinned = {**PINNED_ENV, **_checked_extra(env_extra)}
     target, overlay = overlay_test_file(tree, test_rel, head_test_bytes)
@@ -118,14 +122,14 @@ def run_test_file(
             },
             home=Path(home),
         )
-        result = proc.run(
-            argv,
-            timeout_s=timeout_s,
-            env=env,
-            cwd=rootdir,
-            stdout_path=log_dir / f"{name}.stdout",
-            stderr_path=log_dir / f"{name}.stderr",
-        )
+        stdout, stderr = log_dir / f"{name}.stdout", log_dir / f"{name}.stderr"
+        if server is None:
+            result = proc.run(argv, timeout_s=timeout_s, env=env, cwd=rootdir, stdout_path=stdout, stderr_path=stderr)
+        else:
+            paths = [Path(p) for p in _python_path(python_path)]
+            result = server.run(
+                argv[1:], path=paths, env=env, cwd=rootdir, timeout_s=timeout_s, stdout_path=stdout, stderr_path=stderr
+            )
     doc = finalize_report(report_path, result, file_nodeid=file_nodeid, timeout_s=timeout_s)
     results = tuple(results_from_report(doc))
     return TestFileRun(

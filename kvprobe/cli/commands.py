@@ -286,12 +286,23 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
 
 
 def _run_options(
-    pins: str | None, out: str | None, repo: str | None, torch_index: str | None, jobs: int | None, timeout: int
+    pins: str | None,
+    out: str | None,
+    repo: str | None,
+    torch_index: str | None,
+    jobs: int | None,
+    timeout: int,
+    preload: bool = True,
 ) -> RunOptions:
     from kvprobe.run.runner import RunOptions
 
     opts = RunOptions(
-        pin_set=pins, out=Path(out) if out else None, repo=repo, torch_index=torch_index, timeout_s=float(timeout)
+        pin_set=pins,
+        out=Path(out) if out else None,
+        repo=repo,
+        torch_index=torch_index,
+        timeout_s=float(timeout),
+        preload=preload,
     )
     if jobs is not None:
         opts.jobs = jobs
@@ -315,6 +326,12 @@ def _run_options(
     help="Run base and head in parallel (2) or in turn (1); default: 2 where there are 2+ cores.",
 )
 @click.option("--timeout", default=1800, show_default=True, type=click.IntRange(1), help="Seconds per check.")
+@click.option(
+    "--no-preload",
+    is_flag=True,
+    help="Run each check in a fresh interpreter, not forked from one that preloaded torch, "
+    "transformers and torchvision.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @click.option(
     "--record-expectations",
@@ -336,6 +353,7 @@ def run_cmd(
     as_json: bool,
     record: bool = False,
     yes: bool = False,
+    no_preload: bool = False,
 ) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not, 3 could not observe)."""
     from kvprobe.cli.console import print_run_diagnostics, print_run_summary
@@ -345,7 +363,9 @@ def run_cmd(
     exp = experiment.load(experiment_id)
     streams = _streams(as_json)
     _warn_shadowing(streams, exp.id)
-    result = run_experiment(exp, _run_options(pins, out, repo, torch_index, jobs, timeout), streams.reporter())
+    result = run_experiment(
+        exp, _run_options(pins, out, repo, torch_index, jobs, timeout, not no_preload), streams.reporter()
+    )
     if streams.verbosity > -2:
         print_run_diagnostics(streams.err, result.receipt)
     if streams.results:

@@ -229,6 +229,26 @@ class EvidenceScope(Part):
 
 
 @dataclass(frozen=True)
+class CheckExecution(Part):
+    """How one check ran: a ``fresh`` interpreter or ``forked`` from the preloaded one, and why
+    it ran fresh (``--no-preload``, a fork server that did not start)."""
+
+    side: str
+    check: str  # "test" | "probe"
+    name: str
+    mode: str  # "fresh" | "forked"
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ExecutionRecord(Part):
+    """What the fork server preloaded (module -> version) and how each check ran."""
+
+    preloaded: Mapping[str, str | None]
+    checks: tuple[CheckExecution, ...]
+
+
+@dataclass(frozen=True)
 class Receipt(Part):
     """A run receipt: what ran on which pins, in which env, what was observed, the verdict."""
 
@@ -247,6 +267,7 @@ class Receipt(Part):
     verdict: Verdict
     evidence: EvidenceScope
     timings: Mapping[str, float]
+    execution: ExecutionRecord | None = field(default=None, metadata=OPTIONAL)  # absent before the fork server
 
     def cited(self) -> list[tuple[str, str, FileRef]]:
         """(side, "test" | "probe", raw file) for every raw document the receipt cites."""

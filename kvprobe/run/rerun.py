@@ -314,4 +314,13 @@ def env_notes(published: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
         f"host: {fresh['host'].get('system')} {fresh['host'].get('machine')} "
         f"(published on {published['host'].get('system')} {published['host'].get('machine')})"
     )
+    if _check_modes(published) != _check_modes(fresh):
+        # how a check's interpreter started is not a result: the observations are compared as usual
+        notes.append(f"checks ran {_check_modes(fresh)} in the rerun, {_check_modes(published)} when published")
     return notes
+
+
+def _check_modes(receipt: dict[str, Any]) -> str:
+    """Forked, fresh or both; a receipt without ``execution`` predates the fork server: fresh."""
+    modes = {c["mode"] for c in receipt.get("execution", {}).get("checks", [])}
+    return " and ".join(sorted(modes)) or "fresh"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import platform
 import shutil
@@ -26,6 +27,7 @@ from kvprobe.model.receipt import (
     Comparison,
     EnvRecord,
     EvidenceScope,
+    ExecutionRecord,
     ExperimentRef,
     PinSetRef,
     ProbeRecord,
@@ -37,7 +39,7 @@ from kvprobe.model.receipt import (
 from kvprobe.model.records import Experiment, GitPin, PinSet, Side, SourceKind, WheelPin
 from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
-from kvprobe.run.side import CheckContext, environment, run_side
+from kvprobe.run.side import CheckContext, environment, execution_record, fork_server, run_side
 from kvprobe.verify.steps import VerifyOptions, verify
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ class RunOptions:
     torch_index: str | None = None
     jobs: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))  # sides in parallel where there are cores
     timeout_s: float = 1800.0
+    preload: bool = True  # checks fork from one preloaded interpreter; False: a fresh one each
     bundles_dir: Path = field(default_factory=lambda: Path("bundles"))
 
 
@@ -77,6 +80,7 @@ class RunOutputs:
     checks: dict[Side, dict[str, Any]]  # run.side.run_side per side
     staging: Path
     timings: dict[str, float]
+    execution: ExecutionRecord  # run.side.execution_record: fresh or forked, and what was preloaded
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,12 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)
         ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
+        server, fresh_reason = fork_server(ctx, 2 * (len(head_tests) + len(exp.probes)), opts.preload)
+        if server is not None:
+            held.enter_context(server)
+            ctx = dataclasses.replace(ctx, server=server)
+        timings["preload_s"] = time.monotonic() - clock
+        clock = time.monotonic()
         with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
             futures = {
                 side: pool.submit(run_side, ctx, side, sides[side], head_tests, reporter)
@@ -117,7 +127,8 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
             checks = {side: f.result() for side, f in futures.items()}
         timings["checks_s"] = time.monotonic() - clock
         plan = RunPlan(exp, pin_set, run_id, started)
-        receipt = _receipt(plan, RunOutputs(sides, env, env_vars, checks, staging, timings))
+        execution = execution_record(server, fresh_reason, checks)
+        receipt = _receipt(plan, RunOutputs(sides, env, env_vars, checks, staging, timings, execution))
         result = _write_bundle(exp, receipt, staging, final)
         return result
     finally:
@@ -417,6 +428,7 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> Receipt:
             absorbed=records["absorbed"],
         ),
         timings={k: round(v, 3) for k, v in timings.items()},
+        execution=out.execution,
     )
 
 

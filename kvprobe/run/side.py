@@ -17,8 +17,10 @@ from typing import Any, Protocol
 
 from kvprobe import __version__
 from kvprobe.checks import probes, upstream
+from kvprobe.checks.forkserver import FORKED, FRESH, PRELOAD, Execution, ForkServer
+from kvprobe.errors import ObserveError
 from kvprobe.files import write_json
-from kvprobe.model.receipt import EnvRecord
+from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord
 from kvprobe.model.records import EnvInfo, Experiment, ModelPin, PinSet, ProbeCheck, Side, SourceKind
 from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
 from kvprobe.progress import Reporter
@@ -78,6 +80,7 @@ class CheckContext:
     staging: Path
     work: Path
     timeout_s: float
+    server: ForkServer | None = None  # checks fork from its preloaded interpreter; None: fresh ones
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ def run_test(ctx: CheckContext, paths: CheckPaths, tree: Path, rel: str, data: b
         log_dir=paths.logs,
         timeout_s=ctx.timeout_s,
         env_extra=ctx.env_vars,
+        server=ctx.server,
     )
     report = None
     if run.report_path and Path(run.report_path).is_file():
@@ -162,6 +166,7 @@ def run_test(ctx: CheckContext, paths: CheckPaths, tree: Path, rel: str, data: b
         "raw": raw_path,
         "junit": junit if junit and junit.is_file() else None,
         "duration_s": run.duration_s,
+        "execution": Execution(FRESH if ctx.server is None else FORKED),
     }
 
 
@@ -183,6 +188,7 @@ def run_probe(ctx: CheckContext, paths: CheckPaths, check: ProbeCheck) -> dict[s
         env_extra=ctx.env_vars,
         scratch=paths.scratch,
         timeout_s=ctx.timeout_s,
+        server=ctx.server,
     )
     if not run.ok and out.exists():
         out.rename(out.with_suffix(".invalid.json"))
@@ -191,3 +197,38 @@ def run_probe(ctx: CheckContext, paths: CheckPaths, check: ProbeCheck) -> dict[s
 
 def _safe_name(rel: str) -> str:
     return rel.replace("/", "__")
+
+
+def fork_server(ctx: CheckContext, checks: int, preload: bool) -> tuple[ForkServer | None, str | None]:
+    """The run's preloaded fork server, or None and why its checks run in fresh interpreters.
+
+    A server that cannot start is not a failed run: its checks run fresh, and the receipt
+    says why.
+    """
+    if not preload:
+        return None, "--no-preload"
+    try:
+        server = ForkServer(
+            ctx.python,
+            preload=PRELOAD,
+            env=ctx.env_vars,
+            work=ctx.work / "forkserver",
+            lifetime_s=ctx.timeout_s * max(1, checks) + 600,
+        )
+    except ObserveError as exc:
+        return None, f"the fork server did not start: {exc}"
+    return server, None
+
+
+def execution_record(
+    server: ForkServer | None, fresh_reason: str | None, checks: dict[Side, dict[str, Any]]
+) -> ExecutionRecord:
+    """The receipt's ``execution``: how each check ran, and what its interpreter had preloaded."""
+    rows = []
+    for side, ran in checks.items():
+        named = [("test", t["path"], t["execution"]) for t in ran["tests"]]
+        named += [("probe", p["name"], p["run"].execution) for p in ran["probes"]]
+        for kind, name, how in named:
+            reason = how.reason or (fresh_reason if how.mode == FRESH else None)
+            rows.append(CheckExecution(side.value, kind, name, how.mode, reason))
+    return ExecutionRecord(dict(sorted(server.preloaded.items())) if server else {}, tuple(rows))

@@ -68,3 +68,32 @@ def test_missing_program_is_an_observe_error(tmp_path):
 
     with pytest.raises(ObserveError, match="cannot start"):
         proc.capture(["/nonexistent/program"], timeout_s=5, env=proc.clean_env())
+
+
+def test_a_service_is_killed_with_its_group_when_its_lifetime_ends(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    service = proc.start(
+        [sys.executable, "-c", script],
+        lifetime_s=2,
+        env=proc.clean_env(),
+        stdout_path=tmp_path / "o",
+        stderr_path=tmp_path / "e",
+    )
+    deadline = time.monotonic() + 15
+    while service.running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not service.running(), "the service outlived its lifetime"
+    child = int(pidfile.read_text())
+    time.sleep(0.2)
+    try:
+        os.kill(child, 0)
+        alive = Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
+    except ProcessLookupError:
+        alive = False
+    assert not alive, "the service's child survived it"

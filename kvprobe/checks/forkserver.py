@@ -1,0 +1,195 @@
+"""Checks forked from one preloaded interpreter per run, instead of a fresh one each.
+
+A side's check used to pay interpreter start and the torch/transformers/torchvision imports
+(about 4 s of a probe's 6-7 s) every time. ``probe_api/kvprobe_forkserver.py`` imports them
+once, in the target env's own python, through ``multiprocessing``'s fork server (made for
+exactly this: a single-threaded process that preloads modules and only forks); each check
+is a child set up as ``python SCRIPT ARGS`` would be. SGLang and the sides' trees are never
+preloaded: the server's path holds only the probe API.
+
+:class:`Execution` is what the receipt says of one check: ``fresh`` or ``forked``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvprobe import proc
+from kvprobe.errors import CheckRunError, ObserveError
+from kvprobe.resources import probe_api_dir
+
+# The heavy third-party imports of the sglang-cpu env; never SGLang (it is the code under test).
+PRELOAD = ("torch", "transformers", "torchvision")
+SERVER_SCRIPT = "kvprobe_forkserver.py"
+FRESH, FORKED = "fresh", "forked"
+_START_TIMEOUT_S = 300.0
+_REPLY_GRACE_S = 30.0  # the server's own kill and reap after a check's timeout
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How one check ran, and why it ran fresh when a server was there."""
+
+    mode: str
+    reason: str | None = None
+
+
+class ForkServer:
+    """A running fork server in ``python``'s env; stop it with :meth:`close` (or ``with``).
+
+    Raises ObserveError when the server cannot start or does not answer within
+    ``_START_TIMEOUT_S`` (preloading torch takes seconds, not minutes).
+    """
+
+    def __init__(
+        self,
+        python: str,
+        *,
+        preload: Sequence[str],
+        env: Mapping[str, str],
+        work: Path,
+        lifetime_s: float,
+    ) -> None:
+        for scratch in ("home", "tmp"):
+            (work / scratch).mkdir(parents=True, exist_ok=True)
+        # AF_UNIX paths are limited to 107 bytes: the socket gets a short directory of its own
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="kvprobe-fs-"))
+        self.socket_path = self._socket_dir / "server.sock"
+        self.log_dir = work
+        server_env = proc.clean_env(
+            {
+                **env,
+                "PYTHONPATH": str(probe_api_dir()),
+                # children inherit both: hashing and bytecode behave as in a fresh interpreter
+                "PYTHONHASHSEED": "0",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                # multiprocessing's own socket directory, which a killed server cannot remove
+                "TMPDIR": str(work / "tmp"),
+            },
+            home=work / "home",
+        )
+        argv = [python, str(probe_api_dir() / SERVER_SCRIPT), "--socket", str(self.socket_path)]
+        self.service = proc.start(
+            [*argv, "--preload", ",".join(preload)],
+            lifetime_s=lifetime_s,
+            env=server_env,
+            stdout_path=work / "server.stdout",
+            stderr_path=work / "server.stderr",
+            cwd=work / "home",
+        )
+        try:
+            self.preloaded: dict[str, str | None] = self._hello()
+        except BaseException:
+            self.close()
+            raise
+
+    def _hello(self) -> dict[str, str | None]:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not self.socket_path.exists():
+            if not self.service.running():
+                raise ObserveError(f"the fork server exited while preloading: {self._last_error()}")
+            if time.monotonic() > deadline:
+                raise ObserveError(f"the fork server did not start within {_START_TIMEOUT_S:.0f}s")
+            time.sleep(0.05)
+        with self._connect(_START_TIMEOUT_S) as conn, conn.makefile("rwb") as stream:
+            reply = _exchange(stream, {"op": "hello"})
+        if reply is None:
+            raise ObserveError(f"the fork server did not answer: {self._last_error()}")
+        return dict(reply["preloaded"])
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        path: Sequence[Path],
+        env: Mapping[str, str],
+        cwd: Path,
+        stdout_path: Path,
+        stderr_path: Path,
+        timeout_s: float,
+    ) -> proc.CommandResult:
+        """``python ARGV`` in a forked child (``path`` first on sys.path, as PYTHONPATH would be).
+
+        A crash, a non-zero exit or a timeout is the result's; raises CheckRunError when the
+        server dies or falls silent, after killing the check's process group itself.
+        """
+        for log in (stdout_path, stderr_path):
+            log.parent.mkdir(parents=True, exist_ok=True)
+        request = {
+            "op": "run",
+            "argv": list(argv),
+            "path": [str(Path(p).absolute()) for p in path],
+            "env": dict(env),
+            "cwd": str(cwd),
+            "stdout": str(stdout_path),
+            "stderr": str(stderr_path),
+            "timeout_s": timeout_s,
+        }
+        started, pgid = time.monotonic(), None
+        try:
+            with self._connect(timeout_s + _REPLY_GRACE_S) as conn, conn.makefile("rwb") as stream:
+                first = _exchange(stream, request)
+                pgid = first["started"] if first else None
+                reply = _read(stream) if first else None
+        except OSError as exc:
+            reply, why = None, str(exc)
+        else:
+            why = self._last_error()
+        if reply is None:
+            if pgid is not None:
+                proc.kill_group(pgid)
+            raise CheckRunError(f"the fork server failed during {Path(argv[0]).name}: {why}")
+        return proc.CommandResult(
+            argv=("<forked>", *argv),
+            returncode=reply["exit"],
+            duration_s=time.monotonic() - started,
+            timed_out=reply["timed_out"],
+            stdout_path=stdout_path,
+            stderr_path=stderr_path,
+        )
+
+    def _connect(self, timeout_s: float) -> socket.socket:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(timeout_s)
+        try:
+            conn.connect(str(self.socket_path))
+        except OSError as exc:
+            conn.close()
+            raise ObserveError(f"cannot reach the fork server: {exc}") from exc
+        return conn
+
+    def _last_error(self) -> str:
+        path = self.log_dir / "server.stderr"
+        lines = [ln for ln in proc.read_tail(path, 8192).splitlines() if ln.strip()] if path.exists() else []
+        state = "running" if self.service.running() else "exited"
+        return f"server {state}" + (f"; {lines[-1].strip()}" if lines else "")
+
+    def close(self) -> None:
+        self.service.stop()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def __enter__(self) -> ForkServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _exchange(stream: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+    stream.write(json.dumps(message).encode() + b"\n")
+    stream.flush()
+    return _read(stream)
+
+
+def _read(stream: Any) -> dict[str, Any] | None:
+    """The next reply line, or None when the server closed the connection without one."""
+    line = stream.readline()
+    return json.loads(line) if line.endswith(b"\n") else None

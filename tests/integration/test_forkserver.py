@@ -1,0 +1,197 @@
+"""The preloaded fork server: each check in its own forked child, process group and timeout.
+
+The server runs in kvprobe's own interpreter with stdlib modules standing in for torch and
+friends (the preload mechanism is the same); /proc is read to show nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvprobe import proc
+from kvprobe.checks.forkserver import ForkServer
+from kvprobe.errors import CheckRunError, ObserveError
+
+STAND_INS = ("decimal", "xml.dom.minidom")
+
+
+def _groups() -> dict[int, int]:
+    """pid -> process group id of every live (non-zombie) process."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z":
+            found[int(entry.name)] = int(fields[2])
+    return found
+
+
+def _alive(pid: int) -> bool:
+    return pid in _groups()
+
+
+def _gone(pids: list[int], within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _groups_gone(groups: list[int], within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not set(groups) & set(_groups().values()):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def server(tmp_path):
+    with ForkServer(sys.executable, preload=STAND_INS, env={}, work=tmp_path / "server", lifetime_s=300) as running:
+        yield running
+    assert _gone([running.service.pid]), "the server outlived close()"
+    assert _groups_gone([running.service.pid]), "the server's group outlived close()"
+
+
+def _check(server: ForkServer, tmp_path: Path, source: str, *, timeout_s: float = 60, name: str = "check"):
+    script = tmp_path / f"{name}.py"
+    script.write_text(source)
+    (tmp_path / "cwd").mkdir(exist_ok=True)
+    env = proc.clean_env({"KVPROBE_SIDE_CONFIG": '{"side": "base"}'}, home=tmp_path / "cwd")
+    return server.run(
+        [str(script), "--out", "x"],
+        path=[tmp_path / "tree"],
+        env=env,
+        cwd=tmp_path / "cwd",
+        stdout_path=tmp_path / "logs" / f"{name}.stdout",
+        stderr_path=tmp_path / "logs" / f"{name}.stderr",
+        timeout_s=timeout_s,
+    )
+
+
+def test_a_check_runs_as_its_own_script_with_the_preloaded_modules(server, tmp_path):
+    assert set(server.preloaded) == set(STAND_INS)
+    tree = str(tmp_path / "tree")
+    result = _check(
+        server,
+        tmp_path,
+        "import os, sys\n"
+        "print('preloaded', 'decimal' in sys.modules)\n"
+        "print('argv', sys.argv[1:], '__main__', __name__)\n"
+        f"print('path', sys.path[:2] == [os.path.dirname(os.path.abspath(__file__)), {tree!r}])\n"
+        "print('cwd', os.getcwd() == os.environ['HOME'], os.environ['KVPROBE_SIDE_CONFIG'])\n"
+        "print('fixed hash seed', sys.flags.hash_randomization == 0, sys.dont_write_bytecode)\n"
+        "sys.stderr.write('to stderr\\n')\n"
+        "sys.exit(4)\n",
+    )
+    assert (result.returncode, result.timed_out) == (4, False)
+    out = result.stdout().splitlines()
+    assert out == [
+        "preloaded True",
+        "argv ['--out', 'x'] __main__ __main__",
+        "path True",
+        'cwd True {"side": "base"}',
+        "fixed hash seed True True",
+    ]
+    assert result.stderr() == "to stderr\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "code"),
+    [
+        ("import os\nos._exit(3)\n", 3),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", -signal.SIGSEGV),
+        ("import ctypes\nctypes.string_at(0)\n", -signal.SIGSEGV),
+        ("raise RuntimeError('boom')\n", 1),
+    ],
+    ids=["os-exit", "sigsegv", "ctypes-null", "exception"],
+)
+def test_a_crashing_check_ends_only_its_own_child(server, tmp_path, source, code):
+    crashed = _check(server, tmp_path, source, name="crash")
+    assert (crashed.returncode, crashed.timed_out) == (code, False)
+    after = _check(server, tmp_path, "print('still serving')\n", name="after")
+    assert after.ok and after.stdout() == "still serving\n"
+    assert server.service.running()
+
+
+def test_a_hanging_check_and_its_grandchild_are_killed_at_its_timeout(server, tmp_path):
+    pids = tmp_path / "pids"
+    started = time.monotonic()
+    result = _check(
+        server,
+        tmp_path,
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(600)\n",
+        timeout_s=3,
+        name="hang",
+    )
+    assert result.timed_out and not result.ok
+    assert time.monotonic() - started < 3 + 10
+    check, grandchild = map(int, pids.read_text().split())
+    assert _gone([check, grandchild]), "the hanging check or its grandchild survived the timeout"
+    assert _groups_gone([check])
+    assert _check(server, tmp_path, "print('next')\n", name="next").ok
+
+
+def test_a_grandchild_left_by_a_finished_check_goes_with_it(server, tmp_path):
+    pids = tmp_path / "pids"
+    result = _check(
+        server,
+        tmp_path,
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pids)!r}, 'w').write(str(child.pid))\n",
+        name="leaver",
+    )
+    assert result.ok
+    assert _gone([int(pids.read_text())]), "a daemon the check left behind survived it"
+
+
+def test_the_server_dying_mid_check_is_an_error_not_a_hang(tmp_path):
+    pids = tmp_path / "pid"
+    with ForkServer(sys.executable, preload=STAND_INS, env={}, work=tmp_path / "server", lifetime_s=300) as server:
+        group = server.service.pid
+
+        def kill_server() -> None:
+            while not pids.exists():
+                time.sleep(0.05)
+            os.kill(server.service.pid, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_server)
+        killer.start()
+        started = time.monotonic()
+        with pytest.raises(CheckRunError, match="fork server failed"):
+            _check(
+                server,
+                tmp_path,
+                f"import os, time\nopen({str(pids)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n",
+                timeout_s=600,
+                name="orphan",
+            )
+        killer.join()
+        assert time.monotonic() - started < 30
+        check = int(pids.read_text())
+        assert _gone([check]), "the check outlived its server"
+    assert _groups_gone([group, check]), "a process of the dead server's run is left"
+
+
+def test_a_server_that_cannot_start_is_an_observe_error(tmp_path):
+    with pytest.raises(ObserveError, match="cannot start /nonexistent/python"):
+        ForkServer("/nonexistent/python", preload=STAND_INS, env={}, work=tmp_path / "server", lifetime_s=60)
