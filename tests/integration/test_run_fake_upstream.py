@@ -299,3 +299,19 @@ def test_a_bundle_that_fails_its_own_verification_is_not_published(cli, tmp_path
     assert result.exit_code == 3
     assert "failed its own verification" in result.stderr
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_pytest_files_forked_from_the_server_give_the_results_fresh_ones_give(cli, tmp_path):
+    runs = {}
+    for flags in ((), ("--no-preload",)):
+        out = tmp_path / ("fresh" if flags else "forked")
+        result = cli("run", "fake-fix", "--out", str(out), "--json", *flags)
+        assert result.exit_code == 0, result.output
+        receipt = json.loads((out / "receipt.json").read_text())
+        modes = {(c["check"], c["mode"]) for c in receipt["execution"]["checks"]}
+        assert modes == (
+            {("test", "fresh"), ("probe", "fresh")} if flags else {("test", "forked"), ("probe", "forked")}
+        )
+        runs[out.name] = (json.loads(result.stdout)["tests"], receipt["comparison"])
+    assert runs["forked"] == runs["fresh"]
+    assert runs["forked"][0]  # there were tests to compare
