@@ -181,7 +181,9 @@ def test_the_server_dying_mid_check_is_an_error_not_a_hang(tmp_path):
             _check(
                 server,
                 tmp_path,
-                f"import os, time\nopen({str(pids)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n",
+                # written whole, then renamed: the killer never sees a half-written pid
+                f"import os, time\nopen('pid.tmp', 'w').write(str(os.getpid()))\n"
+                f"os.replace('pid.tmp', {str(pids)!r})\ntime.sleep(600)\n",
                 timeout_s=600,
                 name="orphan",
             )
