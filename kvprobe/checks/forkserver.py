@@ -77,14 +77,18 @@ class ForkServer:
             home=work / "home",
         )
         argv = [python, str(probe_api_dir() / SERVER_SCRIPT), "--socket", str(self.socket_path)]
-        self.service = proc.start(
-            [*argv, "--preload", ",".join(preload)],
-            lifetime_s=lifetime_s,
-            env=server_env,
-            stdout_path=work / "server.stdout",
-            stderr_path=work / "server.stderr",
-            cwd=work / "home",
-        )
+        try:
+            self.service = proc.start(
+                [*argv, "--preload", ",".join(preload)],
+                lifetime_s=lifetime_s,
+                env=server_env,
+                stdout_path=work / "server.stdout",
+                stderr_path=work / "server.stderr",
+                cwd=work / "home",
+            )
+        except ObserveError:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            raise
         try:
             self.preloaded: dict[str, str | None] = self._hello()
         except BaseException:
