@@ -1,4 +1,4 @@
-"""A gate's status and how statuses combine: pure, shared by `kvprobe gates` and verify.
+"""A gate's status, its checks and how statuses combine: pure, shared by `kvprobe gates` and verify.
 
 Verification recomputes every gate and the overall result of a gates receipt from its
 checks with :func:`combine`, so it needs this rule and not the gates pipeline.
@@ -7,7 +7,10 @@ checks with :func:`combine`, so it needs this rule and not the gates pipeline.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
+
+from kvprobe.model.gates_receipt import CheckRecord
 
 
 class Status(str, Enum):
@@ -30,3 +33,17 @@ def combine(statuses: Iterable[Status]) -> Status:
     if not seen or Status.UNKNOWN in seen:
         return Status.UNKNOWN
     return Status.PASS
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of a gate, as decided; only checks that ``decides`` count towards its gate."""
+
+    name: str
+    status: Status
+    detail: str
+    evidence: str = "-"
+    decides: bool = True
+
+    def record(self) -> CheckRecord:
+        return CheckRecord(self.name, self.status.value, self.detail, self.evidence, self.decides)

@@ -32,6 +32,8 @@ class Bundle:
     experiment: dict[str, Any] | None = None
     experiment_bytes: bytes | None = None
     raw_docs: dict[str, Any] = field(default_factory=dict)
+    # a gates receipt's gate-2 experiment files, by bundle path (step 2 read and schema-checked them)
+    experiment_docs: dict[str, Any] = field(default_factory=dict)
     receipt_family: str = "kvprobe.receipt"
 
     def listed(self) -> dict[str, dict[str, Any]]:

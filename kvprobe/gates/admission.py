@@ -1,4 +1,5 @@
-"""Gate 2, reject/admission: the experiment A and B probes, head side, run against the operator's SGLang."""
+"""Gate 2, reject/admission: the experiment A and B probes, head side, run against the operator's
+SGLang; their outputs are decided by the pure rule in :mod:`kvprobe.evidence.gate2`."""
 
 from __future__ import annotations
 
@@ -8,63 +9,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvprobe.evidence import compare
+from kvprobe.evidence import gate2
 from kvprobe.evidence.bundle import cite
-from kvprobe.evidence.gate_status import Status
-from kvprobe.gates.gate import Check, Gate, GateOptions
-from kvprobe.gates.target import GATE_EXPERIMENTS, Target
-from kvprobe.model.gates_receipt import GateProbeRecord
+from kvprobe.evidence.gate_status import Check
+from kvprobe.gates.gate import Gate, GateOptions
+from kvprobe.gates.target import Target
+from kvprobe.model.gates_receipt import Gate2Basis, GateExperimentRecord, GateProbeRecord
 from kvprobe.model.receipt import EnvRecord
-from kvprobe.model.records import Experiment, Side
+from kvprobe.model.records import Side
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR
 from kvprobe.progress import Reporter
 from kvprobe.run import runner
 from kvprobe.run.side import CheckContext, CheckPaths, environment, run_probe
 
+TITLE = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"
 
-def gate2_checks(exp: Experiment, docs: dict[str, Any], problems: list[str]) -> list[Check]:
-    """Head-side expectations of one experiment against the probe output from the target."""
-    head_expect = exp.expectations.get("head", {})
-    table = compare.case_table(docs)
-    rows = compare.observation_rows({"head": head_expect}, {"base": {}, "head": table})
-    label = f"{exp.id} (#{', #'.join(map(str, exp.fix.prs))})"
-    if problems:
-        return [Check(label, Status.UNKNOWN, "probe did not run to the end: " + "; ".join(problems))]
-    if not table:
-        return [Check(label, Status.UNKNOWN, "nothing ran: the probe reported no case")]
-    checks = []
-    for case in sorted(head_expect):
-        if table.get(case, {}).get("observation", compare.OBSERVED) != compare.OBSERVED:
-            # set-up drift or a missing code path: neither fixed nor unfixed
-            checks.append(Check(f"{exp.id}: {case}", Status.UNKNOWN, compare.unobserved_text(table[case])))
-            continue
-        case_rows = [r for r in rows if r["case"] == case and r["expected_head_declared"]]
-        bad = [r for r in case_rows if not r["head_ok"]]
-        if not bad:
-            checks.append(
-                Check(f"{exp.id}: {case}", Status.PASS, f"{len(case_rows)}/{len(case_rows)} observations as fixed")
-            )
-            continue
-        got = [
-            f"{r['observation']} expected {r['expected_head']!r}, got {r['head']!r}"
-            if r["head_recorded"]
-            else f"{r['observation']} not recorded"
-            for r in bad
-        ]
-        checks.append(
-            Check(
-                f"{exp.id}: {case}",
-                Status.FAIL,
-                f"{len(case_rows) - len(bad)}/{len(case_rows)} as fixed; " + "; ".join(got[:4]),
-            )
-        )
-    return checks
+
+@dataclass(frozen=True)
+class Gate2Run:
+    """Gate 2, the probe records and what they were decided from, and the env (None when nothing ran)."""
+
+    gate: Gate
+    probes: list[GateProbeRecord]
+    basis: Gate2Basis
+    env: EnvRecord | None
 
 
 @dataclass
 class _ProbeOutcome:
     checks: list[Check]
     refs: list[GateProbeRecord]
+    experiment: GateExperimentRecord
 
 
 def run_gate2(
@@ -74,22 +49,18 @@ def run_gate2(
     work: Path,
     reporter: Reporter,
     held: contextlib.ExitStack | None = None,
-) -> tuple[Gate, list[GateProbeRecord], EnvRecord | None]:
-    """Gate 2, the probe references for the receipt and the env block (None when nothing ran)."""
-    title = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"
+) -> Gate2Run:
+    """Gate 2 against the target, or unknown without one."""
     if target is None:
-        return (
-            Gate(2, title, (Check("probes", Status.UNKNOWN, "no SGLang given: pass --sglang PATH|WHEEL|VERSION"),)),
-            [],
-            None,
-        )
+        return Gate2Run(Gate(2, TITLE, (gate2.NO_TARGET,)), [], Gate2Basis(gate2.ALGORITHM, ()), None)
     from kvprobe.experiments import experiment
 
     run_opts = runner.RunOptions(cache_root=opts.cache_root, torch_index=opts.torch_index)
     checks: list[Check] = []
     refs: list[GateProbeRecord] = []
+    experiments: list[GateExperimentRecord] = []
     env: EnvRecord | None = None
-    for exp in (experiment.load(i) for i in GATE_EXPERIMENTS):
+    for exp in (experiment.load(i) for i in gate2.EXPERIMENTS):
         # any non-synthetic pin set: it only selects the experiment's dependency profile
         pin_set = next(p for p in exp.pin_sets.values() if p.kind.value != "synthetic")
         env, python, env_vars = environment(exp, pin_set, run_opts, reporter, held)
@@ -97,7 +68,8 @@ def run_gate2(
         outcome = _probe_experiment(ctx, target, reporter)
         checks += outcome.checks
         refs += outcome.refs
-    return Gate(2, title, tuple(checks)), refs, env
+        experiments.append(outcome.experiment)
+    return Gate2Run(Gate(2, TITLE, tuple(checks)), refs, Gate2Basis(gate2.ALGORITHM, tuple(experiments)), env)
 
 
 def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> _ProbeOutcome:
@@ -105,6 +77,7 @@ def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> 
     probe_dir = staging / PROBES_DIR / exp.id
     probe_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
+    cited = GateExperimentRecord(exp.id, cite(probe_dir / "experiment.toml", staging))
     scratch = ctx.work / "home" / exp.id
     scratch.mkdir(parents=True, exist_ok=True)
     raw, logs = staging / RAW_DIR / "gate2" / exp.id, staging / LOGS_DIR / "gate2" / exp.id
@@ -136,4 +109,5 @@ def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> 
                 absorbed=found.get("absorbed", []),
             )
         )
-    return _ProbeOutcome(gate2_checks(exp, docs, problems), refs)
+    checks = gate2.experiment_checks(exp.id, exp.fix.prs, exp.expectations.get("head", {}), docs, problems)
+    return _ProbeOutcome(checks, refs, cited)

@@ -6,20 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvprobe.env.cache import default_cache_root
-from kvprobe.evidence.gate_status import Status, combine
-from kvprobe.model.gates_receipt import CheckRecord, GateRecord
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    detail: str
-    evidence: str = "-"
-    decides: bool = True
-
-    def record(self) -> CheckRecord:
-        return CheckRecord(self.name, self.status.value, self.detail, self.evidence, self.decides)
+from kvprobe.evidence.gate_status import Check, Status, combine
+from kvprobe.model.gates_receipt import GateRecord
 
 
 @dataclass(frozen=True)

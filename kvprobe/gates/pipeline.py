@@ -33,7 +33,7 @@ from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.evidence.bundle import host_facts, seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
-from kvprobe.gates.admission import run_gate2
+from kvprobe.gates.admission import Gate2Run, run_gate2
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Finding, code_settings
 from kvprobe.gates.gate import Gate, GateOptions
 from kvprobe.gates.inputs import InputFile, read_logs, read_server_args
@@ -42,13 +42,12 @@ from kvprobe.gates.settings import collect_sources, gate3, gate4
 from kvprobe.gates.target import Target, resolve_target
 from kvprobe.model.gates_receipt import (
     DeploymentScope,
-    GateProbeRecord,
     GatesReceipt,
     Inputs,
     MarkerRecord,
     TargetRecord,
 )
-from kvprobe.model.receipt import EnvRecord, Tool
+from kvprobe.model.receipt import Tool
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.run.runner import verify_on_write
@@ -83,8 +82,7 @@ class GatesRun:
     started: datetime
     gates: tuple[Gate, ...]
     findings: list[Finding]
-    probe_refs: list[GateProbeRecord]
-    env: EnvRecord | None
+    gate2: Gate2Run  # its probe records, what they were decided from and the env
     timings: dict[str, float]
 
 
@@ -111,14 +109,19 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         code = code_settings(tree) if tree else None
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
-        gate2, probe_refs, env = run_gate2(target, opts, staging, work, reporter, held)
+        gate2 = run_gate2(target, opts, staging, work, reporter, held)
         timings["gate2_s"] = time.monotonic() - clock
         worker_logs = [log for _f, log in logs]
         sources = collect_sources(worker_logs, files)
         findings: list = []
-        gates = (gate1(worker_logs), gate2, gate3(sources, tree, code, findings), gate4(sources, tree, code, findings))
+        gates = (
+            gate1(worker_logs),
+            gate2.gate,
+            gate3(sources, tree, code, findings),
+            gate4(sources, tree, code, findings),
+        )
         record = build_receipt(
-            GateInputs(logs, files, target, code), GatesRun(started, gates, findings, probe_refs, env, timings)
+            GateInputs(logs, files, target, code), GatesRun(started, gates, findings, gate2, timings)
         )
         receipt = record.to_json()
         readme = render_readme(record)
@@ -159,8 +162,9 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
         ),
         workers=tuple(_worker_json(log) for _f, log in logs),
         target=None if inputs.target is None else _target(inputs.target, inputs.code, run.findings),
-        probes=tuple(run.probe_refs),
-        env=run.env,
+        probes=tuple(run.gate2.probes),
+        gate2=run.gate2.basis,
+        env=run.gate2.env,
         host=host_facts(),
         evidence=_SCOPE,
         timings={k: round(v, 3) for k, v in run.timings.items()},

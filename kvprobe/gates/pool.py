@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvprobe.evidence.gate_status import Status
+from kvprobe.evidence.gate_status import Check, Status
 from kvprobe.gates import serverlog
-from kvprobe.gates.gate import Check, Gate
+from kvprobe.gates.gate import Gate
 
 
 def _fmt(n: int) -> str:

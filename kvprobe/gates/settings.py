@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvprobe.evidence.gate_status import Status, combine
+from kvprobe.evidence.gate_status import Check, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Presence, find_all
-from kvprobe.gates.gate import Check, Gate
+from kvprobe.gates.gate import Gate
 from kvprobe.gates.inputs import InputFile
 
 

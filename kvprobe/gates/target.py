@@ -9,10 +9,9 @@ from typing import Any
 
 from kvprobe import files
 from kvprobe.errors import UsageError
-from kvprobe.evidence import manifest
+from kvprobe.evidence import gate2, manifest
 from kvprobe.progress import Reporter
 
-GATE_EXPERIMENTS = ("experiment-a", "experiment-b")
 VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?$")
 
 
@@ -33,7 +32,7 @@ def release_pins() -> dict[str, Any]:
     from kvprobe.model.records import WheelPin
 
     pins: dict[str, Any] = {}
-    for exp_id in GATE_EXPERIMENTS:
+    for exp_id in gate2.EXPERIMENTS:
         for pin_set in experiment.load(exp_id).pin_sets.values():
             for pin in (pin_set.base, pin_set.head):
                 if isinstance(pin, WheelPin):  # a wheel pin set's sides

@@ -3,8 +3,8 @@ dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as 
 receipt, so ``GatesReceipt.from_json(doc).to_json() == doc``.
 
 Statuses stay strings ("pass", "fail", "unknown", "info"): their enum and how they combine
-live in ``evidence.gate_status``, above this layer. /1 receipts (inputs by path) are read
-by verification as documents; this model reads /2.
+live in ``evidence.gate_status``, above this layer. /1 receipts (inputs by path, no
+``gate2`` basis) are read by verification as documents; this model reads /2.
 """
 
 from __future__ import annotations
@@ -95,6 +95,23 @@ class GateProbeRecord(Part):
 
 
 @dataclass(frozen=True)
+class GateExperimentRecord(Part):
+    """A gate-2 experiment and its bundled experiment.toml, whose head expectations the probe
+    outputs were held to: verify recomputes gate 2 from that file and the raw outputs."""
+
+    id: str
+    file: FileRef
+
+
+@dataclass(frozen=True)
+class Gate2Basis(Part):
+    """What gate 2's checks were decided from, besides the probe outputs: the rule and the experiments."""
+
+    algorithm: str
+    experiments: tuple[GateExperimentRecord, ...]
+
+
+@dataclass(frozen=True)
 class DeploymentScope(Part):
     layer: str
     shows: str
@@ -118,6 +135,7 @@ class GatesReceipt(Part):
     workers: tuple[Mapping[str, Any], ...]  # what each worker's startup log showed, as parsed
     target: TargetRecord | None
     probes: tuple[GateProbeRecord, ...]
+    gate2: Gate2Basis
     env: EnvRecord | None
     host: Mapping[str, Any]
     evidence: DeploymentScope

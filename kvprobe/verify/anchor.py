@@ -52,10 +52,14 @@ def installed_digests(directory: Path) -> dict[str, str]:
 def compare_installed(bundle: Bundle) -> Anchor | None:
     """The bundle's ``probes/<id>/`` against the installed copy (digests from the manifest,
     which step 3 checked); None when the bundle's experiment is not one kvprobe ships."""
+    return compare_experiment(bundle, (bundle.receipt or {}).get("experiment", {}).get("id"))
+
+
+def compare_experiment(bundle: Bundle, exp_id: str | None) -> Anchor | None:
+    """The bundle's ``probes/<exp_id>/`` against the installed copy; None when kvprobe does not ship it."""
     receipt = bundle.receipt
-    exp_id = (receipt or {}).get("experiment", {}).get("id")
-    directory = installed_experiment(exp_id)
-    if directory is None or receipt is None or bundle.manifest is None:
+    directory = installed_experiment(exp_id) if isinstance(exp_id, str) else None
+    if exp_id is None or directory is None or receipt is None or bundle.manifest is None:
         return None
     anchor = Anchor(exp_id, directory)
     want = installed_digests(directory)

@@ -33,9 +33,9 @@ from kvprobe.defects import (
     RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
-from kvprobe.evidence import compare, sweep
+from kvprobe.evidence import compare, gate2, sweep
 from kvprobe.evidence.bundle_readme import render_readme
-from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
+from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
@@ -582,18 +582,28 @@ def gates_citations(node: Any, where: str = "") -> list[tuple[str, dict[str, str
 
 
 def step_gates_consistency(bundle: Bundle) -> StepResult:
-    """Cited files are the manifest's; each gate and the overall result follow from the checks."""
+    """Cited files are the manifest's; gate 2's checks are recomputed from the raw outputs and the
+    bundled experiments' expectations; each gate and the overall result follow from the checks."""
     receipt = bundle.accepted_receipt
     defects = citation_defects(gates_citations(receipt), bundle.listed())
+    defects += gates_probe_defects(bundle) + gate2_basis_defects(bundle)
+    gate2_checks, found = recompute_gate2(bundle)
+    defects += found
     gates = []
     for gate in receipt["gates"]:
-        status = combine(Status(c["status"]) for c in gate["checks"] if c["decides"])
+        checks = [(Status(c["status"]), c["decides"]) for c in gate["checks"]]
+        if gate["number"] == 2 and gate2_checks is not None:
+            defects += gate2_check_defects(gate["checks"], gate2_checks)
+            checks = [(c.status, c.decides) for c in gate2_checks]
+        status = combine(s for s, decides in checks if decides)
         if status.value != gate["status"]:
+            basis = (
+                "the raw outputs give"
+                if gate["number"] == 2 and gate2_checks is not None
+                else "its deciding checks give"
+            )
             defects.append(
-                ForgedVerdict(
-                    RECEIPT,
-                    f"gate {gate['number']} states {gate['status']!r}; its deciding checks give {status.value!r}",
-                )
+                ForgedVerdict(RECEIPT, f"gate {gate['number']} states {gate['status']!r}; {basis} {status.value!r}")
             )
         gates.append(status)
     overall = combine(gates)
@@ -605,8 +615,121 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
                 f"{receipt['exit_code']}); the gates give {overall.value!r}",
             )
         )
-    defects += gates_probe_defects(bundle)
-    return step_result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks")
+    return step_result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks and raw outputs")
+
+
+def gate2_experiments(receipt: dict[str, Any]) -> list[tuple[str, str]]:
+    """(experiment id, bundled experiment.toml) for each experiment gate 2 was decided by. A /1
+    receipt does not cite them: kvprobe wrote them to probes/<id>/experiment.toml of every gate-2
+    experiment whenever an SGLang was given, so a /1 receipt is held to those files."""
+    if "gate2" in receipt:
+        return [(e["id"], e["file"]["path"]) for e in receipt["gate2"]["experiments"]]
+    ids = gate2.EXPERIMENTS if receipt["target"] is not None else ()
+    return [(exp_id, f"{PROBES_DIR}/{exp_id}/experiment.toml") for exp_id in ids]
+
+
+def gate2_basis_defects(bundle: Bundle) -> list[BundleDefect]:
+    """Gate 2 ran every gate-2 experiment when an SGLang was given (none without one), each from
+    its bundled experiment file, with the probes that file declares and no others."""
+    receipt = bundle.accepted_receipt
+    pairs = gate2_experiments(receipt)
+    found: list[BundleDefect] = []
+    want = list(gate2.EXPERIMENTS) if receipt["target"] is not None else []
+    if [exp_id for exp_id, _rel in pairs] != want:
+        found.append(
+            RecordMismatch(
+                RECEIPT, f"gate 2 cites experiments {[e for e, _r in pairs]}; with this target it runs {want}"
+            )
+        )
+    listed = bundle.listed()
+    for exp_id, rel in pairs:
+        if rel != f"{PROBES_DIR}/{exp_id}/experiment.toml":
+            found.append(
+                CitationMisplaced(rel, f"gate 2 experiment {exp_id!r}: expected probes/{exp_id}/experiment.toml")
+            )
+        elif "gate2" not in receipt and rel not in listed:
+            found.append(CitationNotInManifest(rel, f"gate 2 ran {exp_id!r}; manifest.json does not list its file"))
+    ran = {exp_id for exp_id, _rel in pairs}
+    for i, probe in enumerate(receipt["probes"]):
+        if probe["experiment"] not in ran:
+            found.append(
+                RecordMismatch(RECEIPT, f"probes[{i}]: experiment {probe['experiment']!r} is not one gate 2 ran")
+            )
+    for exp_id, rel in pairs:
+        data = bundle.experiment_docs.get(rel)
+        if data is not None:
+            found += _gate2_probe_set(exp_id, rel, data, receipt["probes"])
+    return found
+
+
+def _gate2_probe_set(exp_id: str, rel: str, data: dict[str, Any], probes: list[dict[str, Any]]) -> list[BundleDefect]:
+    found: list[BundleDefect] = []
+    if data["id"] != exp_id:
+        found.append(ExperimentMismatch(rel, f"the file is experiment {data['id']!r}, cited as {exp_id!r}"))
+    declared = [
+        (PurePosixPath(p["path"]).stem, f"{PROBES_DIR}/{exp_id}/{p['path']}") for p in data["checks"].get("probes", [])
+    ]
+    recorded = [(p["name"], p["source"]["path"]) for p in probes if p["experiment"] == exp_id]
+    if recorded != declared:
+        found.append(
+            RecordMismatch(RECEIPT, f"gate 2 probes of {exp_id!r} are {recorded}; its experiment declares {declared}")
+        )
+    return found
+
+
+def recompute_gate2(bundle: Bundle) -> tuple[list[Check] | None, list[BundleDefect]]:
+    """Gate 2's checks from the raw outputs and each bundled experiment's head expectations,
+    by :mod:`kvprobe.evidence.gate2`; None (with why) when they cannot be recomputed."""
+    receipt = bundle.accepted_receipt
+    algorithm = receipt["gate2"]["algorithm"] if "gate2" in receipt else gate2.ALGORITHM
+    if algorithm != gate2.ALGORITHM:
+        why = f"gate 2 was decided by {algorithm!r}; this kvprobe computes {gate2.ALGORITHM!r}"
+        return None, [ComparisonAlgorithmUnknown(RECEIPT, why)]
+    if receipt["target"] is None:
+        return [gate2.NO_TARGET], []
+    checks: list[Check] = []
+    for exp_id, rel in gate2_experiments(receipt):
+        data = bundle.experiment_docs.get(rel)
+        if data is None:
+            return None, [RecomputeFailed(rel, "unusable or missing (step 2): gate 2 not recomputed")]
+        docs: dict[str, Any] = {}
+        problems: list[str] = []
+        for probe in (p for p in receipt["probes"] if p["experiment"] == exp_id):
+            if probe["raw"] is None:
+                problems.append(str(probe["problem"]))
+            elif probe["raw"]["path"] in bundle.raw_docs:
+                docs[probe["name"]] = bundle.raw_docs[probe["raw"]["path"]]
+            else:
+                return None, [RecomputeFailed(probe["raw"]["path"], "unusable (step 2): gate 2 not recomputed")]
+        try:
+            head = data.get("expect", {}).get("head", {})
+            checks += gate2.experiment_checks(exp_id, data["fix"]["prs"], head, docs, problems)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            return None, [RecomputeFailed(RECEIPT, f"gate 2's raw outputs cannot be read: {type(exc).__name__}: {exc}")]
+    return checks, []
+
+
+def gate2_check_defects(stated: list[dict[str, Any]], recomputed: list[Check]) -> list[BundleDefect]:
+    """The receipt's gate-2 checks are exactly the recomputed ones: a status that differs is a
+    forged verdict; any other difference (a check's name, detail or count) a mismatch."""
+    want = [c.record().to_json() for c in recomputed]
+    stated_status = [(c["name"], c["status"]) for c in stated]
+    want_status = [(c["name"], c["status"]) for c in want]
+    if stated_status != want_status:
+        wrong = [f"{n!r} states {s!r}" for n, s in stated_status if (n, s) not in want_status]
+        return [
+            ForgedVerdict(
+                RECEIPT,
+                f"gate 2's checks are not those its raw outputs and expectations give ({_summary(wrong)}); "
+                f"recomputed: {_summary([f'{n!r} {s}' for n, s in want_status if (n, s) not in stated_status])}",
+            )
+        ]
+    diffs = json_diff(stated, want, "gates[2].checks")
+    return (
+        [ComparisonMismatch(RECEIPT, f"gate 2's checks differ from those recomputed: {_summary(diffs)}")]
+        if diffs
+        else []
+    )
 
 
 def gates_probe_defects(bundle: Bundle) -> list[BundleDefect]:

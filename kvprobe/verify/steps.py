@@ -31,8 +31,13 @@ from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.reader import Bundle, cited_raw, parse_json, read_bytes, read_json, read_toml
 from kvprobe.evidence.safetree import Limits, Tree
 from kvprobe.names import MANIFEST, PROBES_DIR, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
-from kvprobe.verify.anchor import compare_installed
-from kvprobe.verify.consistency import step_consistency, step_gates_consistency, step_sweep_consistency
+from kvprobe.verify.anchor import Anchor, compare_experiment, compare_installed
+from kvprobe.verify.consistency import (
+    gate2_experiments,
+    step_consistency,
+    step_gates_consistency,
+    step_sweep_consistency,
+)
 from kvprobe.verify.integrity import integrity_defects
 from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
 
@@ -245,6 +250,8 @@ def step_documents(bundle: Bundle) -> StepResult:
         _read_experiment(bundle, defects)
     elif bundle.receipt is not None and bundle.receipt_family == "kvprobe.gates-receipt":
         count += _read_probe_outputs(bundle, bundle.accepted_receipt["probes"], defects)
+        for _exp_id, rel in gate2_experiments(bundle.accepted_receipt):
+            _read_experiment_file(bundle, rel, defects)
     return step_result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
 
 
@@ -327,6 +334,13 @@ def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
         bundle.experiment = doc
 
 
+def _read_experiment_file(bundle: Bundle, rel: str, defects: list[BundleDefect]) -> None:
+    """One gate-2 experiment file, kept by path when it is a valid experiment."""
+    _data, doc = read_toml(bundle, rel, defects)
+    if doc is not None and _append(defects, schema_defects(doc, rel, "kvprobe.experiment")):
+        bundle.experiment_docs[rel] = doc
+
+
 # --- step 3: integrity -------------------------------------------------------------------
 
 
@@ -346,24 +360,34 @@ SELF_CONSISTENT_NOTE = (
 
 
 def step_authenticity(bundle: Bundle, expected: str | None, check_installed: bool = True) -> StepResult:
-    """The published digest (when given) and, for an experiment kvprobe ships, the installed copy."""
+    """The published digest (when given) and, for each experiment kvprobe ships, the installed copy."""
     result = _digest_check(bundle, expected)
-    anchor = compare_installed(bundle) if check_installed else None
-    if anchor is None:
-        if bundle.receipt is not None and bundle.receipt_family == "kvprobe.receipt":
-            result.notes.append(
-                f"{bundle.receipt['experiment']['id']} is not an experiment this kvprobe ships: "
-                "its probe code is only as trustworthy as the bundle"
-            )
-        return result
-    prefix = f"{PROBES_DIR}/{anchor.experiment}/"
-    if anchor.defects:
-        result.status = "fail"
-        result.defects += anchor.defects
-        result.summary += f"; {prefix} differs from {anchor.label}"
-    else:
-        result.notes.insert(0, f"{prefix}: same as {anchor.label} (experiment file and probes, sha256 by sha256)")
+    anchors = _anchors(bundle) if check_installed else []
+    if not anchors and bundle.receipt is not None and bundle.receipt_family == "kvprobe.receipt":
+        result.notes.append(
+            f"{bundle.receipt['experiment']['id']} is not an experiment this kvprobe ships: "
+            "its probe code is only as trustworthy as the bundle"
+        )
+    same = []
+    for anchor in anchors:
+        prefix = f"{PROBES_DIR}/{anchor.experiment}/"
+        if anchor.defects:
+            result.status = "fail"
+            result.defects += anchor.defects
+            result.summary += f"; {prefix} differs from {anchor.label}"
+        else:
+            same.append(f"{prefix}: same as {anchor.label} (experiment file and probes, sha256 by sha256)")
+    result.notes[:0] = same
     return result
+
+
+def _anchors(bundle: Bundle) -> list[Anchor]:
+    """The installed experiments to hold the bundle to: its own, or each of a gates receipt's gate 2."""
+    if bundle.receipt is None or bundle.receipt_family != "kvprobe.gates-receipt":
+        found = [compare_installed(bundle)]
+    else:
+        found = [compare_experiment(bundle, exp_id) for exp_id, _rel in gate2_experiments(bundle.receipt)]
+    return [a for a in found if a is not None]
 
 
 def _digest_check(bundle: Bundle, expected: str | None) -> StepResult:

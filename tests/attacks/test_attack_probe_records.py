@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from tests import forge
+from tests import forge, forge_gate2
 from tests.attacks.gatelogs import CONTEXT, startup_log
 from tests.attacks.harness import assert_outcome
 
@@ -39,38 +39,17 @@ def test_run_receipt_stating_records_its_raw_output_lacks(sandbox, forged, key):
 @pytest.fixture
 def gates_bundle(sandbox):
     """A real `kvprobe gates` bundle (one worker log, no --sglang), copied out of the sandbox's
-    output, plus what gate 2 leaves when it runs a probe: its raw output and its record, the
-    output stating one setting and one absorbed call."""
+    output, with gate 2 grafted as `kvprobe gates --sglang` leaves it (tests/forge_gate2.py): its
+    first probe's output states one setting and one absorbed call."""
     log = sandbox.inputs / "prefill.log"
     log.write_text(startup_log("prefill", CONTEXT, canary=True))
     made = sandbox.run("gates", "--log", f"prefill={log}", "--out", sandbox.out, allow=(sandbox.out,))
     assert made.code in (0, 1, 3), made.describe()
     bundle = sandbox.inputs / "gates-bundle"
     shutil.copytree(sandbox.out, bundle)
-    rel = f"raw/gate2/experiment-a/{forge.PROBE}.json"
-    (bundle / rel).parent.mkdir(parents=True)
-    (bundle / rel).write_bytes(
-        forge.dumps({**forge.probe_doc("head"), "configuration": [HICACHE], "absorbed": [ABSORBED]})
-    )
-    source = "probes/experiment-a/doors.py"
-    (bundle / source).parent.mkdir(parents=True)
-    (bundle / source).write_bytes(forge.PROBE_SOURCE)
-    receipt = forge.load(bundle, "receipt.json")
-    receipt["probes"] = [
-        {
-            "experiment": "experiment-a",
-            "name": forge.PROBE,
-            "source": {"path": source, "sha256": forge.sha(forge.PROBE_SOURCE)},
-            "raw": {"path": rel, "sha256": forge.sha((bundle / rel).read_bytes())},
-            "exit_code": 0,
-            "problem": None,
-            "duration_s": 1.0,
-            "configuration": [HICACHE],
-            "absorbed": [ABSORBED],
-        }
-    ]
-    (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
-    forge.rehash(bundle)
+    outputs = forge_gate2.as_fixed()
+    outputs["experiment-a"]["admission_doors"].update(configuration=[HICACHE], absorbed=[ABSORBED])
+    forge_gate2.graft(bundle, written=outputs)
     return bundle
 
 

@@ -76,6 +76,10 @@ def test_gates_pass_on_0_5_22(tmp_path):
         "prefill_result_cleanup": None,
     }
     assert receipt["target"]["identity"]["version"] == "0.5.22"
+    cited = receipt["gate2"]["experiments"]  # what verify recomputes gate 2 from, besides the outputs
+    assert [(e["id"], e["file"]["path"]) for e in cited] == [
+        (i, f"probes/{i}/experiment.toml") for i in ("experiment-a", "experiment-b")
+    ]
     assert json_bytes(GatesReceipt.from_json(receipt).to_json()) == (bundle / "receipt.json").read_bytes()
 
 

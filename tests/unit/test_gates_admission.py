@@ -1,4 +1,5 @@
-"""Gate 2's reading of the probe output from the operator's SGLang (synthetic probe documents)."""
+"""Gate 2's reading of the probe output from the operator's SGLang (synthetic probe documents),
+by the pure rule in evidence/gate2 that `kvprobe gates` decides with and verify recomputes with."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from kvprobe.evidence.gate2 import experiment_checks
 from kvprobe.evidence.gate_status import Status
 from kvprobe.experiments import experiment
-from kvprobe.gates.admission import gate2_checks
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,10 @@ def drift(docs: dict, key: str, **how: Any) -> dict:
     entry = next(c for c in docs[probe]["cases"] if c["name"] == case)
     entry.update(status="raised", observations={}, error={"type": "X", "root_type": "X"}, **how)
     return docs
+
+
+def gate2_checks(exp, docs: dict, problems: list[str]):
+    return experiment_checks(exp.id, exp.fix.prs, exp.expectations["head"], docs, problems)
 
 
 def by_name(checks) -> dict[str, Any]:

@@ -553,9 +553,15 @@ def _rewrite_receipt(bundle: Path, change) -> str:
     return json.loads(result.stdout)["outcome"]
 
 
+def _as_schema_1(receipt: dict) -> None:
+    """A receipt as kvprobe wrote /1 after inputs went by name: no gate2 basis."""
+    receipt["schema"] = "kvprobe.gates-receipt/1"
+    del receipt["gate2"]
+
+
 def _as_first_shape(receipt: dict) -> None:
     """A receipt as kvprobe first wrote /1: inputs by (absolute) path, no redacted_keys."""
-    receipt["schema"] = "kvprobe.gates-receipt/1"
+    _as_schema_1(receipt)
     for entry in receipt["inputs"]["logs"]:
         entry["path"] = "/var/log/sglang/" + entry.pop("name")
         del entry["redacted_keys"]
@@ -566,13 +572,14 @@ def test_gates_receipts_of_schema_1_verify_by_their_own_schema(tmp_path):
     assert _rewrite_receipt(first, _as_first_shape) == "verified"
     # /1 receipts written after inputs went by name, before the id was bumped
     later = _gates_bundle(tmp_path / "later")
-    assert _rewrite_receipt(later, lambda r: r.update(schema="kvprobe.gates-receipt/1")) == "verified"
+    assert _rewrite_receipt(later, _as_schema_1) == "verified"
 
 
 def test_a_gates_receipt_of_schema_2_must_have_the_second_shape(tmp_path):
     def path_shape_as_2(receipt: dict) -> None:
+        basis = receipt["gate2"]
         _as_first_shape(receipt)
-        receipt["schema"] = "kvprobe.gates-receipt/2"
+        receipt.update(schema="kvprobe.gates-receipt/2", gate2=basis)  # only the inputs' shape is /1's
 
     assert _rewrite_receipt(_gates_bundle(tmp_path), path_shape_as_2) == "failed"
 

@@ -1,0 +1,118 @@
+"""A gates receipt's gate 2 must be what its raw probe outputs give (issue #12): verify step 4
+recomputes every gate-2 check from the bundled outputs and the bundled experiments' head
+expectations (evidence/gate2, the rule `kvprobe gates` decides with), then each gate and the
+overall result. A publisher who states gate 2 passed while the outputs show the door behaving
+as unfixed, or not observed, and re-hashes everything consistently, is refused with one line,
+exit 1. The experiment files gate 2 was held to are step 5's: the installed copies.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests import forge, forge_gate2
+from tests.attacks.gatelogs import CONTEXT, startup_log
+from tests.attacks.harness import assert_outcome
+
+pytestmark = pytest.mark.attack
+
+# experiment A's prefill door: a rejected request must not be enqueued
+CASE = "admission_doors/prefill.rejected_new"
+
+
+@pytest.fixture
+def made(sandbox):
+    """A real `kvprobe gates` bundle (one worker log, no --sglang), copied out of the sandbox's
+    output: gate 2 is grafted onto it by each test."""
+    log = sandbox.inputs / "prefill.log"
+    log.write_text(startup_log("prefill", CONTEXT, canary=True))
+    result = sandbox.run("gates", "--log", f"prefill={log}", "--out", sandbox.out, allow=(sandbox.out,))
+    assert result.code in (0, 1, 3), result.describe()
+    bundle = sandbox.inputs / "gates-bundle"
+    shutil.copytree(sandbox.out, bundle)
+    return bundle
+
+
+def unfixed() -> forge_gate2.Outputs:
+    """The outputs of a release whose prefill door still enqueues the rejected request."""
+    outputs = forge_gate2.as_fixed()
+    case = forge_gate2.case_of(outputs, "experiment-a", CASE)
+    case["observations"] = {k: not v if isinstance(v, bool) else v for k, v in case["observations"].items()}
+    return outputs
+
+
+def unobserved() -> forge_gate2.Outputs:
+    """The outputs of a release on which the probe's set-up drifted before the door."""
+    outputs = forge_gate2.as_fixed()
+    case = forge_gate2.case_of(outputs, "experiment-a", CASE)
+    case.update(observation="unobserved", reason="'PrefillBootstrapQueue' has no max_input_len", decision_point=None)
+    return outputs
+
+
+def gate2(bundle):
+    receipt = json.loads((bundle / "receipt.json").read_bytes())
+    return next(g for g in receipt["gates"] if g["number"] == 2)
+
+
+def test_a_gates_bundle_whose_gate2_its_outputs_give_verifies(sandbox, made):
+    """The control: gate 2 grafted honestly (every case as fixed) passes and verifies, steps 4 and 5."""
+    forge_gate2.graft(made)
+    assert gate2(made)["status"] == "pass"
+    result = sandbox.run("verify", made, "--json")
+    assert result.code == 0, result.describe()
+    step5 = json.loads(result.out)["steps"][4]
+    assert any("probes/experiment-a/: same as" in n for n in step5["notes"]), step5
+
+
+@pytest.mark.parametrize(("outputs", "honest"), [(unfixed, "fail"), (unobserved, "unknown")])
+def test_the_honest_gate2_of_such_outputs_verifies(sandbox, made, outputs, honest):
+    """The same outputs with gate 2 stated as they give it: verified (so what fails below is the forgery)."""
+    forge_gate2.graft(made, written=outputs())
+    assert gate2(made)["status"] == honest
+    result = sandbox.run("verify", made)
+    assert result.code == 0, result.describe()
+
+
+@pytest.mark.parametrize("outputs", [unfixed, unobserved])
+def test_gate2_stated_pass_over_outputs_that_do_not_pass_is_refused(sandbox, made, outputs):
+    """Attack: the raw outputs show the door behaving as unfixed (or the case not observed); the
+    receipt states every gate-2 check passed and gate 2 passed, re-hashed consistently."""
+    forge_gate2.graft(made, written=outputs(), decided=forge_gate2.as_fixed())
+    assert gate2(made)["status"] == "pass"
+    result = sandbox.run("verify", made)
+    assert_outcome(sandbox, result, 1, "forged-verdict", "gate 2", CASE)
+
+
+def test_a_downgrade_to_schema_1_does_not_escape_the_recompute(sandbox, made):
+    """Attack: the same forged pass, the receipt rewritten as /1 (which cites no experiment files)."""
+    forge_gate2.graft(made, written=unfixed(), decided=forge_gate2.as_fixed())
+    receipt = forge.load(made, "receipt.json")
+    del receipt["gate2"]
+    receipt["schema"] = "kvprobe.gates-receipt/1"
+    (made / "receipt.json").write_bytes(forge.dumps(receipt))
+    forge.rehash(made)
+    result = sandbox.run("verify", made)
+    assert_outcome(sandbox, result, 1, "forged-verdict", "gate 2", CASE)
+
+
+def test_expectations_rewritten_to_the_unfixed_behaviour_differ_from_the_installed_copy(sandbox, made):
+    """Attack: the bundled experiment A's head expectation rewritten to what the unfixed door does,
+    so step 4's recompute agrees with the forged pass; the file is cited and re-hashed."""
+    expected = forge_gate2.case_of(forge_gate2.as_fixed(), "experiment-a", CASE)["observations"]
+
+    def as_unfixed(text: str) -> str:
+        block = text.index(f'[expect.head."{CASE}"]')
+        end = text.index("\n[", block + 1)
+        head = text[block:end]
+        for key, value in expected.items():
+            if isinstance(value, bool):
+                head = head.replace(f"{key} = {str(value).lower()}", f"{key} = {str(not value).lower()}")
+        return text[:block] + head + text[end:]
+
+    forge_gate2.graft(made, written=unfixed(), edit_toml=as_unfixed)
+    assert gate2(made)["status"] == "pass"
+    result = sandbox.run("verify", made)
+    assert_outcome(sandbox, result, 1, "differs-from-installed", "probes/experiment-a/experiment.toml")
