@@ -116,3 +116,20 @@ def test_expectations_rewritten_to_the_unfixed_behaviour_differ_from_the_install
     assert gate2(made)["status"] == "pass"
     result = sandbox.run("verify", made)
     assert_outcome(sandbox, result, 1, "differs-from-installed", "probes/experiment-a/experiment.toml")
+
+
+def test_dropping_an_experiment_from_gate2_is_refused(sandbox, made):
+    """Attack: experiment B's outputs show its fix missing, so the receipt drops B from gate 2
+    (its probe records, its cited file, its checks) and states gate 2 passed on A alone."""
+    forge_gate2.graft(made)
+
+    def drop_b(receipt: dict) -> None:
+        receipt["probes"] = [p for p in receipt["probes"] if p["experiment"] != "experiment-b"]
+        receipt["gate2"]["experiments"] = [e for e in receipt["gate2"]["experiments"] if e["id"] != "experiment-b"]
+        gate = next(g for g in receipt["gates"] if g["number"] == 2)
+        gate["checks"] = [c for c in gate["checks"] if not c["name"].startswith("experiment-b")]
+
+    forge.edit_receipt(made, drop_b)
+    assert gate2(made)["status"] == "pass"
+    result = sandbox.run("verify", made)
+    assert_outcome(sandbox, result, 1, "record-mismatch", "gate 2 cites experiments ['experiment-a']")
