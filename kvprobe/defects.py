@@ -163,7 +163,12 @@ DiffersFromInstalled = _kind("DiffersFromInstalled", AuthenticityDefect, "differ
 
 
 class RerunDiffers(BundleDefect):
-    """Step 6's one kind (a class, so rerun annotates with it)."""
+    """Step 6: the rerun observed something other than the bundle (a class, so rerun annotates with it)."""
 
     step = 6
     code = "rerun-differs"
+
+
+# A release's version now names other bytes on the index than the bundle recorded: the same
+# version serving other code is the finding, so the release is not re-run (a sweep's step 6).
+IndexServesOtherBytes = _kind("IndexServesOtherBytes", RerunDiffers, "index-serves-other-bytes")

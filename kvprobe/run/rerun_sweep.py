@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvprobe.defects import RerunDiffers
+from kvprobe.defects import IndexServesOtherBytes, RerunDiffers
 from kvprobe.errors import UsageError
 from kvprobe.evidence.compare import case_table
 from kvprobe.names import RECEIPT
@@ -51,7 +51,7 @@ def index_findings(receipt: dict[str, Any], versions: list[str], scratch: Path) 
             wheel["package"], release["version"], platform_args(wheel["file"]), scratch / release["version"]
         )
         if (pin.filename, pin.sha256) != (wheel["file"], wheel["sha256"]):
-            found[release["version"]] = RerunDiffers(
+            found[release["version"]] = IndexServesOtherBytes(
                 RECEIPT,
                 f"release {release['version']}: the index now serves {pin.filename} sha256 {pin.sha256}; "
                 f"the bundle recorded {wheel['file']} sha256 {wheel['sha256']}: the same version is other "
@@ -87,7 +87,7 @@ def diff_sweeps(
         a, b = old[version], new[version]
         if a["wheel"] and b["wheel"] and a["wheel"]["sha256"] != b["wheel"]["sha256"]:
             found.append(
-                RerunDiffers(
+                IndexServesOtherBytes(
                     RECEIPT,
                     f"release {version}: re-ran {b['wheel']['file']} sha256 {b['wheel']['sha256']}, "
                     f"published {a['wheel']['sha256']}: the index changed during the rerun",

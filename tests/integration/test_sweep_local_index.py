@@ -266,6 +266,7 @@ def test_verify_rerun_refuses_a_release_the_index_now_serves_as_other_bytes(worl
     result = sweep("verify", str(out), "--rerun", "--trust-bundle-code", "--json")
     assert result.exit_code == 1
     (defect,) = json.loads(result.stdout)["steps"][5]["defects"]
+    assert (defect["code"], defect["step"]) == ("index-serves-other-bytes", 6)
     now = hashlib.sha256(swapped["1.1"].read_bytes()).hexdigest()
     assert defect["detail"].startswith(f"release 1.1: the index now serves scrubkv-1.1-py3-none-any.whl sha256 {now}")
     assert defect["detail"].endswith("so it was not re-run")
