@@ -80,6 +80,10 @@ def test_gates_pass_on_0_5_22(tmp_path):
     assert [(e["id"], e["file"]["path"]) for e in cited] == [
         (i, f"probes/{i}/experiment.toml") for i in ("experiment-a", "experiment-b")
     ]
+    verified = CliRunner().invoke(main, ["verify", str(bundle), "--json"], catch_exceptions=False)
+    assert verified.exit_code == 0, verified.stdout  # gate 2 recomputed; its experiments the installed copies
+    notes = json.loads(verified.stdout)["steps"][4]["notes"]
+    assert [n.split(":")[0] for n in notes[:2]] == ["probes/experiment-a/", "probes/experiment-b/"]
     assert json_bytes(GatesReceipt.from_json(receipt).to_json()) == (bundle / "receipt.json").read_bytes()
 
 
