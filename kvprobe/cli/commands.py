@@ -393,6 +393,19 @@ def run_cmd(
 )
 @click.option("--jobs", type=click.IntRange(1), help="Releases run at a time (default: min(2, cores)).")
 @click.option("--timeout", default=900, show_default=True, type=click.IntRange(1), help="Seconds per probe.")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where units run: threads here, or Ray tasks on the cluster at --address (needs kvprobe[ray]).",
+)
+@click.option("--address", help="The Ray cluster, HOST:PORT (with --executor ray).")
+@click.option(
+    "--unit-timeout",
+    type=click.IntRange(1),
+    help="Seconds a Ray unit (one release) may take (default: --timeout per probe + 600).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @guarded
 def sweep_cmd(
@@ -402,6 +415,9 @@ def sweep_cmd(
     torch_index: str | None,
     jobs: int | None,
     timeout: int,
+    executor: str,
+    address: str | None,
+    unit_timeout: int | None,
     as_json: bool,
 ) -> int:
     """Classify each release in a range as affected, fixed, mixed, could not observe or not
@@ -410,7 +426,15 @@ def sweep_cmd(
     from kvprobe.experiments import experiment
     from kvprobe.run.sweep import SweepOptions, sweep_experiment
 
-    opts = SweepOptions(releases=spec, out=Path(out) if out else None, torch_index=torch_index, timeout_s=timeout)
+    opts = SweepOptions(
+        releases=spec,
+        out=Path(out) if out else None,
+        torch_index=torch_index,
+        timeout_s=timeout,
+        executor=executor,
+        address=address,
+        unit_timeout_s=unit_timeout,
+    )
     if jobs is not None:
         opts.jobs = jobs
     console = stderr_console()

@@ -1,0 +1,422 @@
+"""One (experiment, release) unit of a sweep, and the packed bundle it is exchanged as.
+
+A unit runs the experiment's probes on one release and seals the result as a one-release
+sweep bundle, packed (`kvprobe bundle pack`'s deterministic .tar.gz). Wherever it ran (a
+thread here, a Ray worker elsewhere), the driver treats the archive as untrusted input:
+the one bundle reader with its caps, verify steps 1-5, then the experiment, the release,
+the wheel and the probe sources checked against what the driver asked for. Only then are
+its raw outputs merged into the sweep bundle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from kvprobe import __version__
+from kvprobe.checks import probes
+from kvprobe.env.cache import default_cache_root
+from kvprobe.env.venv import load_profile
+from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, KvprobeError, UsageError
+from kvprobe.evidence import sweep as classify
+from kvprobe.evidence.archive import extracted
+from kvprobe.evidence.bundle import file_ref, seal_bundle
+from kvprobe.evidence.safetree import Limits
+from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
+from kvprobe.experiments import experiment
+from kvprobe.files import write_atomic
+from kvprobe.model.records import Experiment, PinSet, SourceKind, WheelPin
+from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
+from kvprobe.progress import Reporter
+from kvprobe.run.side import EnvOptions, environment
+from kvprobe.sources.wheel import WheelSource
+from kvprobe.verify.pack import pack
+from kvprobe.verify.steps import VerifyOptions, verify_dir
+
+
+@dataclass(frozen=True)
+class UnitRequest:
+    """What the driver asks of a unit: picklable, so it travels to a Ray worker as is."""
+
+    experiment_id: str
+    experiment_sha256: str
+    pin: WheelPin  # resolved by the driver: the worker must fetch exactly this wheel
+    timeout_s: float  # per probe
+    torch_index: str | None = None
+    cache_root: Path | None = None  # None: the worker node's own cache (KVPROBE_CACHE_DIR or default)
+
+
+@dataclass(frozen=True)
+class UnitOutcome:
+    """What came back: the packed unit bundle, or why there is none."""
+
+    request: UnitRequest
+    archive: bytes | None
+    problem: str | None = None
+
+
+class Executor(Protocol):
+    """Runs units somewhere and hands back each one's outcome, in any order."""
+
+    name: str
+
+    def run(self, requests: Sequence[UnitRequest]) -> Iterator[UnitOutcome]: ...
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A unit's env (built once per lock, from the cache) and wheel source."""
+
+    env: dict[str, Any]
+    python: str
+    env_vars: dict[str, str]
+    wheels: WheelSource
+
+
+@dataclass
+class _EnvOpts:
+    cache_root: Path
+    torch_index: str | None
+
+
+def wheel_pin_set(exp: Experiment) -> PinSet:
+    """The experiment's wheel pin set (its default if that is one): it names the package and
+    the wheel tags (platform, Python) every release is resolved for."""
+    ordered = [exp.pin_sets[exp.default_pin_set], *exp.pin_sets.values()]
+    for pin_set in ordered:
+        if pin_set.kind is SourceKind.WHEEL:
+            return pin_set
+    raise UsageError(f"{exp.id} has no wheel pin set: a sweep runs release wheels of the package a wheel pin names")
+
+
+def prepare(
+    exp: Experiment, cache_root: Path, torch_index: str | None, reporter: Reporter, held: contextlib.ExitStack
+) -> Prepared:
+    opts: EnvOptions = _EnvOpts(cache_root, torch_index)
+    env, python, env_vars = environment(exp, wheel_pin_set(exp), opts, reporter, held)
+    return Prepared(env.to_json(), python, env_vars, WheelSource(cache_root, reporter=reporter))
+
+
+# --- the unit (runs wherever the executor puts it) ------------------------------------------
+
+
+def produce_unit(request: UnitRequest, prepared: Prepared | None = None, reporter: Reporter | None = None) -> bytes:
+    """Run one release and return its packed, verified one-release sweep bundle.
+
+    On a worker, the experiment is this node's installed copy (its digest must be the one
+    the driver asked for) and the env comes from this node's cache."""
+    reporter = reporter or Reporter()
+    exp = experiment.load(request.experiment_id)
+    if exp.file_sha256 != request.experiment_sha256:
+        raise UsageError(
+            f"{exp.id} here has experiment.toml sha256 {exp.file_sha256}, the driver's is {request.experiment_sha256}"
+        )
+    started = datetime.now(UTC)
+    with contextlib.ExitStack() as held, tempfile.TemporaryDirectory(prefix="kvprobe-unit-") as tmp:
+        work = Path(tmp)
+        cache_root = request.cache_root or default_cache_root()
+        prepared = prepared or prepare(exp, cache_root, request.torch_index, reporter, held)
+        staging = work / "staging"
+        copy_probes(exp, staging)
+        entry = run_unit(exp, prepared, request, staging, work / "scratch", reporter)
+        profile = load_profile(exp.profile)
+        receipt = sweep_receipt(
+            exp,
+            (profile.name, profile.serves),
+            request.pin.version,
+            started,
+            prepared,
+            [entry],
+            [],
+            {},
+            host_facts(1, "unit"),
+        )
+        seal_sweep(receipt, staging, work / "bundle")
+        return pack(work / "bundle", work / "unit.tar.gz").archive.read_bytes()
+
+
+def copy_probes(exp: Experiment, staging: Path) -> None:
+    probe_dir = staging / PROBES_DIR / exp.id
+    probe_dir.mkdir(parents=True)
+    shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
+    for source in sorted(p for p in exp.directory.glob("*.py") if p.is_file() and not p.is_symlink()):
+        shutil.copy2(source, probe_dir / source.name)
+
+
+def run_unit(
+    exp: Experiment, prepared: Prepared, request: UnitRequest, staging: Path, scratch: Path, reporter: Reporter
+) -> dict[str, Any]:
+    """One release: its wheel (fetched, sha256- and RECORD-checked), its probes, their raw
+    outputs under raw/<version>/, and its classification."""
+    clock = time.monotonic()
+    pin, version = request.pin, request.pin.version
+    scratch.mkdir(parents=True)
+    entry: dict[str, Any] = {"version": version, "wheel": None, "problem": None, "probes": []}
+    held = contextlib.ExitStack()  # probes write nothing into the tree: the cached one, used in place
+    try:
+        reporter.update(f"{version}: wheel")
+        identity = prepared.wheels.materialize(pin, scratch / "tree", python=prepared.python, hold=held)
+        entry["wheel"] = {
+            "package": pin.package,
+            "version": pin.version,
+            "file": pin.filename,
+            "sha256": pin.sha256,
+            "fetched_via": identity["fetched_via"],
+        }
+    except (FetchError, DigestMismatch, CheckoutError) as exc:
+        entry["problem"] = f"wheel: {exc}"
+    docs: dict[str, dict[str, Any]] = {}
+    if entry["problem"] is None:
+        for check in exp.probes:
+            reporter.update(f"{version}: probe {check.name}")
+            record, doc = _probe(exp, prepared, request, staging, scratch, check.name, check.path)
+            entry["probes"].append(record)
+            if doc is not None:
+                docs[check.name] = doc
+    held.close()  # the lease: `cache prune` may remove the tree again
+    entry["classification"] = classify.classify_release(_expect(exp), docs, classify.release_problems(entry))
+    entry["duration_s"] = round(time.monotonic() - clock, 3)
+    return entry
+
+
+def _expect(exp: Experiment) -> dict[str, Any]:
+    return {side: exp.expectations.get(side, {}) for side in SIDES}
+
+
+def _probe(
+    exp: Experiment, prepared: Prepared, request: UnitRequest, staging: Path, scratch: Path, name: str, path: str
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    version = request.pin.version
+    raw_dir = staging / RAW_DIR / version / "probes"
+    log_dir = staging / LOGS_DIR / version / "probes"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = raw_dir / f"{name}.json"
+    home = scratch / "home"
+    home.mkdir(exist_ok=True)
+    run = probes.run_probe(
+        python=prepared.python,
+        probe_file=exp.directory / path,
+        python_path=[scratch / "tree"],
+        out_json=out,
+        log_dir=log_dir,
+        side_config={"side": "release", "release": version},
+        env_extra=prepared.env_vars,
+        scratch=home,
+        timeout_s=request.timeout_s,
+    )
+    if not run.ok and out.exists():
+        out.rename(out.with_suffix(".invalid.json"))
+    record = {
+        "name": name,
+        "source": file_ref(staging / PROBES_DIR / exp.id / path, staging),
+        "raw": file_ref(out, staging) if run.ok else None,
+        "exit_code": run.exit_code,
+        "problem": run.problem,
+    }
+    return record, run.output if run.ok else None
+
+
+# --- the receipt and the bundle (a unit's and the sweep's) -----------------------------------
+
+
+def host_facts(jobs: int, executor: str) -> dict[str, Any]:
+    return {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count() or 0,
+        "jobs": jobs,
+        "executor": executor,
+    }
+
+
+def sweep_receipt(
+    exp: Experiment,
+    profile: tuple[str, str | None],
+    spec: str | None,
+    started: datetime,
+    prepared: Prepared | dict[str, Any],
+    units: list[dict[str, Any]],
+    unserved: list[str],
+    timings: dict[str, float],
+    host: dict[str, Any],
+) -> dict[str, Any]:
+    """``prepared``: the env the units ran in (a Prepared, or its receipt record)."""
+    name, serves = profile
+    env = prepared.env if isinstance(prepared, Prepared) else prepared
+    env_vars = prepared.env_vars if isinstance(prepared, Prepared) else dict(load_profile(exp.profile).env)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    per_release = [u["duration_s"] for u in units]
+    timings = {**timings, "release_max_s": max(per_release), "release_min_s": min(per_release)}
+    return {
+        "schema": SWEEP_RECEIPT_SCHEMA,
+        "tool": {"name": "kvprobe", "version": __version__},
+        "run_id": f"{exp.id}-sweep-{stamp}-{uuid.uuid4().hex[:6]}",
+        "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "experiment": {
+            "id": exp.id,
+            "title": exp.title,
+            "file": f"{PROBES_DIR}/{exp.id}/experiment.toml",
+            "sha256": exp.file_sha256,
+            "upstream": exp.upstream,
+            "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary},
+            **({"vulnerability": exp.vulnerability.to_json()} if exp.vulnerability else {}),
+        },
+        "profile": {"name": name, "serves": serves},
+        "spec": spec,
+        "algorithm": classify.ALGORITHM,
+        "env": env,
+        "host": host,
+        "settings": dict(sorted(env_vars.items())),
+        "expectations": _expect(exp),
+        "releases": units,
+        "unserved": unserved,
+        "summary": classify.summary(units),
+        "evidence": {
+            "shows": exp.scope.shows,
+            "does_not_show": list(exp.scope.does_not_show),
+            "limits": [
+                f"host: {platform.system()} {platform.machine()}, CPU only; no GPU, RDMA or model weights",
+                "release wheels carry no upstream tests: only the probes ran on each release",
+                f"releases the {name} profile does not serve ({serves}) were not run: see unserved",
+            ],
+        },
+        "timings": {k: round(v, 3) for k, v in timings.items()},
+    }
+
+
+def seal_sweep(receipt: dict[str, Any], staging: Path, final: Path, check: Any = None) -> str:
+    write_atomic(staging / TIMELINE, timeline_svg(receipt).encode("utf-8"))
+    return seal_bundle(receipt, SWEEP_RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=check)
+
+
+# --- the driver's side: accept a returned unit, or say why not --------------------------------
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the driver holds a returned unit to."""
+
+    exp: Experiment
+    staging: Path  # the sweep's staging dir: its probes/<id>/ is the driver's copy
+    env: dict[str, Any] | None  # the env units must have run in (None: the first accepted unit's)
+    limits: Limits = Limits()
+
+
+def accept_unit(outcome: UnitOutcome, expected: Expected, work: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the release's receipt entry, the env it ran in): the unit's own entry with its raw
+    outputs merged into the sweep, or a could-not-observe entry saying why it was refused."""
+    version = outcome.request.pin.version
+    if outcome.archive is None:
+        return failed_entry(expected.exp, version, outcome.problem or "the unit returned nothing"), None
+    if len(outcome.archive) > expected.limits.max_total_bytes:
+        return failed_entry(expected.exp, version, f"returned {len(outcome.archive)} bytes > cap"), None
+    archive = work / f"unit-{uuid.uuid4().hex}.tar.gz"
+    archive.write_bytes(outcome.archive)
+    try:
+        with extracted(archive, expected.limits) as (root, defects):
+            if root is None:
+                return failed_entry(expected.exp, version, f"unit bundle refused: {defects[0]}"), None
+            problem, entry, env = _check_unit(root, outcome.request, expected)
+            if problem is not None:
+                return failed_entry(expected.exp, version, f"unit bundle refused: {problem}"), None
+            _merge(root, version, expected.staging)
+            return entry, env
+    except KvprobeError as exc:
+        return failed_entry(expected.exp, version, f"unit bundle refused: {exc}"), None
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def _check_unit(
+    root: Path, request: UnitRequest, expected: Expected
+) -> tuple[str | None, dict[str, Any], dict[str, Any]]:
+    """The first reason to refuse the unit bundle at ``root`` (None: accept), its entry, its env."""
+    report = verify_dir(root, VerifyOptions(limits=expected.limits))
+    if report.outcome != "verified":
+        first = report.defects[0].message if report.defects else "a step did not pass"
+        return f"does not verify: {first}", {}, {}
+    receipt = report.receipt
+    assert receipt is not None, "a verified bundle has a receipt"
+    if not receipt["schema"].startswith("kvprobe.sweep-receipt/"):
+        return f"not a sweep receipt ({receipt['schema']})", {}, {}
+    if receipt["tool"]["version"] != __version__:
+        return f"made by kvprobe {receipt['tool']['version']}, the driver is {__version__}", {}, {}
+    if receipt["experiment"]["sha256"] != expected.exp.file_sha256:
+        return f"experiment sha256 {receipt['experiment']['sha256']} is not the driver's", {}, {}
+    entries = receipt["releases"]
+    if len(entries) != 1 or entries[0]["version"] != request.pin.version:
+        return f"releases {[e['version'] for e in entries]}, asked for {request.pin.version}", {}, {}
+    entry, env = entries[0], receipt["env"]
+    return _entry_problem(entry, request, expected) or _env_problem(env, expected), entry, env
+
+
+def _entry_problem(entry: dict[str, Any], request: UnitRequest, expected: Expected) -> str | None:
+    wheel, pin = entry["wheel"], request.pin
+    if wheel is None and not entry["problem"]:
+        return "no wheel and no problem stated"
+    if wheel is not None and (wheel["sha256"], wheel["file"]) != (pin.sha256, pin.filename):
+        return f"ran wheel {wheel['file']} sha256 {wheel['sha256']}, asked for {pin.filename} sha256 {pin.sha256}"
+    for probe in entry["probes"]:
+        source = probe["source"]
+        mine = expected.staging / source["path"]
+        if not mine.is_file() or file_ref(mine, expected.staging) != source:
+            return f"probe source {source['path']} is not the driver's"
+    return None
+
+
+def _env_problem(env: dict[str, Any], expected: Expected) -> str | None:
+    if expected.env is None or env.get("key") == expected.env.get("key"):
+        return None
+    return f"ran in env {env.get('key')!r}, the sweep's is {expected.env.get('key')!r}"
+
+
+def _merge(root: Path, version: str, staging: Path) -> None:
+    """The release's raw outputs and logs (checked by verify step 3) into the sweep."""
+    for top in (RAW_DIR, LOGS_DIR):
+        source = root / top / version
+        if source.is_dir():
+            shutil.copytree(source, staging / top / version)
+
+
+def failed_entry(exp: Experiment, version: str, problem: str) -> dict[str, Any]:
+    """A release whose unit left nothing usable: could-not-observe, with why."""
+    entry: dict[str, Any] = {"version": version, "wheel": None, "problem": problem, "probes": []}
+    entry["classification"] = classify.classify_release(_expect(exp), {}, classify.release_problems(entry))
+    entry["duration_s"] = 0.0
+    return entry
+
+
+# --- the local executor ---------------------------------------------------------------------
+
+
+@dataclass
+class LocalExecutor:
+    """Units in threads of this process, sharing the env the driver prepared."""
+
+    prepared: Prepared
+    jobs: int
+    reporter: Reporter
+    name: str = "local"
+
+    def run(self, requests: Sequence[UnitRequest]) -> Iterator[UnitOutcome]:
+        with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
+            futures = {pool.submit(produce_unit, r, self.prepared, self.reporter): r for r in requests}
+            for future in as_completed(futures):
+                request = futures[future]
+                try:
+                    yield UnitOutcome(request, future.result())
+                except KvprobeError as exc:
+                    yield UnitOutcome(request, None, f"the unit failed: {exc}")
