@@ -12,6 +12,7 @@ never uses up its limit waiting. A task that raises, dies or runs past its limit
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -41,6 +42,7 @@ class RayExecutor:
         self.unit_timeout_s = unit_timeout_s
 
     def __enter__(self) -> RayExecutor:
+        _reachable(self.address)
         try:
             self.ray.init(
                 address=self.address,
@@ -84,6 +86,17 @@ class RayExecutor:
         if not isinstance(value, bytes):
             return UnitOutcome(request, None, f"the unit returned a {type(value).__name__}, not a packed bundle")
         return UnitOutcome(request, value)
+
+
+def _reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast on a wrong --address: ray.init retries an unreachable GCS for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UsageError(f"--address {address!r}: expected HOST:PORT of the Ray cluster's head")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UsageError(f"--address {address}: no Ray head answers there ({exc})") from exc
 
 
 def _reason(exc: BaseException) -> str:

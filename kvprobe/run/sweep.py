@@ -34,9 +34,9 @@ from kvprobe.run.sweep_unit import (
     accept_unit,
     copy_probes,
     failed_entry,
-    host_facts,
     prepare,
     seal_sweep,
+    sweep_host,
     sweep_receipt,
     wheel_pin_set,
 )
@@ -135,7 +135,7 @@ def sweep_experiment(
             ordered,
             unserved,
             timings,
-            host_facts(opts.jobs, executor.name),
+            sweep_host(opts.jobs, executor.name),
         )
         digest = seal_sweep(receipt, staging, final, check=_verify_on_write)
         return SweepResult(final, receipt, digest)

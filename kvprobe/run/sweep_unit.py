@@ -11,7 +11,6 @@ its raw outputs merged into the sweep bundle.
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import shutil
 import tempfile
@@ -31,7 +30,7 @@ from kvprobe.env.venv import load_profile
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.evidence import sweep as classify
 from kvprobe.evidence.archive import extracted
-from kvprobe.evidence.bundle import file_ref, seal_bundle
+from kvprobe.evidence.bundle import file_ref, host_facts, seal_bundle
 from kvprobe.evidence.safetree import Limits
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.experiments import experiment
@@ -140,7 +139,7 @@ def produce_unit(request: UnitRequest, prepared: Prepared | None = None, reporte
             [entry],
             [],
             {},
-            host_facts(1, "unit"),
+            sweep_host(1, "unit"),
         )
         seal_sweep(receipt, staging, work / "bundle")
         return pack(work / "bundle", work / "unit.tar.gz").archive.read_bytes()
@@ -231,15 +230,9 @@ def _probe(
 # --- the receipt and the bundle (a unit's and the sweep's) -----------------------------------
 
 
-def host_facts(jobs: int, executor: str) -> dict[str, Any]:
-    return {
-        "system": platform.system(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count() or 0,
-        "jobs": jobs,
-        "executor": executor,
-    }
+def sweep_host(jobs: int, executor: str) -> dict[str, Any]:
+    """The machine (the driver's, or the worker's in a unit bundle) and how units ran."""
+    return {**host_facts(), "jobs": jobs, "executor": executor}
 
 
 def sweep_receipt(
