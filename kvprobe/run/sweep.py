@@ -97,10 +97,12 @@ def sweep_experiment(
                 f"no selected release is served by profile {profile.name!r} (serves {profile.serves}); "
                 f"selected: {', '.join(chosen) or 'none'}"
             )
+        clock = time.monotonic()
         if executor is None:  # threads sharing the env the driver builds
             executor = LocalExecutor(
                 prepare(exp, opts.cache_root, opts.torch_index, reporter, held), opts.jobs, reporter
             )
+        timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
         copy_probes(exp, staging)
@@ -108,8 +110,7 @@ def sweep_experiment(
         with reporter.step(f"{package}: each release's wheel on the index"):
             pins = _resolve(package, flags, served, work, opts.jobs)
         local_env = executor.prepared.env if isinstance(executor, LocalExecutor) else None
-        timings = {"resolve_s": time.monotonic() - clock}
-        clock = time.monotonic()
+        timings["resolve_s"] = time.monotonic() - clock  # units_s includes it, as before units had it
         expected = Expected(exp, staging, local_env)
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
