@@ -64,7 +64,9 @@ def run_probe(
         home=scratch,
     )
     stdout, stderr = log_dir / f"{name}.stdout", log_dir / f"{name}.stderr"
-    argv = [str(probe_file), "--out", str(out_json)]
+    # Through the probe API's runner: an import the probe's module cannot make is then
+    # reported per case (not-present or unobserved), not a crashed process.
+    argv = [str(probe_api_dir() / "kvprobe_probe.py"), str(probe_file), "--out", str(out_json)]
     if server is None:
         result = proc.run(
             [python, *argv], timeout_s=timeout_s, env=env, cwd=scratch, stdout_path=stdout, stderr_path=stderr

@@ -19,7 +19,14 @@ that is what tells "the door enqueued the request" apart from "our set-up broke"
   a precondition did not hold, or the case never got there. ``reason`` says
   why; never read as behaviour.
 * not-present: the code path itself is missing in this release (``require``
-  failed); ``missing`` names the absent symbols as evidence.
+  failed, or an import statement of the probe's own code did); ``missing``
+  names the absent module or symbol as evidence.
+
+kvprobe runs a probe through this file (``python kvprobe_probe.py PROBE --out
+FILE``, :func:`run_file`), so an import the probe's module cannot make on a
+release (an older one without the module or the name) is reported per declared
+case, not as a crashed process: not-present when what is missing belongs to the
+package the probe imports, unobserved when it is a dependency outside it.
 
 The probe also records every non-default configuration it sets
 (``probe.configure``) and what each tracked mock absorbed: every call a mock
@@ -38,11 +45,16 @@ accepted in place of the real collaborator (``probe.mock`` / ``probe.track``).
 
     if __name__ == "__main__":
         probe.main()
+
+A case's set-up can be a context manager factory (``using=``) whose value is the
+case's second argument; what lives beside the probe file (helpers it imports) is
+the probe's own code too, and is copied into every bundle with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import importlib
 import inspect
@@ -50,10 +62,12 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
 import traceback
+import types
 from collections import Counter
 from typing import Any, Callable, Iterator
 from unittest import mock as _mock
@@ -125,6 +139,95 @@ def require_module(name: str) -> Any:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
             raise NotPresent(name) from None
         raise
+
+
+def optional(module: str, name: str | None = None) -> Any:
+    """The module (or its attribute ``name``), or None where this release has no such thing."""
+    try:
+        found = require_module(module)
+        return found if name is None else require(found, name)
+    except NotPresent:
+        return None
+
+
+@contextlib.contextmanager
+def stand_in_unset(module: Any, values: dict[str, Callable[[], Any]]) -> Iterator[None]:
+    """Patch each global of ``module`` named in ``values`` that is still None, for the block.
+
+    For state an initializer the probe does not run would have set (a process's
+    groups, its rank); ``values`` maps a name to a factory of its stand-in.
+    """
+    with contextlib.ExitStack() as stack:
+        for name, make in values.items():
+            if getattr(module, name, 0) is None:
+                stack.enter_context(_mock.patch.object(module, name, make()))
+        yield
+
+
+# --- imports that fail: evidence of absence, or an environment that cannot observe ------
+_CANNOT_IMPORT = re.compile(r"cannot import name '([\w.]+)' from '([\w.]+)'")
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def import_failure(exc: ImportError, requested: list[str]) -> Exception:
+    """What a failed import of ``requested`` (the modules an import statement names) means.
+
+    NotPresent when what is missing belongs to the package asked for (a module, a
+    name, or a module of that package that raised ImportError), naming it; else
+    CannotObserve: a dependency outside that package is what this environment lacks.
+    """
+    tops = {_top(r) for r in requested}
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        failing, missing = exc.name, exc.name
+    elif (match := _CANNOT_IMPORT.search(str(exc))) is not None:
+        failing, missing = match.group(2), f"{match.group(2)}.{match.group(1)}"
+    else:
+        failing, missing = _raising_module(exc), (requested or ["?"])[0]
+    if failing is not None and _top(failing) in tops:
+        error: Exception = NotPresent(missing)
+    else:
+        error = CannotObserve(f"importing {', '.join(requested)} failed on {failing or 'an unknown module'} "
+                              f"outside that package: {_qualname(type(exc))}: {str(exc)[:500]}")
+    error.__cause__ = exc
+    return error
+
+
+def _raising_module(exc: BaseException) -> str | None:
+    """The module whose code raised ``exc`` (its innermost frame), outside the import machinery."""
+    name = None
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        module = frame.f_globals.get("__name__")
+        if module and not module.startswith(("importlib", "_frozen_importlib")):
+            name = module
+    return name
+
+
+def _import_statement(exc: BaseException, directory: str) -> list[str] | None:
+    """The modules named by the probe's own import statement that raised ``exc``, if one did.
+
+    The probe's own code is every file in its directory (the probe file and helpers beside it).
+    """
+    found = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if os.path.dirname(filename) == directory:
+            found = (filename, lineno)
+    if found is None:
+        return None
+    for node in ast.walk(_parsed(found[0])):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno <= found[1] <= (node.end_lineno or 0):
+            if isinstance(node, ast.ImportFrom):
+                return [node.module or ""] if node.level == 0 else None
+            return [alias.name for alias in node.names]
+    return None
+
+
+def _parsed(filename: str) -> ast.Module:
+    with open(filename, encoding="utf-8") as handle:
+        return ast.parse(handle.read(), filename)
 
 
 def require_param(func: Callable, name: str) -> None:
@@ -303,18 +406,26 @@ class Probe:
         self.absorbed: list[dict[str, Any]] = []
         self._case: str | None = None
         self._tracked: list[tuple[str, Any]] = []
+        # The probe's own code: its file and the helpers beside it (an import there is the probe's).
+        caller = sys._getframe(1).f_globals.get("__file__")
+        self.directory = os.path.dirname(os.path.abspath(caller)) if caller else None
 
-    def case(self, name: str, description: str = "", *, decision: str | None = None) -> Callable:
+    def case(self, name: str, description: str = "", *, decision: str | None = None,
+             using: Callable[[], contextlib.AbstractContextManager] | None = None) -> Callable:
         """Decorator registering one case; names are unique within the probe.
 
         ``decision`` names the real call under test; the case enters it with
         ``obs.decision()``. Without one, the case is observed from its first line.
+        ``using`` is the case's set-up: a factory of a context manager whose value is
+        the case's second argument (``def _(obs, world)``); it runs inside the case,
+        so what it raises is set-up drift and the mocks it makes are the case's.
         """
         if any(existing[0] == name for existing in self._cases):
             raise ValueError(f"case {name!r} registered twice")
 
-        def register(func: Callable[[Observations], None]) -> Callable[[Observations], None]:
-            self._cases.append((name, description or (func.__doc__ or "").strip(), decision, func))
+        def register(func: Callable) -> Callable:
+            body = func if using is None else _with_setup(func, using)
+            self._cases.append((name, description or (func.__doc__ or "").strip(), decision, body))
             return func
 
         return register
@@ -379,6 +490,8 @@ class Probe:
         exc: Exception | None = None
         try:
             func(obs)
+        except ImportError as caught:
+            exc = caught if obs.reached else self._failed_import(caught)
         except Exception as caught:  # outcomes are data: record, keep going
             exc = caught
         finally:
@@ -424,17 +537,123 @@ class Probe:
             "cases": results,
         }
 
+    def _failed_import(self, exc: ImportError) -> Exception:
+        """An import statement of the probe's own code that failed: absent or unobservable.
+
+        An ImportError from anywhere else (SGLang importing lazily) stays as it is.
+        """
+        requested = _import_statement(exc, self.directory) if self.directory else None
+        return exc if requested is None else import_failure(exc, requested)
+
+    def run_unimportable(self, exc: ImportError, declared: list[tuple[str, str, str | None]],
+                         only: list[str] | None = None) -> dict[str, Any]:
+        """The document of a probe whose module failed to import: every declared case says why."""
+        failure = self._failed_import(exc)
+        if failure is exc:
+            failure = CannotObserve(f"the probe's module raised {_qualname(type(exc))}: {str(exc)[:500]}")
+            failure.__cause__ = exc
+
+        def fail(_obs: Observations) -> None:
+            raise failure
+
+        self._cases = [(name, description, decision, fail) for name, description, decision in declared]
+        return self.run(only)
+
     def main(self, argv: list[str] | None = None) -> None:
         """CLI entry used by kvprobe: ``python probe.py --out FILE [--case NAME]...``."""
-        parser = argparse.ArgumentParser(description=self.description or self.name)
-        parser.add_argument("--out", required=True, help="where to write the JSON output")
-        parser.add_argument("--case", action="append", help="run only these cases")
-        args = parser.parse_args(argv)
-        document = self.run(args.case)
-        data = json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
-        directory = os.path.dirname(os.path.abspath(args.out))
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probe-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data)
-        os.replace(tmp, args.out)
-        sys.stdout.write(f"{self.name}: {len(document['cases'])} case(s) written to {args.out}\n")
+        args = _arguments(self, argv)
+        _write(self, args.out, self.run(args.case))
+
+
+def _with_setup(func: Callable, using: Callable[[], contextlib.AbstractContextManager]) -> Callable:
+    def case(obs: Observations) -> None:
+        with using() as made:
+            func(obs, made)
+
+    return case
+
+
+def _arguments(probe: Probe, argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=probe.description or probe.name)
+    parser.add_argument("--out", required=True, help="where to write the JSON output")
+    parser.add_argument("--case", action="append", help="run only these cases")
+    return parser.parse_args(argv)
+
+
+def _write(probe: Probe, out: str, document: dict[str, Any]) -> None:
+    """Write the document atomically (the runner reads only this file)."""
+    data = json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    directory = os.path.dirname(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probe-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(data)
+    os.replace(tmp, out)
+    sys.stdout.write(f"{probe.name}: {len(document['cases'])} case(s) written to {out}\n")
+
+
+# --- the harness's entry: run a probe file, and report an import it cannot make per case -----
+def run_file(path: str, argv: list[str]) -> None:
+    """Run the probe file as ``__main__`` (as ``python FILE`` does) with ``argv``.
+
+    When its module body raises ImportError before ``main``, the probe's declared
+    cases (read from its source) are each reported not-present (the missing module
+    or symbol as evidence) or unobserved (a dependency outside the package), so
+    one absent module is data per case, never a crashed probe process.
+    """
+    path = os.path.abspath(path)
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    module = types.ModuleType("__main__")
+    module.__file__ = path
+    sys.modules["__main__"] = module
+    sys.argv = [path, *argv]
+    sys.path[0] = os.path.dirname(path)
+    try:
+        exec(compile(source, path, "exec"), module.__dict__)
+    except ImportError as exc:
+        named = [(key, value) for key, value in vars(module).items() if isinstance(value, Probe)]
+        if len(named) != 1:
+            raise  # no probe declared before the import: nothing to report per case
+        variable, probe = named[0]
+        args = _arguments(probe, argv)
+        _write(probe, args.out, probe.run_unimportable(exc, declared_cases(source, variable), args.case))
+
+
+def declared_cases(source: str, variable: str) -> list[tuple[str, str, str | None]]:
+    """(name, description, decision) of every ``@<variable>.case(...)`` in the source.
+
+    Arguments must be literals or module-level constants (``DECISION = "..."``): the
+    module could not run, so nothing else can be evaluated.
+    """
+    tree = ast.parse(source)
+    constants = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                constants[node.targets[0].id] = ast.literal_eval(node.value)
+
+    def value(node: ast.expr) -> Any:
+        if isinstance(node, ast.Name) and node.id in constants:
+            return constants[node.id]
+        return ast.literal_eval(node)
+
+    declared = []
+    for node in ast.walk(tree):
+        for decorator in getattr(node, "decorator_list", []):
+            if (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)
+                    and decorator.func.attr == "case" and isinstance(decorator.func.value, ast.Name)
+                    and decorator.func.value.id == variable):
+                args = [value(a) for a in decorator.args]
+                keywords = {k.arg: k.value for k in decorator.keywords}
+                description = args[1] if len(args) > 1 else value(keywords.get("description", ast.Constant("")))
+                decision = value(keywords.get("decision", ast.Constant(None)))
+                declared.append((args[0], description, decision))
+    return declared
+
+
+if __name__ == "__main__":
+    # ``python kvprobe_probe.py PROBE_FILE --out OUT``: the probe imports this file as
+    # ``kvprobe_probe``; run through that one module, not this ``__main__`` copy.
+    import kvprobe_probe
+
+    kvprobe_probe.run_file(sys.argv[1], sys.argv[2:])

@@ -164,10 +164,7 @@ def _rank0():
     ``initialize_model_parallel`` would have set, so those globals get
     one-process group stand-ins wherever they are still unset.
     """
-    try:
-        runtime_context = kp.require_module("sglang.srt.runtime_context")
-    except kp.NotPresent:
-        runtime_context = None
+    runtime_context = kp.optional("sglang.srt.runtime_context")
     with _legacy_groups():
         if runtime_context is None:
             yield
@@ -199,14 +196,10 @@ def _legacy_groups():
     from sglang.srt.distributed import parallel_state
     from sglang.srt.layers import dp_attention
 
-    with contextlib.ExitStack() as stack:
-        for name in ("_TP", "_ATTN_TP", "_ATTN_CP", "_PP"):
-            if getattr(parallel_state, name, 0) is None:
-                stack.enter_context(mock.patch.object(parallel_state, name, _one_process_group()))
-        for name, value in (("_ATTN_DP_RANK", 0), ("_ATTN_DP_SIZE", 1), ("_LOCAL_ATTN_DP_SIZE", 1),
-                            ("_LOCAL_ATTN_DP_RANK", 0)):
-            if getattr(dp_attention, name, 0) is None:
-                stack.enter_context(mock.patch.object(dp_attention, name, value))
+    groups = dict.fromkeys(("_TP", "_ATTN_TP", "_ATTN_CP", "_PP"), _one_process_group)
+    ranks = {"_ATTN_DP_RANK": 0, "_ATTN_DP_SIZE": 1, "_LOCAL_ATTN_DP_SIZE": 1, "_LOCAL_ATTN_DP_RANK": 0}
+    with kp.stand_in_unset(parallel_state, groups), \
+            kp.stand_in_unset(dp_attention, {name: (lambda v=v: v) for name, v in ranks.items()}):
         yield
 
 
@@ -277,6 +270,21 @@ class World:
         }
 
 
+@contextlib.contextmanager
+def _world(mode: str):
+    """The case's set-up: PD config for ``mode`` published, rank 0 stated, a fresh World."""
+    with _published(mode) as server_args:
+        yield World(server_args)
+
+
+def PREFILL():
+    return _world("prefill")
+
+
+def DECODE():
+    return _world("decode")
+
+
 class _Counting:
     """The real bound method, counting its calls (not a mock: nothing is absorbed)."""
 
@@ -296,10 +304,7 @@ def _spec_none():
 
 
 def _beam_coordinator_class():
-    try:
-        return kp.require(kp.require_module("sglang.srt.beam_search.coordinator"), "BeamCoordinator")
-    except kp.NotPresent:
-        return None
+    return kp.optional("sglang.srt.beam_search.coordinator", "BeamCoordinator")
 
 
 @contextlib.contextmanager
@@ -344,19 +349,27 @@ def _new_req(rid: str, prompt_len: int, room: int) -> Req:
     )
 
 
-def _rejected(rid: str, room: int) -> Req:
-    """What handle_generate_request does with an over-long prompt."""
+def _rejected(obs, rid: str, room: int) -> Req:
+    """What handle_generate_request does with an over-long prompt: a rejection still pending."""
     req = _new_req(rid, LONG_PROMPT, room)
     error_msg = managers_utils.validate_input_length(req, MAX_REQ_INPUT_LEN, False)
     if not error_msg:
         raise kp.CannotObserve("validate_input_length accepted a prompt over the limit")
     req.set_finish_with_abort(error_msg)
+    obs.precondition("rejection_pending", req.to_finish is not None and not req.finished())
     return req
 
 
 def _running_abort(req: Req) -> Req:
     """Abort method 3 of Scheduler.abort_request: mark a running request."""
     req.to_finish = FINISH_ABORT()
+    return req
+
+
+def _decoded_abort(rid: str, room: int) -> Req:
+    """A running request that had decoded three tokens, then marked aborted."""
+    req = _running_abort(_new_req(rid, SHORT_PROMPT, room))
+    req.output_ids = [11, 12, 13]
     return req
 
 
@@ -460,111 +473,84 @@ DOOR_DECODE = "DecodePreallocQueue.add"
 
 
 @probe.case("prefill.rejected_new", "over-long prompt rejected by set_finish_with_abort, then PrefillBootstrapQueue.add",
-            decision=DOOR_PREFILL)
-def _(obs):
-    with _published("prefill") as server_args:
-        world = World(server_args)
-        req = _rejected("rej-prefill", 101)
-        obs.precondition("rejection_pending", req.to_finish is not None and not req.finished())
-        _run_prefill(obs, world, req)
+            decision=DOOR_PREFILL, using=PREFILL)
+def _(obs, world):
+    _run_prefill(obs, world, _rejected(obs, "rej-prefill", 101))
 
 
-@probe.case("prefill.valid", "a normal short request at the prefill door", decision=DOOR_PREFILL)
-def _(obs):
-    with _published("prefill") as server_args:
-        world = World(server_args)
-        _run_prefill(obs, world, _new_req("ok-prefill", SHORT_PROMPT, 102))
+@probe.case("prefill.valid", "a normal short request at the prefill door", decision=DOOR_PREFILL, using=PREFILL)
+def _(obs, world):
+    _run_prefill(obs, world, _new_req("ok-prefill", SHORT_PROMPT, 102))
 
 
 @probe.case("prefill.reentry_metadata",
             "pending abort while still holding a metadata buffer (allocated by the real allocator): its queue owes the release",
-            decision=DOOR_PREFILL)
-def _(obs):
-    with _published("prefill") as server_args:
-        world = World(server_args)
-        req = _running_abort(_new_req("reentry-prefill", SHORT_PROMPT, 103))
-        req.metadata_buffer_index = world.metadata_allocator.alloc()
-        obs.precondition("metadata_buffer_held", req.metadata_buffer_index is not None and req.metadata_buffer_index >= 0)
-        _run_prefill(obs, world, req)
+            decision=DOOR_PREFILL, using=PREFILL)
+def _(obs, world):
+    req = _running_abort(_new_req("reentry-prefill", SHORT_PROMPT, 103))
+    req.metadata_buffer_index = world.metadata_allocator.alloc()
+    obs.precondition("metadata_buffer_held", req.metadata_buffer_index is not None and req.metadata_buffer_index >= 0)
+    _run_prefill(obs, world, req)
 
 
 @probe.case("prefill.reentry_retraction_backup",
             "pending abort while holding a retraction backup (Req.offload_kv_cache of its KV row, row then freed), "
             "not marked is_retracted: the backup alone says its queue owes the release",
-            decision=DOOR_PREFILL)
-def _(obs):
-    with _published("prefill") as server_args:
-        world = World(server_args)
-        req = _running_abort(_new_req("backup-prefill", SHORT_PROMPT, 104))
-        _take_retraction_backup(world, req)
-        obs.precondition("retraction_backup_held", _retraction_backup(req) is not None)
-        obs.precondition("kv_row_released", not _holds_kv_row(req))
-        obs.precondition("not_marked_retracted", not req.is_retracted)
-        _run_prefill(obs, world, req)
+            decision=DOOR_PREFILL, using=PREFILL)
+def _(obs, world):
+    req = _running_abort(_new_req("backup-prefill", SHORT_PROMPT, 104))
+    _take_retraction_backup(world, req)
+    obs.precondition("retraction_backup_held", _retraction_backup(req) is not None)
+    obs.precondition("kv_row_released", not _holds_kv_row(req))
+    obs.precondition("not_marked_retracted", not req.is_retracted)
+    _run_prefill(obs, world, req)
 
 
 @probe.case("prefill.retracted_no_flag",
             "pending abort on a request reset_for_retract marked is_retracted (KV already freed, no backup), "
             "re-entering through a bare add as priority preemption does",
-            decision=DOOR_PREFILL)
-def _(obs):
-    with _published("prefill") as server_args:
-        world = World(server_args)
-        req = _running_abort(_new_req("retracted-prefill", SHORT_PROMPT, 105))
-        req.reset_for_retract()
-        obs.precondition("marked_retracted", req.is_retracted is True)
-        _run_prefill(obs, world, req)
+            decision=DOOR_PREFILL, using=PREFILL)
+def _(obs, world):
+    req = _running_abort(_new_req("retracted-prefill", SHORT_PROMPT, 105))
+    req.reset_for_retract()
+    obs.precondition("marked_retracted", req.is_retracted is True)
+    _run_prefill(obs, world, req)
 
 
 @probe.case("decode.rejected_new", "over-long prompt rejected by set_finish_with_abort, then DecodePreallocQueue.add",
-            decision=DOOR_DECODE)
-def _(obs):
-    with _published("decode") as server_args:
-        world = World(server_args)
-        req = _rejected("rej-decode", 201)
-        obs.precondition("rejection_pending", req.to_finish is not None and not req.finished())
-        _run_decode(obs, world, req)
+            decision=DOOR_DECODE, using=DECODE)
+def _(obs, world):
+    _run_decode(obs, world, _rejected(obs, "rej-decode", 201))
 
 
-@probe.case("decode.valid", "a normal short request at the decode door", decision=DOOR_DECODE)
-def _(obs):
-    with _published("decode") as server_args:
-        world = World(server_args)
-        _run_decode(obs, world, _new_req("ok-decode", SHORT_PROMPT, 202))
+@probe.case("decode.valid", "a normal short request at the decode door", decision=DOOR_DECODE, using=DECODE)
+def _(obs, world):
+    _run_decode(obs, world, _new_req("ok-decode", SHORT_PROMPT, 202))
 
 
 @probe.case("decode.reentry_retracted", "pending abort, no resource markers, caller passes is_retracted=True",
-            decision=DOOR_DECODE)
-def _(obs):
-    with _published("decode") as server_args:
-        world = World(server_args)
-        req = _running_abort(_new_req("retracted-decode", SHORT_PROMPT, 203))
-        req.output_ids = [11, 12, 13]  # it had decoded before retraction
-        _run_decode(obs, world, req, is_retracted=True)
+            decision=DOOR_DECODE, using=DECODE)
+def _(obs, world):
+    req = _decoded_abort("retracted-decode", 203)
+    _run_decode(obs, world, req, is_retracted=True)
 
 
 @probe.case("decode.reentry_rebootstrap", "pending abort, no resource markers, caller passes is_rebootstrap=True",
-            decision=DOOR_DECODE)
-def _(obs):
-    with _published("decode") as server_args:
-        world = World(server_args)
-        req = _running_abort(_new_req("rebootstrap-decode", SHORT_PROMPT, 204))
-        req.output_ids = [11, 12, 13]
-        _run_decode(obs, world, req, is_rebootstrap=True)
+            decision=DOOR_DECODE, using=DECODE)
+def _(obs, world):
+    req = _decoded_abort("rebootstrap-decode", 204)
+    _run_decode(obs, world, req, is_rebootstrap=True)
 
 
 @probe.case("decode.retracted_no_flag",
             "pending abort on a request reset_for_retract marked is_retracted, added without is_retracted "
             "(the bare _add_request_to_queue of priority preemption and pause/retract-all)",
-            decision=DOOR_DECODE)
-def _(obs):
-    with _published("decode") as server_args:
-        world = World(server_args)
-        req = _running_abort(_new_req("retracted-noflag-decode", SHORT_PROMPT, 205))
-        req.output_ids = [11, 12, 13]
-        req.reset_for_retract()
-        obs.precondition("marked_retracted", req.is_retracted is True)
-        _run_decode(obs, world, req)
+            decision=DOOR_DECODE, using=DECODE)
+def _(obs, world):
+    req = _decoded_abort("retracted-noflag-decode", 205)
+    req.reset_for_retract()
+    obs.precondition("marked_retracted", req.is_retracted is True)
+    _run_decode(obs, world, req)
 
 
 if __name__ == "__main__":

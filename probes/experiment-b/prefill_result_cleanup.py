@@ -193,10 +193,7 @@ def _publish():
 @contextlib.contextmanager
 def _rank0():
     """Rank 0 of a one-process world: runtime-context overrides and/or legacy group globals."""
-    try:
-        runtime_context = kp.require_module("sglang.srt.runtime_context")
-    except kp.NotPresent:
-        runtime_context = None
+    runtime_context = kp.optional("sglang.srt.runtime_context")
     with _legacy_groups():
         if runtime_context is None:
             yield
@@ -222,14 +219,10 @@ def _legacy_groups():
     from sglang.srt.distributed import parallel_state
     from sglang.srt.layers import dp_attention
 
-    with contextlib.ExitStack() as stack:
-        for name in ("_TP", "_ATTN_TP", "_ATTN_CP", "_PP"):
-            if getattr(parallel_state, name, 0) is None:
-                stack.enter_context(mock.patch.object(parallel_state, name, _one_process_group()))
-        for name, value in (("_ATTN_DP_RANK", 0), ("_ATTN_DP_SIZE", 1), ("_LOCAL_ATTN_DP_SIZE", 1),
-                            ("_LOCAL_ATTN_DP_RANK", 0)):
-            if getattr(dp_attention, name, 0) is None:
-                stack.enter_context(mock.patch.object(dp_attention, name, value))
+    groups = dict.fromkeys(("_TP", "_ATTN_TP", "_ATTN_CP", "_PP"), _one_process_group)
+    ranks = {"_ATTN_DP_RANK": 0, "_ATTN_DP_SIZE": 1, "_LOCAL_ATTN_DP_SIZE": 1, "_LOCAL_ATTN_DP_RANK": 0}
+    with kp.stand_in_unset(parallel_state, groups), \
+            kp.stand_in_unset(dp_attention, {name: (lambda v=v: v) for name, v in ranks.items()}):
         yield
 
 
@@ -479,10 +472,7 @@ BATCH_RESULT_CALLS = ("move_logprobs_to_cpu", "snapshot_auxiliary_output_starts"
 
 def _cache_class():
     """The cache a HiCache-storage scheduler runs: HiRadixCache up to 0.5.20, then the merged RadixCache."""
-    try:
-        return kp.require(kp.require_module("sglang.srt.mem_cache.hiradix_cache"), "HiRadixCache")
-    except kp.NotPresent:
-        return RadixCache
+    return kp.optional("sglang.srt.mem_cache.hiradix_cache", "HiRadixCache") or RadixCache
 
 
 def _refuse_released(name: str):
@@ -622,11 +612,17 @@ def record_resources(obs, world: World, req: Req, index: int, prefix: str = "") 
     obs.record(prefix + "aborted_output_sent", streamed(world, req) > 0 and aborted)
 
 
-def _held(obs, req: Req) -> int:
-    """Preconditions of a request that finished bootstrap and prefill; its metadata slot."""
+def _admitted(obs, world: World, rid: str, room: int, *, bootstrap: KVPoll, later=(KVPoll.Transferring,)):
+    """``_admit``, then the preconditions of a request that finished bootstrap and prefill
+    (and, when its sender still reports Bootstrapping, of one prefilled optimistically).
+
+    Returns the request and its metadata slot."""
+    req = _admit(world, rid, room, bootstrap=bootstrap, later=later)
     obs.precondition("kv_row_held", _holds_kv_row(req))
     obs.precondition("metadata_buffer_held", req.metadata_buffer_index is not None and req.metadata_buffer_index >= 0)
-    return req.metadata_buffer_index
+    if bootstrap == KVPoll.Bootstrapping:
+        obs.precondition("pending_bootstrap", bool(req.pending_bootstrap))
+    return req, req.metadata_buffer_index
 
 
 # --- cases ---------------------------------------------------------------------
@@ -644,26 +640,25 @@ def _decide(obs: kp.Observations, action, record) -> None:
     "result.aborted_final",
     "a bootstrapped request sent an earlier chunk, is aborted (to_finish=FINISH_ABORT); its final prefill result then arrives",
     decision=DECISION,
+    using=_world,
 )
-def _(obs: kp.Observations) -> None:
-    with _world() as world:
-        req = _admit(world, "aborted-final", 301, bootstrap=KVPoll.WaitingForInput)
-        index = _held(obs, req)
-        _set_extend(req, 0, PROMPT_LEN // 2)
-        world.scheduler.send_kv_chunk(req)  # the earlier, non-last chunk, as process_prefill_chunk sends it
-        obs.precondition("earlier_chunk_sent", kv_chunk_sends(world, req) == 1)
-        world.scripts[req.bootstrap_room].sent.clear()  # count what the result path sends
-        _set_extend(req, PROMPT_LEN // 2, PROMPT_LEN)
-        _abort_running(req)
+def _(obs: kp.Observations, world) -> None:
+    req, index = _admitted(obs, world, "aborted-final", 301, bootstrap=KVPoll.WaitingForInput)
+    _set_extend(req, 0, PROMPT_LEN // 2)
+    world.scheduler.send_kv_chunk(req)  # the earlier, non-last chunk, as process_prefill_chunk sends it
+    obs.precondition("earlier_chunk_sent", kv_chunk_sends(world, req) == 1)
+    world.scripts[req.bootstrap_room].sent.clear()  # count what the result path sends
+    _set_extend(req, PROMPT_LEN // 2, PROMPT_LEN)
+    _abort_running(req)
 
-        def record():
-            record_resources(obs, world, req, index)
-            obs.record("chunk_state_cleared", req.rid not in world.scheduler.disagg_prefill_pending_chunk_rids)
-            obs.record("sender_abort_calls", world.scripts[req.bootstrap_room].aborts)
-            obs.record("output_token_appended", len(req.output_ids) > 0)
-            obs.record("finish_reason", reason_name(req.finished_reason))
+    def record():
+        record_resources(obs, world, req, index)
+        obs.record("chunk_state_cleared", req.rid not in world.scheduler.disagg_prefill_pending_chunk_rids)
+        obs.record("sender_abort_calls", world.scripts[req.bootstrap_room].aborts)
+        obs.record("output_token_appended", len(req.output_ids) > 0)
+        obs.record("finish_reason", reason_name(req.finished_reason))
 
-        _decide(obs, lambda: _deliver_result(world, req), record)
+    _decide(obs, lambda: _deliver_result(world, req), record)
 
 
 @probe.case(
@@ -671,47 +666,44 @@ def _(obs: kp.Observations) -> None:
     "an optimistic request's bootstrap fails (real check_bootstrap / handle_bootstrap_failure retire it) "
     "while its final prefill forward is in flight; that late result then arrives",
     decision=DECISION,
+    using=_world,
 )
-def _(obs: kp.Observations) -> None:
-    with _world() as world:
-        req = _admit(world, "late-result", 302, bootstrap=KVPoll.Bootstrapping, later=(KVPoll.Failed,))
-        index = _held(obs, req)
-        obs.precondition("pending_bootstrap", bool(req.pending_bootstrap))
-        obs.record("bootstrap_ok", world.scheduler.check_bootstrap(req))
-        obs.precondition("retired_before_result", not _holds_kv_row(req) and req.metadata_buffer_index < 0)
-        world.set_buf_indices.clear()
+def _(obs: kp.Observations, world) -> None:
+    req, index = _admitted(obs, world, "late-result", 302, bootstrap=KVPoll.Bootstrapping, later=(KVPoll.Failed,))
+    obs.record("bootstrap_ok", world.scheduler.check_bootstrap(req))
+    obs.precondition("retired_before_result", not _holds_kv_row(req) and req.metadata_buffer_index < 0)
+    world.set_buf_indices.clear()
 
-        def record():
-            record_resources(obs, world, req, index)
-            script = world.scripts[req.bootstrap_room]
-            obs.record("sent_from_released_row", any(not s["row_held"] for s in script.sent))
-            obs.record("metadata_set_buf_indices", world.set_buf_indices)  # -1: the request owns no slot
-            obs.record("output_streams", streamed(world, req))
-            obs.record("finish_reason", reason_name(req.finished_reason))
+    def record():
+        record_resources(obs, world, req, index)
+        script = world.scripts[req.bootstrap_room]
+        obs.record("sent_from_released_row", any(not s["row_held"] for s in script.sent))
+        obs.record("metadata_set_buf_indices", world.set_buf_indices)  # -1: the request owns no slot
+        obs.record("output_streams", streamed(world, req))
+        obs.record("finish_reason", reason_name(req.finished_reason))
 
-        _decide(obs, lambda: _deliver_result(world, req), record)  # the late result of the retired request
+    _decide(obs, lambda: _deliver_result(world, req), record)  # the late result of the retired request
 
 
 @probe.case(
     "result.normal_unfinished",
     "control: a normal final prefill result needs its KV transferred; then the transfer completes",
     decision=DECISION,
+    using=_world,
 )
-def _(obs: kp.Observations) -> None:
-    with _world() as world:
-        req = _admit(world, "normal", 303, bootstrap=KVPoll.WaitingForInput,
-                     later=(KVPoll.Transferring, KVPoll.Success))
-        index = _held(obs, req)
+def _(obs: kp.Observations, world) -> None:
+    req, index = _admitted(obs, world, "normal", 303, bootstrap=KVPoll.WaitingForInput,
+                           later=(KVPoll.Transferring, KVPoll.Success))
 
-        def record():
-            record_resources(obs, world, req, index)
-            obs.record("chunk_state_cleared", req.rid not in world.scheduler.disagg_prefill_pending_chunk_rids)
+    def record():
+        record_resources(obs, world, req, index)
+        obs.record("chunk_state_cleared", req.rid not in world.scheduler.disagg_prefill_pending_chunk_rids)
 
-        _decide(obs, lambda: _deliver_result(world, req), record)
-        obs.record("poll1_done", [r.rid for r in world.scheduler.process_disagg_prefill_inflight_queue()])
-        obs.record("poll2_done", [r.rid for r in world.scheduler.process_disagg_prefill_inflight_queue()])
-        record_resources(obs, world, req, index, prefix="after_transfer.")
-        obs.record("after_transfer.finish_reason", reason_name(req.finished_reason))
+    _decide(obs, lambda: _deliver_result(world, req), record)
+    obs.record("poll1_done", [r.rid for r in world.scheduler.process_disagg_prefill_inflight_queue()])
+    obs.record("poll2_done", [r.rid for r in world.scheduler.process_disagg_prefill_inflight_queue()])
+    record_resources(obs, world, req, index, prefix="after_transfer.")
+    obs.record("after_transfer.finish_reason", reason_name(req.finished_reason))
 
 
 @probe.case(
@@ -719,28 +711,26 @@ def _(obs: kp.Observations) -> None:
     "an optimistic request (bootstrap pending) is aborted; the result of its last in-flight "
     "middle chunk arrives after it yielded (no further chunk launched)",
     decision=DECISION,
+    using=_world,
 )
-def _(obs: kp.Observations) -> None:
-    with _world() as world:
-        req = _admit(world, "aborted-middle", 304, bootstrap=KVPoll.Bootstrapping)
-        index = _held(obs, req)
-        obs.precondition("pending_bootstrap", bool(req.pending_bootstrap))
-        req.inflight_middle_chunks = 1
-        _set_extend(req, 0, PROMPT_LEN // 2)  # the chunk that ran; the rest was never launched
-        _abort_running(req)
+def _(obs: kp.Observations, world) -> None:
+    req, index = _admitted(obs, world, "aborted-middle", 304, bootstrap=KVPoll.Bootstrapping)
+    req.inflight_middle_chunks = 1
+    _set_extend(req, 0, PROMPT_LEN // 2)  # the chunk that ran; the rest was never launched
+    _abort_running(req)
 
-        def record():
-            record_resources(obs, world, req, index)
-            in_waiting = any(r is req for r in world.scheduler.waiting_queue)
-            in_bootstrap = any(r is req for r in world.queue.queue)
-            obs.record("requeued_waiting", in_waiting)
-            obs.record("requeued_bootstrap_queue", in_bootstrap)
-            obs.record("requeued_for_retry", in_waiting or in_bootstrap)
-            obs.record("sender_abort_calls", world.scripts[req.bootstrap_room].aborts)
-            obs.record("still_holds_metadata_buffer", req.metadata_buffer_index >= 0)
-            obs.record("finish_reason", reason_name(req.finished_reason))
+    def record():
+        record_resources(obs, world, req, index)
+        in_waiting = any(r is req for r in world.scheduler.waiting_queue)
+        in_bootstrap = any(r is req for r in world.queue.queue)
+        obs.record("requeued_waiting", in_waiting)
+        obs.record("requeued_bootstrap_queue", in_bootstrap)
+        obs.record("requeued_for_retry", in_waiting or in_bootstrap)
+        obs.record("sender_abort_calls", world.scripts[req.bootstrap_room].aborts)
+        obs.record("still_holds_metadata_buffer", req.metadata_buffer_index >= 0)
+        obs.record("finish_reason", reason_name(req.finished_reason))
 
-        _decide(obs, lambda: _deliver_result(world, req), record)
+    _decide(obs, lambda: _deliver_result(world, req), record)
 
 
 @probe.case(
@@ -748,86 +738,82 @@ def _(obs: kp.Observations) -> None:
     "a bootstrapped request is aborted, its final result arrives, then the inflight queue is polled "
     "and the KV transfer reports Success",
     decision=DECISION,
+    using=_world,
 )
-def _(obs: kp.Observations) -> None:
-    with _world() as world:
-        req = _admit(world, "aborted-final-poll", 305, bootstrap=KVPoll.WaitingForInput, later=(KVPoll.Success,))
-        index = _held(obs, req)
-        _abort_running(req)
-        done = []
+def _(obs: kp.Observations, world) -> None:
+    req, index = _admitted(obs, world, "aborted-final-poll", 305, bootstrap=KVPoll.WaitingForInput, later=(KVPoll.Success,))
+    _abort_running(req)
+    done = []
 
-        def action():
-            _deliver_result(world, req)
-            done.extend(world.scheduler.process_disagg_prefill_inflight_queue())
+    def action():
+        _deliver_result(world, req)
+        done.extend(world.scheduler.process_disagg_prefill_inflight_queue())
 
-        def record():
-            obs.record("poll_done", [r.rid for r in done])
-            record_resources(obs, world, req, index)
-            obs.record("output_streams", streamed(world, req))
-            # What the client is told: an abort, or a normal (length) finish.
-            obs.record("reported_finish_reason", reason_name(req.finished_reason))
+    def record():
+        obs.record("poll_done", [r.rid for r in done])
+        record_resources(obs, world, req, index)
+        obs.record("output_streams", streamed(world, req))
+        # What the client is told: an abort, or a normal (length) finish.
+        obs.record("reported_finish_reason", reason_name(req.finished_reason))
 
-        _decide(obs, action, record)
+    _decide(obs, action, record)
 
 
 @probe.case(
     "inflight.poll_after_late_result",
     "result.late_after_retire, then the inflight queue is polled (the sender reports Failed)",
     decision=DECISION,
+    using=_world,
 )
-def _(obs: kp.Observations) -> None:
-    with _world() as world:
-        req = _admit(world, "late-poll", 306, bootstrap=KVPoll.Bootstrapping, later=(KVPoll.Failed,))
-        index = _held(obs, req)
-        obs.precondition("pending_bootstrap", bool(req.pending_bootstrap))
-        world.scheduler.check_bootstrap(req)  # bootstrap fails: real retirement
-        obs.precondition("retired_before_result", not _holds_kv_row(req))
-        done, requeued = [], []
+def _(obs: kp.Observations, world) -> None:
+    req, index = _admitted(obs, world, "late-poll", 306, bootstrap=KVPoll.Bootstrapping, later=(KVPoll.Failed,))
+    world.scheduler.check_bootstrap(req)  # bootstrap fails: real retirement
+    obs.precondition("retired_before_result", not _holds_kv_row(req))
+    done, requeued = [], []
 
-        def action():
-            _deliver_result(world, req)  # late result
-            requeued.append(inflight_count(world, req) > 0)
-            done.extend(world.scheduler.process_disagg_prefill_inflight_queue())
+    def action():
+        _deliver_result(world, req)  # late result
+        requeued.append(inflight_count(world, req) > 0)
+        done.extend(world.scheduler.process_disagg_prefill_inflight_queue())
 
-        def record():
-            obs.record("requeued_inflight", any(requeued))
-            obs.record("poll_done", [r.rid for r in done])
-            obs.record("kv_releases", kv_releases(world, req))
-            obs.record("metadata_frees", _frees_of(world, index))
-            obs.record("output_streams", streamed(world, req))
-            obs.record("kv_chunk_sends", kv_chunk_sends(world, req))
+    def record():
+        obs.record("requeued_inflight", any(requeued))
+        obs.record("poll_done", [r.rid for r in done])
+        obs.record("kv_releases", kv_releases(world, req))
+        obs.record("metadata_frees", _frees_of(world, index))
+        obs.record("output_streams", streamed(world, req))
+        obs.record("kv_chunk_sends", kv_chunk_sends(world, req))
 
-        _decide(obs, action, record)
+    _decide(obs, action, record)
 
 
 @probe.case(
     "result.delivered_twice",
     "a bootstrapped request is aborted and its final prefill result is delivered twice",
     decision=DECISION,
+    using=_world,
 )
-def _(obs: kp.Observations) -> None:
-    with _world() as world:
-        req = _admit(world, "twice", 307, bootstrap=KVPoll.WaitingForInput)
-        index = _held(obs, req)
-        _abort_running(req)
-        first = {}
+def _(obs: kp.Observations, world) -> None:
+    req, index = _admitted(obs, world, "twice", 307, bootstrap=KVPoll.WaitingForInput)
+    _abort_running(req)
+    first = {}
 
-        def action():
-            _deliver_result(world, req)
-            first.update(inflight=inflight_count(world, req), sends=kv_chunk_sends(world, req),
-                         kv_releases=kv_releases(world, req), metadata_frees=_frees_of(world, index))
-            _deliver_result(world, req)
+    def action():
+        _deliver_result(world, req)
+        first.update(inflight=inflight_count(world, req), sends=kv_chunk_sends(world, req),
+                     kv_releases=kv_releases(world, req), metadata_frees=_frees_of(world, index))
+        _deliver_result(world, req)
 
-        def record():
-            obs.record("after_first", first)
-            obs.record("inflight_entries", inflight_count(world, req))
-            obs.record("kv_chunk_sends", kv_chunk_sends(world, req))
-            obs.record("kv_releases", kv_releases(world, req))
-            obs.record("metadata_frees", _frees_of(world, index))
-            obs.record("output_streams", streamed(world, req))
-            obs.record("finish_reason", reason_name(req.finished_reason))
+    def record():
+        obs.record("after_first", first)
+        obs.record("inflight_entries", inflight_count(world, req))
+        obs.record("kv_chunk_sends", kv_chunk_sends(world, req))
+        obs.record("kv_releases", kv_releases(world, req))
+        obs.record("metadata_frees", _frees_of(world, index))
+        obs.record("output_streams", streamed(world, req))
+        obs.record("finish_reason", reason_name(req.finished_reason))
 
-        _decide(obs, action, record)
+    _decide(obs, action, record)
 
 
 @probe.case(
@@ -835,22 +821,20 @@ def _(obs: kp.Observations) -> None:
     "an optimistic request (prefilled before its bootstrap completed) is aborted; its final result arrives "
     "while the bootstrap is still pending",
     decision=DECISION,
+    using=_world,
 )
-def _(obs: kp.Observations) -> None:
-    with _world() as world:
-        req = _admit(world, "final-pending", 308, bootstrap=KVPoll.Bootstrapping, later=(KVPoll.Bootstrapping,))
-        index = _held(obs, req)
-        obs.precondition("pending_bootstrap", bool(req.pending_bootstrap))
-        _abort_running(req)
+def _(obs: kp.Observations, world) -> None:
+    req, index = _admitted(obs, world, "final-pending", 308, bootstrap=KVPoll.Bootstrapping, later=(KVPoll.Bootstrapping,))
+    _abort_running(req)
 
-        def record():
-            record_resources(obs, world, req, index)
-            obs.record("parked_pending_bootstrap", bool(req.pending_bootstrap) and inflight_count(world, req) > 0)
-            obs.record("requeued_for_retry", any(r is req for r in (*world.scheduler.waiting_queue, *world.queue.queue)))
-            obs.record("sender_abort_calls", world.scripts[req.bootstrap_room].aborts)
-            obs.record("finish_reason", reason_name(req.finished_reason))
+    def record():
+        record_resources(obs, world, req, index)
+        obs.record("parked_pending_bootstrap", bool(req.pending_bootstrap) and inflight_count(world, req) > 0)
+        obs.record("requeued_for_retry", any(r is req for r in (*world.scheduler.waiting_queue, *world.queue.queue)))
+        obs.record("sender_abort_calls", world.scripts[req.bootstrap_room].aborts)
+        obs.record("finish_reason", reason_name(req.finished_reason))
 
-        _decide(obs, lambda: _deliver_result(world, req), record)
+    _decide(obs, lambda: _deliver_result(world, req), record)
 
 
 @probe.case(
@@ -858,25 +842,24 @@ def _(obs: kp.Observations) -> None:
     "a bootstrapped request with a grammar: its final result's sampled token is rejected by the grammar "
     "(accept_token raises ValueError)",
     decision=DECISION,
+    using=_world,
 )
-def _(obs: kp.Observations) -> None:
+def _(obs: kp.Observations, world) -> None:
     from sglang.srt.constrained.base_grammar_backend import BaseGrammarObject
 
-    with _world() as world:
-        req = _admit(world, "grammar", 309, bootstrap=KVPoll.WaitingForInput)
-        index = _held(obs, req)
-        grammar = probe.mock("grammar", BaseGrammarObject, absorbs=("accept_token",))
-        grammar.accept_token.side_effect = ValueError("token 7 not allowed by the grammar")
-        req.grammar = grammar
+    req, index = _admitted(obs, world, "grammar", 309, bootstrap=KVPoll.WaitingForInput)
+    grammar = probe.mock("grammar", BaseGrammarObject, absorbs=("accept_token",))
+    grammar.accept_token.side_effect = ValueError("token 7 not allowed by the grammar")
+    req.grammar = grammar
 
-        def record():
-            record_resources(obs, world, req, index)
-            script = world.scripts[req.bootstrap_room]
-            obs.record("sent_from_released_row", any(not s["row_held"] for s in script.sent))
-            obs.record("sender_abort_calls", script.aborts)
-            obs.record("finish_reason", reason_name(req.finished_reason or req.to_finish))
+    def record():
+        record_resources(obs, world, req, index)
+        script = world.scripts[req.bootstrap_room]
+        obs.record("sent_from_released_row", any(not s["row_held"] for s in script.sent))
+        obs.record("sender_abort_calls", script.aborts)
+        obs.record("finish_reason", reason_name(req.finished_reason or req.to_finish))
 
-        _decide(obs, lambda: _deliver_result(world, req), record)
+    _decide(obs, lambda: _deliver_result(world, req), record)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@ configuration and mock absorption, and the documents it writes against the schem
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -317,3 +319,79 @@ def test_main_writes_one_valid_document(tmp_path):
     case_doc = only_case(json.loads((tmp_path / "out.json").read_text()))
     assert case_doc["observation"] == "observed" and case_doc["status"] == "ok"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+def test_a_case_set_up_gives_its_value_and_what_it_raises_is_drift():
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def door_world():
+        entered.append("in")
+        yield Door(4)
+        entered.append("out")
+
+    @contextlib.contextmanager
+    def broken_world():
+        raise AttributeError("'Door' object has no attribute 'max_input_len'")
+        yield
+
+    p = probe()
+
+    @p.case("ok", "a door from the set-up", decision="Door.add", using=door_world)
+    def _(obs, door):
+        with obs.decision():
+            door.add("r")
+        obs.record("queued", door.queue)
+
+    @p.case("drift", "a set-up that breaks", decision="Door.add", using=broken_world)
+    def _(obs, door):
+        with obs.decision():
+            door.add("r")
+
+    ok, drift = p.run()["cases"]
+    assert (ok["observation"], ok["observations"], entered) == ("observed", {"queued": ["r"]}, ["in", "out"])
+    assert drift["observation"] == "unobserved" and "max_input_len" in drift["reason"]
+
+
+def test_optional_is_the_symbol_or_none_where_the_release_lacks_it():
+    assert kp.optional("json") is json and kp.optional("json", "dumps") is json.dumps
+    assert kp.optional("json.kvprobe_no_such_submodule") is None
+    assert kp.optional("json", "kvprobe_no_such_name") is None
+
+
+def test_stand_in_unset_patches_only_globals_still_none():
+    module = types.SimpleNamespace(_GROUP=None, _RANK=3)
+    with kp.stand_in_unset(module, {"_GROUP": lambda: "one-process", "_RANK": lambda: 0}):
+        assert (module._GROUP, module._RANK) == ("one-process", 3)
+    assert (module._GROUP, module._RANK) == (None, 3)
+
+
+def test_declared_cases_are_read_from_source_with_module_constants():
+    source = """
+import kvprobe_probe as kp
+probe = kp.Probe("p", mocks={"m": "n/a"})
+import missing_package
+DOOR = "Door.add"
+
+@probe.case("a.one", "first " "case", decision=DOOR, using=world)
+def _(obs, w):
+    pass
+
+@other.case("not.mine")
+def _(obs):
+    pass
+
+@probe.case("a.two", description="second")
+def _(obs):
+    pass
+"""
+    assert kp.declared_cases(source, "probe") == [("a.one", "first case", "Door.add"), ("a.two", "second", None)]
+
+
+def test_import_failure_tells_an_absent_name_from_a_missing_dependency():
+    symbol = kp.import_failure(ImportError("cannot import name 'retire' from 'door.prefill' (x.py)"), ["door.prefill"])
+    assert isinstance(symbol, kp.NotPresent) and symbol.missing == ["door.prefill.retire"]
+    module = kp.import_failure(ModuleNotFoundError("no door.decode", name="door.decode"), ["door.decode"])
+    assert isinstance(module, kp.NotPresent) and module.missing == ["door.decode"]
+    dependency = kp.import_failure(ModuleNotFoundError("no sgl_kernel", name="sgl_kernel"), ["door.decode"])
+    assert isinstance(dependency, kp.CannotObserve) and "sgl_kernel" in str(dependency)
