@@ -119,26 +119,9 @@ def run(
     Raises ObserveError only when the program cannot be started at all.
     """
     args = tuple(os.fspath(a) for a in argv)
-    if not args:
-        raise ValueError("empty argv")
-    for path in (stdout_path, stderr_path):
-        path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        try:
-            process = subprocess.Popen(
-                args,
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise ObserveError(f"cannot start {args[0]}: {exc.strerror or exc}") from exc
-        timed_out = _wait(process, timeout_s, poll)
+    process = _spawn(args, env, stdout_path, stderr_path, cwd)
+    timed_out = _wait(process, timeout_s, poll)
     return CommandResult(
         argv=args,
         returncode=process.returncode,
@@ -277,12 +260,23 @@ def start(
 
     Raises ObserveError when the program cannot be started at all.
     """
-    args = tuple(os.fspath(a) for a in argv)
+    return Service(_spawn(tuple(os.fspath(a) for a in argv), env, stdout_path, stderr_path, cwd), lifetime_s)
+
+
+def _spawn(
+    args: tuple[str, ...], env: Mapping[str, str], stdout_path: Path, stderr_path: Path, cwd: Path | None
+) -> subprocess.Popen[bytes]:
+    """Start ``args`` in a new session (its group is what a timeout kills), output to files.
+
+    The child keeps its own copies of the two file descriptors, so ours close at once.
+    """
+    if not args:
+        raise ValueError("empty argv")
     for path in (stdout_path, stderr_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         try:
-            process = subprocess.Popen(
+            return subprocess.Popen(
                 args,
                 cwd=cwd,
                 env=dict(env),
@@ -294,7 +288,6 @@ def start(
             )
         except OSError as exc:
             raise ObserveError(f"cannot start {args[0]}: {exc.strerror or exc}") from exc
-    return Service(process, lifetime_s)
 
 
 def kill_group(pgid: int) -> None:
