@@ -16,6 +16,7 @@ import json
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,9 @@ class ForkServer:
     """A running fork server in ``python``'s env; stop it with :meth:`close` (or ``with``).
 
     Raises ObserveError when the server cannot start or does not answer within
-    ``_START_TIMEOUT_S`` (preloading torch takes seconds, not minutes).
+    ``_START_TIMEOUT_S`` (preloading torch takes seconds, not minutes). With ``wait=False``
+    the constructor only starts the process, so its preload overlaps whatever the caller
+    does next; :meth:`ready` (and the first check) then waits for it.
     """
 
     def __init__(
@@ -57,11 +60,13 @@ class ForkServer:
         env: Mapping[str, str],
         work: Path,
         lifetime_s: float,
+        wait: bool = True,
     ) -> None:
         for scratch in ("home", "tmp"):
             (work / scratch).mkdir(parents=True, exist_ok=True)
         # AF_UNIX paths are limited to 107 bytes: the socket gets a short directory of its own
         self._socket_dir = Path(tempfile.mkdtemp(prefix="kvprobe-fs-"))
+        self._closed = False
         self.socket_path = self._socket_dir / "server.sock"
         self.log_dir = work
         server_env = proc.clean_env(
@@ -89,11 +94,29 @@ class ForkServer:
         except ObserveError:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             raise
-        try:
-            self.preloaded: dict[str, str | None] = self._hello()
-        except BaseException:
-            self.close()
-            raise
+        self._ready = threading.Lock()
+        self._hello_reply: dict[str, str | None] | None = None
+        if wait:
+            try:
+                self.ready()
+            except BaseException:
+                self.close()
+                raise
+
+    def ready(self) -> None:
+        """Wait until the server has preloaded and answered (once; later calls return at once).
+
+        Raises ObserveError when it exited or fell silent; the caller closes it."""
+        with self._ready:
+            if self._hello_reply is None:
+                self._hello_reply = self._hello()
+
+    @property
+    def preloaded(self) -> dict[str, str | None]:
+        """What the server imported, with versions (waits for it to be ready)."""
+        self.ready()
+        assert self._hello_reply is not None, "ready() sets it or raises"
+        return self._hello_reply
 
     def _hello(self) -> dict[str, str | None]:
         deadline = time.monotonic() + _START_TIMEOUT_S
@@ -127,6 +150,10 @@ class ForkServer:
         """
         for log in (stdout_path, stderr_path):
             log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.ready()
+        except ObserveError as exc:
+            raise CheckRunError(f"the fork server failed before {Path(argv[0]).name}: {exc}") from exc
         request = {
             "op": "run",
             "argv": list(argv),
@@ -177,6 +204,10 @@ class ForkServer:
         return f"server {state}" + (f"; {lines[-1].strip()}" if lines else "")
 
     def close(self) -> None:
+        """Stop the server and its group (once: a later call does nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         self.service.stop()
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from urllib.parse import urlsplit
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from kvprobe import proc
 from kvprobe.env import installer
@@ -247,10 +247,29 @@ class EnvManager:
                 self._build(profile, python, torch_index, final)
             else:
                 self.reporter.note(f"env {final.name}: cached")
-            os.utime(final / MARKER)  # last used, for `cache ls` / `cache prune`
-            if hold is not None:
-                hold.enter_context(lease(final))
-            return _read_marker(final)
+            return _use(final, hold)
+
+    def cached(
+        self, profile: Profile, *, torch_index: str | None = None, hold: contextlib.ExitStack | None = None
+    ) -> EnvInfo | None:
+        """The env for ``profile`` if it is already complete (leased like :meth:`ensure`), else None.
+
+        Never builds and never raises for the env: a missing interpreter, an env being built
+        by someone else or one not built yet is left to :meth:`ensure`, at its usual place."""
+        try:
+            python = find_python(profile.python)
+            key = self.key(profile, python, torch_index)
+        except EnvBuildError:
+            return None
+        final = self.root / f"{profile.name}-{key}"
+        try:
+            with FileLock(str(self.root / f"{profile.name}-{key}.lock"), timeout=0):
+                if not (final / MARKER).is_file():
+                    return None
+                self.reporter.note(f"env {final.name}: cached")
+                return _use(final, hold)
+        except (Timeout, FileNotFoundError):  # being built now, or no envs directory yet
+            return None
 
     def _build(self, profile: Profile, python: str, torch_index: str | None, final: Path) -> None:
         if final.exists():  # an incomplete leftover without marker: not ours to trust
@@ -429,6 +448,14 @@ def _last_pip_action(path: Path) -> str:
     except OSError:
         return "starting pip"
     return lines[-1][:100] if lines else "starting pip"
+
+
+def _use(final: Path, hold: contextlib.ExitStack | None) -> EnvInfo:
+    """A complete env, marked as used now (for `cache ls` / `cache prune`) and leased in ``hold``."""
+    os.utime(final / MARKER)
+    if hold is not None:
+        hold.enter_context(lease(final))
+    return _read_marker(final)
 
 
 def _read_marker(env_dir: Path) -> EnvInfo:

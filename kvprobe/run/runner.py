@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import platform
 import shutil
@@ -39,10 +38,19 @@ from kvprobe.model.receipt import (
 from kvprobe.model.records import Experiment, GitPin, PinSet, Side, SourceKind, WheelPin
 from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
-from kvprobe.run.side import CheckContext, environment, execution_record, fork_server, run_side
+from kvprobe.run.side import (
+    CheckContext,
+    cached_environment,
+    environment,
+    execution_record,
+    fork_server,
+    run_side,
+    server_ready,
+)
 from kvprobe.verify.steps import VerifyOptions, verify
 
 if TYPE_CHECKING:
+    from kvprobe.checks.forkserver import ForkServer
     from kvprobe.sources.git import GitSource
     from kvprobe.sources.wheel import WheelSource
 
@@ -105,18 +113,22 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
     held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
         clock = time.monotonic()
+        # a cached env's python is known now: its fork server preloads while the trees are made
+        early = cached_environment(exp, pin_set, opts, reporter, held) if opts.preload else None
+        server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early)
+        timings["preload_start_s"] = time.monotonic() - clock
+        clock = time.monotonic()
         sides = _materialize(exp, pin_set, opts, work, reporter, held)
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
-        env, python, env_vars = environment(exp, pin_set, opts, reporter, held)
+        env, python, env_vars = early or environment(exp, pin_set, opts, reporter, held)
         timings["environment_s"] = time.monotonic() - clock
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)
-        ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s)
-        server, fresh_reason = fork_server(ctx, 2 * (len(head_tests) + len(exp.probes)), opts.preload)
-        if server is not None:
-            held.enter_context(server)
-            ctx = dataclasses.replace(ctx, server=server)
+        if early is None:
+            server, fresh_reason = _start_server(exp, pin_set, opts, work, held, (env, python, env_vars))
+        server, fresh_reason = server_ready(server, fresh_reason)  # what the first check waits on
+        ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server)
         timings["preload_s"] = time.monotonic() - clock
         clock = time.monotonic()
         with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
@@ -134,6 +146,25 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
     finally:
         held.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _start_server(
+    exp: Experiment,
+    pin_set: PinSet,
+    opts: RunOptions,
+    work: Path,
+    held: contextlib.ExitStack,
+    env: tuple[EnvRecord, str, dict[str, str]] | None,
+) -> tuple[ForkServer | None, str | None]:
+    """The run's fork server started in ``env``'s python (None: not known yet), stopped with
+    ``held`` however the run ends; its lifetime covers every check of both sides."""
+    if env is None:
+        return None, None
+    checks = 2 * (len(exp.tests_for(pin_set.name)) + len(exp.probes))
+    server, reason = fork_server(env[1], env[2], work, opts.timeout_s * max(1, checks) + 600, opts.preload)
+    if server is not None:
+        held.enter_context(server)
+    return server, reason
 
 
 def check_inputs(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> None:

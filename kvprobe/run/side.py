@@ -56,17 +56,39 @@ def environment(
     info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(
         profile, torch_index=opts.torch_index, hold=held
     )
+    return _described(info, profile.name, dict(profile.env))
+
+
+def cached_environment(
+    exp: Experiment,
+    pin_set: PinSet,
+    opts: EnvOptions,
+    reporter: Reporter,
+    held: contextlib.ExitStack | None = None,
+) -> tuple[EnvRecord, str, dict[str, str]] | None:
+    """:func:`environment` when it is already there (nothing to build), else None: its python
+    is then known early enough to start the fork server before the trees are materialized."""
+    if pin_set.kind is SourceKind.SYNTHETIC:
+        return environment(exp, pin_set, opts, reporter, held)
+    from kvprobe.env.venv import EnvManager, load_profile
+
+    profile = load_profile(exp.profile)
+    info = EnvManager(opts.cache_root, reporter=reporter).cached(profile, torch_index=opts.torch_index, hold=held)
+    return None if info is None else _described(info, profile.name, dict(profile.env))
+
+
+def _described(info: EnvInfo, profile: str, env_vars: dict[str, str]) -> tuple[EnvRecord, str, dict[str, str]]:
     env = EnvRecord(
         key=info.key,
         python=info.python,
-        profile=profile.name,
+        profile=profile,
         lock_name=info.lock_name,
         lock_sha256=info.lock_sha256,
         packages=dict(sorted(info.packages.items())),
         torch=info.build.get("torch"),
         torch_index=info.build.get("torch_index"),
     )
-    return env, str(info.path / "bin" / "python"), dict(profile.env)
+    return env, str(info.path / "bin" / "python"), env_vars
 
 
 @dataclass(frozen=True)
@@ -199,23 +221,32 @@ def _safe_name(rel: str) -> str:
     return rel.replace("/", "__")
 
 
-def fork_server(ctx: CheckContext, checks: int, preload: bool) -> tuple[ForkServer | None, str | None]:
-    """The run's preloaded fork server, or None and why its checks run in fresh interpreters.
-
-    A server that cannot start is not a failed run: its checks run fresh, and the receipt
-    says why.
+def fork_server(
+    python: str, env_vars: dict[str, str], work: Path, lifetime_s: float, preload: bool
+) -> tuple[ForkServer | None, str | None]:
+    """The run's fork server, started (its preload runs while the caller goes on), or None
+    and why its checks run in fresh interpreters. :func:`server_ready` waits for it.
     """
     if not preload:
         return None, "--no-preload"
     try:
         server = ForkServer(
-            ctx.python,
-            preload=PRELOAD,
-            env=ctx.env_vars,
-            work=ctx.work / "forkserver",
-            lifetime_s=ctx.timeout_s * max(1, checks) + 600,
+            python, preload=PRELOAD, env=env_vars, work=work / "forkserver", lifetime_s=lifetime_s, wait=False
         )
     except ObserveError as exc:
+        return None, f"the fork server did not start: {exc}"
+    return server, None
+
+
+def server_ready(server: ForkServer | None, reason: str | None) -> tuple[ForkServer | None, str | None]:
+    """The server once it has preloaded, or None and why: a server that cannot start is not a
+    failed run, its checks run fresh and the receipt says why (it is closed here)."""
+    if server is None:
+        return None, reason
+    try:
+        server.ready()
+    except ObserveError as exc:
+        server.close()
         return None, f"the fork server did not start: {exc}"
     return server, None
 

@@ -197,3 +197,28 @@ def test_the_server_dying_mid_check_is_an_error_not_a_hang(tmp_path):
 def test_a_server_that_cannot_start_is_an_observe_error(tmp_path):
     with pytest.raises(ObserveError, match="cannot start /nonexistent/python"):
         ForkServer("/nonexistent/python", preload=STAND_INS, env={}, work=tmp_path / "server", lifetime_s=60)
+
+
+def test_a_server_started_in_the_background_is_waited_for_by_its_first_check(tmp_path):
+    with ForkServer(
+        sys.executable, preload=STAND_INS, env={}, work=tmp_path / "server", lifetime_s=300, wait=False
+    ) as server:
+        assert _check(server, tmp_path, "import sys\nprint('decimal' in sys.modules)\n").stdout() == "True\n"
+        assert set(server.preloaded) == set(STAND_INS)
+
+
+def test_a_background_server_that_dies_while_preloading_leaves_its_checks_fresh_with_the_reason(tmp_path):
+    from kvprobe.run.side import fork_server, server_ready
+
+    dies = tmp_path / "python"
+    dies.write_text("#!/bin/sh\necho 'no torch here' >&2\nexit 7\n")
+    dies.chmod(0o755)
+    server, reason = fork_server(str(dies), {}, tmp_path, 60, preload=True)
+    assert server is not None and reason is None  # started: its failure shows when it is waited for
+    assert server_ready(server, reason) == (
+        None,
+        "the fork server did not start: the fork server exited while preloading: server exited; no torch here",
+    )
+    assert _groups_gone([server.service.pid])
+    with pytest.raises(CheckRunError, match=r"failed before check\.py"):
+        _check(server, tmp_path, "print('never')\n")

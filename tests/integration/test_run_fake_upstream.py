@@ -210,6 +210,31 @@ def test_missing_sha_is_exit_3_with_a_clear_message(cli, tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+def test_a_fetch_failure_after_the_server_started_early_is_the_error_and_leaves_no_server(
+    world, cli, tmp_path, monkeypatch
+):
+    import kvprobe.run.side as side_mod
+    from kvprobe.checks.forkserver import ForkServer
+    from kvprobe.env.venv import EnvManager, load_profile
+    from tests.integration.test_forkserver import _groups_gone
+
+    EnvManager(world["cache"]).ensure(load_profile("pytest-minimal"))  # warm: the server starts first
+    started: list[ForkServer] = []
+
+    class Recorded(ForkServer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(side_mod, "ForkServer", Recorded)
+    result = cli("run", "fake-fix", "--pins", "missing", "--out", str(tmp_path / "m"))
+    assert result.exit_code == 3
+    error = [line for line in result.stderr.splitlines() if line.startswith("kvprobe: error:")]
+    assert len(error) == 1 and "0123456789abcdef0123456789abcdef01234567" in error[0], result.stderr
+    assert len(started) == 1, "the fork server did not start before materializing"
+    assert _groups_gone([started[0].service.pid]), "the fork server outlived the failed run"
+
+
 @pytest.mark.parametrize(
     "url",
     ["ext::sh -c touch% /tmp/kvprobe-pwned", "-uhttps://x", "http://example.org/x", "https://example.org/x\nmore"],
