@@ -406,6 +406,12 @@ def run_cmd(
     type=click.IntRange(1),
     help="Seconds a Ray unit (one release) may take (default: --timeout per probe + 600).",
 )
+@click.option(
+    "--no-preload",
+    is_flag=True,
+    help="Run each probe in a fresh interpreter, not forked from the sweep's one that preloaded torch, "
+    "transformers and torchvision (local units; units on Ray workers always run fresh).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @guarded
 def sweep_cmd(
@@ -418,6 +424,7 @@ def sweep_cmd(
     executor: str,
     address: str | None,
     unit_timeout: int | None,
+    no_preload: bool,
     as_json: bool,
 ) -> int:
     """Classify each release in a range as affected, fixed, mixed, could not observe or not
@@ -434,6 +441,7 @@ def sweep_cmd(
         executor=executor,
         address=address,
         unit_timeout_s=unit_timeout,
+        preload=not no_preload,
     )
     if jobs is not None:
         opts.jobs = jobs

@@ -30,6 +30,7 @@ from kvprobe.run.sweep_unit import (
     Executor,
     Expected,
     LocalExecutor,
+    ServerPlan,
     UnitRequest,
     accept_unit,
     copy_probes,
@@ -57,6 +58,7 @@ class SweepOptions:
     executor: str = "local"  # local | ray
     address: str | None = None  # --address of the Ray cluster
     unit_timeout_s: float | None = None  # a Ray unit's limit; None: every probe's limit + 10 min
+    preload: bool = True  # local units' probes fork from one preloaded interpreter; False: fresh ones
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,10 @@ def sweep_experiment(
                 f"selected: {', '.join(chosen) or 'none'}"
             )
         clock = time.monotonic()
-        if executor is None:  # threads sharing the env the driver builds
+        if executor is None:  # threads sharing the env the driver builds, and its fork server
+            serve = ServerPlan(work, opts.timeout_s * len(exp.probes) * len(served) + 600, opts.preload)
             executor = LocalExecutor(
-                prepare(exp, opts.cache_root, opts.torch_index, reporter, held), opts.jobs, reporter
+                prepare(exp, opts.cache_root, opts.torch_index, reporter, held, serve), opts.jobs, reporter
             )
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
         final.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from kvprobe import __version__
 from kvprobe.checks import probes
+from kvprobe.checks.forkserver import FRESH, ForkServer
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import load_profile
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, KvprobeError, UsageError
@@ -35,10 +36,10 @@ from kvprobe.evidence.safetree import Limits
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.experiments import experiment
 from kvprobe.files import write_atomic
-from kvprobe.model.records import Experiment, PinSet, SourceKind, WheelPin
+from kvprobe.model.records import Experiment, PinSet, ProbeCheck, SourceKind, WheelPin
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
-from kvprobe.run.side import EnvOptions, environment
+from kvprobe.run.side import EnvOptions, environment, fork_server, server_ready
 from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.pack import pack
 from kvprobe.verify.steps import VerifyOptions, verify_dir
@@ -73,14 +74,31 @@ class Executor(Protocol):
     def run(self, requests: Sequence[UnitRequest]) -> Iterator[UnitOutcome]: ...
 
 
+# Units on Ray workers each prepare their own env: they run their probes fresh (one fork
+# server per unit would preload for only a release's few probes).
+UNIT_FRESH = "a unit on a Ray worker runs its probes in fresh interpreters"
+
+
 @dataclass(frozen=True)
 class Prepared:
-    """A unit's env (built once per lock, from the cache) and wheel source."""
+    """A unit's env (built once per lock, from the cache), wheel source, and fork server: on
+    this host one server, started with the env, serves every unit's probes."""
 
     env: dict[str, Any]
     python: str
     env_vars: dict[str, str]
     wheels: WheelSource
+    server: ForkServer | None = None
+    fresh_reason: str | None = UNIT_FRESH  # why probes run fresh when there is no server
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """The sweep's fork server: where it works, how long it may live, whether it is wanted."""
+
+    work: Path
+    lifetime_s: float
+    preload: bool
 
 
 @dataclass
@@ -100,11 +118,24 @@ def wheel_pin_set(exp: Experiment) -> PinSet:
 
 
 def prepare(
-    exp: Experiment, cache_root: Path, torch_index: str | None, reporter: Reporter, held: contextlib.ExitStack
+    exp: Experiment,
+    cache_root: Path,
+    torch_index: str | None,
+    reporter: Reporter,
+    held: contextlib.ExitStack,
+    serve: ServerPlan | None = None,
 ) -> Prepared:
+    """The env, and with ``serve`` its fork server, started (stopped with ``held``): it
+    preloads while the driver resolves the releases; the first probe waits for it."""
     opts: EnvOptions = _EnvOpts(cache_root, torch_index)
     env, python, env_vars = environment(exp, wheel_pin_set(exp), opts, reporter, held)
-    return Prepared(env.to_json(), python, env_vars, WheelSource(cache_root, reporter=reporter))
+    server: ForkServer | None = None
+    reason: str | None = UNIT_FRESH
+    if serve is not None:
+        server, reason = fork_server(python, env_vars, serve.work, serve.lifetime_s, serve.preload)
+        if server is not None:
+            held.enter_context(server)
+    return Prepared(env.to_json(), python, env_vars, WheelSource(cache_root, reporter=reporter), server, reason)
 
 
 # --- the unit (runs wherever the executor puts it) ------------------------------------------
@@ -177,12 +208,17 @@ def run_unit(
         entry["problem"] = f"wheel: {exc}"
     docs: dict[str, dict[str, Any]] = {}
     if entry["problem"] is None:
+        server, reason = server_ready(prepared.server, prepared.fresh_reason)
+        ran = []
         for check in exp.probes:
             reporter.update(f"{version}: probe {check.name}")
-            record, doc = _probe(exp, prepared, request, staging, scratch, check.name, check.path)
+            record, run = _probe(exp, prepared, request, staging, scratch, check, server)
             entry["probes"].append(record)
-            if doc is not None:
-                docs[check.name] = doc
+            ran.append(run)
+            if run.ok:
+                assert run.output is not None, "a probe run is ok with an output"
+                docs[check.name] = run.output
+        entry["execution"] = _execution(server, reason, ran)
     held.close()  # the lease: `cache prune` may remove the tree again
     entry["classification"] = classify.classify_release(_expect(exp), docs, classify.release_problems(entry))
     entry["duration_s"] = round(time.monotonic() - clock, 3)
@@ -193,9 +229,29 @@ def _expect(exp: Experiment) -> dict[str, Any]:
     return {side: exp.expectations.get(side, {}) for side in SIDES}
 
 
+def _execution(server: ForkServer | None, reason: str | None, ran: list[probes.ProbeRun]) -> dict[str, Any]:
+    """How this release's probes ran (the sweep receipt's optional ``execution``)."""
+    rows = [
+        {
+            "name": r.name,
+            "mode": r.execution.mode,
+            "reason": r.execution.reason or (reason if r.execution.mode == FRESH else None),
+        }
+        for r in ran
+    ]
+    return {"preloaded": dict(sorted(server.preloaded.items())) if server else {}, "probes": rows}
+
+
 def _probe(
-    exp: Experiment, prepared: Prepared, request: UnitRequest, staging: Path, scratch: Path, name: str, path: str
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    exp: Experiment,
+    prepared: Prepared,
+    request: UnitRequest,
+    staging: Path,
+    scratch: Path,
+    check: ProbeCheck,
+    server: ForkServer | None,
+) -> tuple[dict[str, Any], probes.ProbeRun]:
+    name, path = check.name, check.path
     version = request.pin.version
     raw_dir = staging / RAW_DIR / version / "probes"
     log_dir = staging / LOGS_DIR / version / "probes"
@@ -214,6 +270,7 @@ def _probe(
         env_extra=prepared.env_vars,
         scratch=home,
         timeout_s=request.timeout_s,
+        server=server,
     )
     if not run.ok and out.exists():
         out.rename(out.with_suffix(".invalid.json"))
@@ -224,7 +281,7 @@ def _probe(
         "exit_code": run.exit_code,
         "problem": run.problem,
     }
-    return record, run.output if run.ok else None
+    return record, run
 
 
 # --- the receipt and the bundle (a unit's and the sweep's) -----------------------------------

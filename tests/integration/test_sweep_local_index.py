@@ -187,6 +187,42 @@ def test_sweep_classifies_each_release_and_verify_recomputes_it(world, sweep, tm
     assert "release 1.1 is stated 'fixed'" in caught.stdout
 
 
+def _observations(bundle: Path) -> dict[str, object]:
+    """Each raw probe document, but for durations (the only thing a forked run may change)."""
+
+    def normal(value):
+        if isinstance(value, dict):
+            return {k: normal(v) for k, v in value.items() if k != "duration_s"}
+        return [normal(v) for v in value] if isinstance(value, list) else value
+
+    return {
+        p.relative_to(bundle).as_posix(): normal(json.loads(p.read_text())) for p in (bundle / "raw").rglob("*.json")
+    }
+
+
+def test_sweep_probes_forked_from_the_sweeps_server_observe_what_fresh_ones_do(world, sweep, tmp_path, monkeypatch):
+    _env(world, monkeypatch)
+    receipts, docs = {}, {}
+    for name, flags in (("forked", ()), ("fresh", ("--no-preload",))):
+        out = tmp_path / name
+        result = sweep("sweep", "scrub-sweep", "--releases", "1.0..2.1", "--out", str(out), "--json", *flags)
+        assert result.exit_code == 3, result.output  # 2.1 is not present, as above
+        receipts[name], docs[name] = json.loads((out / "receipt.json").read_text()), _observations(out)
+        assert sweep("verify", str(out)).exit_code == 0
+    runs = {name: [r["execution"] for r in receipt["releases"]] for name, receipt in receipts.items()}
+    assert {(p["mode"], p["reason"]) for e in runs["forked"] for p in e["probes"]} == {("forked", None)}
+    assert {(p["mode"], p["reason"]) for e in runs["fresh"] for p in e["probes"]} == {("fresh", "--no-preload")}
+    # pytest-minimal has none of torch, transformers, torchvision: the server imported nothing
+    assert all(e["preloaded"] == {} for e in runs["forked"])
+    assert all(e["preloaded"] == {} for e in runs["fresh"])
+    assert sorted(docs["forked"]) == sorted(docs["fresh"]) and docs["forked"]
+    for rel, doc in docs["forked"].items():
+        assert doc == docs["fresh"][rel], rel
+    assert [r["classification"] for r in receipts["forked"]["releases"]] == [
+        r["classification"] for r in receipts["fresh"]["releases"]
+    ]
+
+
 def test_sweep_trees_are_byte_compiled_once_with_checked_hashes(world, sweep, tmp_path, monkeypatch):
     """A release's tree comes from the tree cache compiled for the env's python, like a run's."""
     _env(world, monkeypatch)
