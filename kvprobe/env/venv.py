@@ -254,7 +254,8 @@ class EnvManager:
     ) -> EnvInfo | None:
         """The env for ``profile`` if it is already complete (leased like :meth:`ensure`), else None.
 
-        Never builds and never raises for the env: a missing interpreter, an env being built
+        Says nothing (the caller notes the cached env where :meth:`ensure` would have), never
+        builds and never raises for the env: a missing interpreter, an env being built
         by someone else or one not built yet is left to :meth:`ensure`, at its usual place."""
         try:
             python = find_python(profile.python)
@@ -264,10 +265,7 @@ class EnvManager:
         final = self.root / f"{profile.name}-{key}"
         try:
             with FileLock(str(self.root / f"{profile.name}-{key}.lock"), timeout=0):
-                if not (final / MARKER).is_file():
-                    return None
-                self.reporter.note(f"env {final.name}: cached")
-                return _use(final, hold)
+                return _use(final, hold) if (final / MARKER).is_file() else None
         except (Timeout, FileNotFoundError):  # being built now, or no envs directory yet
             return None
 

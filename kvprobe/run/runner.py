@@ -113,6 +113,7 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
     held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
         clock = time.monotonic()
+        _check_sources(exp, pin_set, opts)  # bad input is refused before a server starts
         # a cached env's python is known now: its fork server preloads while the trees are made
         early = cached_environment(exp, pin_set, opts, reporter, held) if opts.preload else None
         server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early)
@@ -121,6 +122,8 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         sides = _materialize(exp, pin_set, opts, work, reporter, held)
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
+        if early is not None and early[0].lock_name is not None:
+            reporter.note(f"env {early[0].key}: cached")  # where environment() says it
         env, python, env_vars = early or environment(exp, pin_set, opts, reporter, held)
         timings["environment_s"] = time.monotonic() - clock
         clock = time.monotonic()
@@ -305,8 +308,17 @@ def _materialize_side(
     }
 
 
+def _check_sources(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> None:
+    """The repository URLs and --repo's use, refused as :func:`_materialize` would (pure)."""
+    if pin_set.tests_commit is not None:
+        from kvprobe.sources.git import validate_url
+
+        validate_url(opts.repo or exp.upstream or "")
+    _source(exp, pin_set, opts, None)
+
+
 def _source(
-    exp: Experiment, pin_set: PinSet, opts: RunOptions, reporter: Reporter
+    exp: Experiment, pin_set: PinSet, opts: RunOptions, reporter: Reporter | None
 ) -> WheelSource | _GitWithHints | None:
     if opts.repo is not None and not pin_set.runs_tests:
         from kvprobe.sources.git import validate_url

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from dataclasses import replace
 
@@ -210,6 +211,12 @@ def test_missing_sha_is_exit_3_with_a_clear_message(cli, tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+def _lines(stderr: str) -> list[str]:
+    """Progress lines without their timings, and git's own words cut (they vary run to run)."""
+    lines = (re.sub(r" \([0-9.]+s\)$", "", line).partition(": fatal:")[0] for line in stderr.splitlines())
+    return sorted(lines)
+
+
 def test_a_fetch_failure_after_the_server_started_early_is_the_error_and_leaves_no_server(
     world, cli, tmp_path, monkeypatch
 ):
@@ -232,6 +239,11 @@ def test_a_fetch_failure_after_the_server_started_early_is_the_error_and_leaves_
     error = [line for line in result.stderr.splitlines() if line.startswith("kvprobe: error:")]
     assert len(error) == 1 and "0123456789abcdef0123456789abcdef01234567" in error[0], result.stderr
     assert len(started) == 1, "the fork server did not start before materializing"
+    fresh = cli("run", "fake-fix", "--pins", "missing", "--out", str(tmp_path / "m"), "--no-preload")
+    # what a run without a server says (sides in parallel: their lines in any order, timed)
+    assert fresh.exit_code == 3 and _lines(fresh.stderr) == _lines(result.stderr)
+    assert result.stderr.splitlines()[-1] == error[0]
+    assert len(started) == 1
     assert _groups_gone([started[0].service.pid]), "the fork server outlived the failed run"
 
 
