@@ -13,7 +13,8 @@ from filelock import FileLock
 from installer.exceptions import InstallerError
 from installer.records import parse_record_file
 from installer.sources import WheelFile
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from kvprobe import proc
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, UsageError
@@ -63,6 +64,16 @@ def platform_args(filename: str) -> list[str]:
         if python.startswith("cp") and python[2:].isdigit():
             args += ["--python-version", python[2:], "--implementation", "cp", "--abi", abi]
     return args
+
+
+def names_release(filename: str, package: str, version: str) -> bool:
+    """``filename`` is a wheel of ``package`` at ``version`` (names as PEP 503, versions as
+    PEP 440): a recorded wheel that names another package or release is not that release's."""
+    try:
+        name, parsed, _, _ = parse_wheel_filename(filename)
+        return name == canonicalize_name(package) and parsed == Version(version)
+    except (InvalidWheelFilename, InvalidVersion):
+        return False
 
 
 def pin_for_file(path: Path) -> WheelPin:

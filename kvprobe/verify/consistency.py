@@ -39,6 +39,7 @@ from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, comb
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
+from kvprobe.sources.wheel import names_release
 from kvprobe.verify.result import StepResult, step_result
 
 _MAX_DIFFS = 8
@@ -850,4 +851,31 @@ def sweep_experiment_defects(bundle: Bundle) -> list[BundleDefect]:
     diffs = json_diff(receipt["expectations"], expect, "expectations")
     if diffs:
         found.append(ExpectationsMismatch(rel, f"[expect] differs from receipt.expectations: {_summary(diffs)}"))
+    return found + sweep_wheel_defects(receipt, data)
+
+
+def sweep_wheel_defects(receipt: dict[str, Any], data: dict[str, Any]) -> list[BundleDefect]:
+    """Each release's wheel is a wheel of the package the experiment's wheel pins name, at that
+    release: `verify --rerun` asks the index for exactly it, so a bundle must not choose what pip
+    resolves (a path, another package, an sdist)."""
+    pins = [p for p in (data.get("pins") or {}).values() if isinstance(p, dict) and p.get("kind") == "wheel"]
+    packages = {side["package"] for p in pins for side in (p.get("base"), p.get("head")) if isinstance(side, dict)}
+    found: list[BundleDefect] = []
+    for release in receipt["releases"]:
+        wheel, version = release["wheel"], release["version"]
+        if wheel is None:
+            continue
+        if (
+            wheel["package"] not in packages
+            or wheel["version"] != version
+            or not names_release(wheel["file"], wheel["package"], version)
+        ):
+            found.append(
+                PinMismatch(
+                    RECEIPT,
+                    f"release {version}: wheel {wheel['package']!r} {wheel['version']!r} file {wheel['file']!r} is "
+                    f"not a wheel of {' or '.join(sorted(map(repr, packages))) or 'a package the experiment pins'} "
+                    f"at {version}",
+                )
+            )
     return found
