@@ -11,6 +11,7 @@ its raw outputs merged into the sweep bundle.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import platform
 import shutil
 import tempfile
@@ -462,8 +463,14 @@ class LocalExecutor:
     name: str = "local"
 
     def run(self, requests: Sequence[UnitRequest]) -> Iterator[UnitOutcome]:
+        """Each unit in a copy of the caller's context: a thread does not inherit it, and a
+        rerun's units must find experiments only where the rerun does (builtin_search_path),
+        never in ./probes."""
         with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
-            futures = {pool.submit(produce_unit, r, self.prepared, self.reporter): r for r in requests}
+            futures = {
+                pool.submit(contextvars.copy_context().run, produce_unit, r, self.prepared, self.reporter): r
+                for r in requests
+            }
             for future in as_completed(futures):
                 request = futures[future]
                 try:
