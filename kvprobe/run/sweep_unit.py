@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import platform
 import shutil
 import tempfile
@@ -381,6 +382,7 @@ def accept_unit(outcome: UnitOutcome, expected: Expected, work: Path) -> tuple[d
             if root is None:
                 return failed_entry(expected.exp, version, f"unit bundle refused: {defects[0]}"), None
             problem, entry, env = _check_unit(root, outcome.request, expected)
+            problem = problem or _room_problem(root, version, expected)
             if problem is not None:
                 return failed_entry(expected.exp, version, f"unit bundle refused: {problem}"), None
             _merge(root, version, expected.staging)
@@ -432,6 +434,34 @@ def _env_problem(env: dict[str, Any], expected: Expected) -> str | None:
     if expected.env is None or env.get("key") == expected.env.get("key"):
         return None
     return f"ran in env {env.get('key')!r}, the sweep's is {expected.env.get('key')!r}"
+
+
+# What the sweep adds beside its units' files (receipt, README, timeline, manifest, sums), kept free.
+_SWEEP_OWN_FILES = 16
+_SWEEP_OWN_BYTES = 64 << 20
+
+
+def _room_problem(root: Path, version: str, expected: Expected) -> str | None:
+    """A unit whose files would take the merged sweep past the bundle limits: each unit fits
+    them alone, but one must not make the whole sweep fail its own verification."""
+    files, size = _tally([root / top / version for top in (RAW_DIR, LOGS_DIR)])
+    have_files, have_size = _tally([expected.staging])
+    limits = expected.limits
+    if have_files + files > limits.max_files - _SWEEP_OWN_FILES:
+        return f"its {files} files would take the sweep past {limits.max_files} files"
+    if have_size + size > limits.max_total_bytes - _SWEEP_OWN_BYTES:
+        return f"its {size} bytes would take the sweep past {limits.max_total_bytes} bytes"
+    return None
+
+
+def _tally(tops: list[Path]) -> tuple[int, int]:
+    """(files, bytes) under ``tops`` (symlinks counted as entries, never followed)."""
+    files = size = 0
+    for top in tops:
+        for dirpath, _dirs, names in os.walk(top):
+            files += len(names)
+            size += sum(os.lstat(os.path.join(dirpath, name)).st_size for name in names)
+    return files, size
 
 
 def _merge(root: Path, version: str, staging: Path) -> None:

@@ -1,0 +1,88 @@
+"""Sweep units of experiment-a on a stand-in release (a small wheel named sglang 0.5.20 on a
+local find-links directory): no SGLang, no network, real probe processes.
+
+- A unit run by the local executor finds experiments where its driver does. `verify --rerun`
+  of a sweep re-runs the installed experiment inside
+  :func:`kvprobe.resources.builtin_search_path`, never a ./probes of the current directory.
+  A thread does not inherit the driver's context, so each unit must be handed it: otherwise
+  it loads the experiment by id from ./probes (a planted copy with the installed
+  experiment.toml passes the unit's digest check) and runs its probe files.
+- The driver refuses a unit whose files would take the merged sweep past the bundle limits:
+  one unit must not make the whole sweep fail its own verification.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvprobe.evidence.safetree import Limits
+from kvprobe.experiments.experiment import load_file
+from kvprobe.model.records import Experiment, WheelPin
+from kvprobe.progress import Reporter
+from kvprobe.resources import builtin_probes_dir, builtin_search_path
+from kvprobe.run.sweep_unit import Expected, LocalExecutor, Prepared, UnitRequest, accept_unit, copy_probes
+from kvprobe.sources.wheel import WheelSource
+from kvprobe.verify.anchor import installed_experiment
+from tests.wheelfactory import build_wheel
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch) -> tuple[Experiment, UnitRequest, Prepared]:
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    links = tmp_path / "links"
+    links.mkdir()
+    wheel = build_wheel(links, "sglang", "0.5.20")  # the probes find no SGLang code in it
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    installed = installed_experiment("experiment-a")
+    assert installed is not None
+    exp = load_file(installed / "experiment.toml")
+    pin = WheelPin("sglang", "0.5.20", wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())
+    request = UnitRequest(exp.id, exp.file_sha256, pin, 60.0, None, tmp_path / "cache")
+    return exp, request, Prepared({"key": "test"}, sys.executable, {}, WheelSource(tmp_path / "cache"))
+
+
+def test_a_local_unit_inside_a_rerun_runs_the_installed_probes_not_dot_probes(stand_in, tmp_path):
+    _exp, request, prepared = stand_in
+    marker = tmp_path / "MARKER-planted-probe-ran"
+    planted = tmp_path / "cwd" / "probes" / "experiment-a"
+    shutil.copytree(builtin_probes_dir() / "experiment-a", planted)  # experiment.toml: the installed bytes
+    for probe in planted.glob("*.py"):
+        probe.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('planted code ran')\n")
+    with builtin_search_path():
+        (outcome,) = LocalExecutor(prepared, 1, Reporter()).run([request])
+    assert not marker.exists(), "the unit ran ./probes' copy of the experiment"
+    assert outcome.archive is not None, outcome.problem
+
+
+def test_a_unit_that_would_overfill_the_sweep_is_refused_not_merged(stand_in, tmp_path):
+    exp, request, prepared = stand_in
+    (outcome,) = LocalExecutor(prepared, 1, Reporter()).run([request])
+    assert outcome.archive is not None, outcome.problem
+    staging = tmp_path / "staging"
+    copy_probes(exp, staging)
+    limits = Limits(max_files=100)  # the unit alone fits: it verifies under these limits
+    for i in range(100 - 16 - _count(staging) - 1):  # earlier units' files: room for one more
+        (staging / "logs" / "0.5.19").mkdir(parents=True, exist_ok=True)
+        (staging / "logs" / "0.5.19" / f"{i}.log").write_text("x")
+    entry, env = accept_unit(outcome, Expected(exp, staging, prepared.env, limits), tmp_path)
+    assert env is None
+    assert entry["classification"]["overall"] == "could-not-observe"
+    assert "would take the sweep past 100 files" in entry["problem"]
+    assert not (staging / "raw" / "0.5.20").exists()
+
+    room = Expected(exp, tmp_path / "empty", prepared.env, limits)
+    copy_probes(exp, room.staging)
+    entry, env = accept_unit(outcome, room, tmp_path)
+    assert entry["problem"] is None and env == prepared.env  # with room, the same unit is merged
+    assert (room.staging / "raw" / "0.5.20").is_dir()
+
+
+def _count(root: Path) -> int:
+    return sum(1 for p in root.rglob("*") if p.is_file())
