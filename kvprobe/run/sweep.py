@@ -103,7 +103,7 @@ def sweep_experiment(
         if executor is None:  # threads sharing the env the driver builds, and its fork server
             serve = ServerPlan(work, opts.timeout_s * len(exp.probes) * len(served) + 600, opts.preload)
             executor = LocalExecutor(
-                prepare(exp, opts.cache_root, opts.torch_index, reporter, held, serve), opts.jobs, reporter
+                exp, prepare(exp, opts.cache_root, opts.torch_index, reporter, held, serve), opts.jobs, reporter
             )
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
         final.parent.mkdir(parents=True, exist_ok=True)

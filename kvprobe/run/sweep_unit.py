@@ -143,13 +143,20 @@ def prepare(
 # --- the unit (runs wherever the executor puts it) ------------------------------------------
 
 
-def produce_unit(request: UnitRequest, prepared: Prepared | None = None, reporter: Reporter | None = None) -> bytes:
+def produce_unit(
+    request: UnitRequest,
+    prepared: Prepared | None = None,
+    reporter: Reporter | None = None,
+    exp: Experiment | None = None,
+) -> bytes:
     """Run one release and return its packed, verified one-release sweep bundle.
 
-    On a worker, the experiment is this node's installed copy (its digest must be the one
-    the driver asked for) and the env comes from this node's cache."""
+    ``exp``: the driver's experiment (a local unit runs exactly what its driver loaded: the
+    installed copy in a rerun, or the bundle's copy consented to). On a worker (None), the
+    experiment is this node's installed copy (its digest must be the one the driver asked
+    for) and the env comes from this node's cache."""
     reporter = reporter or Reporter()
-    exp = experiment.load(request.experiment_id)
+    exp = exp or experiment.load(request.experiment_id)
     if exp.file_sha256 != request.experiment_sha256:
         raise UsageError(
             f"{exp.id} here has experiment.toml sha256 {exp.file_sha256}, the driver's is {request.experiment_sha256}"
@@ -485,20 +492,21 @@ def failed_entry(exp: Experiment, version: str, problem: str) -> dict[str, Any]:
 
 @dataclass
 class LocalExecutor:
-    """Units in threads of this process, sharing the env the driver prepared."""
+    """Units in threads of this process, sharing the driver's experiment and the env it prepared."""
 
+    exp: Experiment
     prepared: Prepared
     jobs: int
     reporter: Reporter
     name: str = "local"
 
     def run(self, requests: Sequence[UnitRequest]) -> Iterator[UnitOutcome]:
-        """Each unit in a copy of the caller's context: a thread does not inherit it, and a
-        rerun's units must find experiments only where the rerun does (builtin_search_path),
-        never in ./probes."""
+        """Each unit runs the driver's experiment, in a copy of the caller's context: a thread
+        does not inherit it, and a rerun's units must find profiles only where the rerun does
+        (builtin_search_path), never in ./probes."""
         with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
             futures = {
-                pool.submit(contextvars.copy_context().run, produce_unit, r, self.prepared, self.reporter): r
+                pool.submit(contextvars.copy_context().run, produce_unit, r, self.prepared, self.reporter, self.exp): r
                 for r in requests
             }
             for future in as_completed(futures):

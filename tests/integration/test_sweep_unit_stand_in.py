@@ -49,21 +49,21 @@ def stand_in(tmp_path, monkeypatch) -> tuple[Experiment, UnitRequest, Prepared]:
 
 
 def test_a_local_unit_inside_a_rerun_runs_the_installed_probes_not_dot_probes(stand_in, tmp_path):
-    _exp, request, prepared = stand_in
+    exp, request, prepared = stand_in
     marker = tmp_path / "MARKER-planted-probe-ran"
     planted = tmp_path / "cwd" / "probes" / "experiment-a"
     shutil.copytree(builtin_probes_dir() / "experiment-a", planted)  # experiment.toml: the installed bytes
     for probe in planted.glob("*.py"):
         probe.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('planted code ran')\n")
     with builtin_search_path():
-        (outcome,) = LocalExecutor(prepared, 1, Reporter()).run([request])
+        (outcome,) = LocalExecutor(exp, prepared, 1, Reporter()).run([request])
     assert not marker.exists(), "the unit ran ./probes' copy of the experiment"
     assert outcome.archive is not None, outcome.problem
 
 
 def test_a_unit_that_would_overfill_the_sweep_is_refused_not_merged(stand_in, tmp_path):
     exp, request, prepared = stand_in
-    (outcome,) = LocalExecutor(prepared, 1, Reporter()).run([request])
+    (outcome,) = LocalExecutor(exp, prepared, 1, Reporter()).run([request])
     assert outcome.archive is not None, outcome.problem
     staging = tmp_path / "staging"
     copy_probes(exp, staging)
