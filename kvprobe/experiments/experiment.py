@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from kvprobe.model.records import (
     Vulnerability,
     WheelPin,
 )
-from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
+from kvprobe.names import EXPERIMENT_SCHEMA, PROBES_DIR, SIDES
 from kvprobe.resources import experiment_dirs, experiment_search_path
 
 FILENAME = "experiment.toml"
@@ -55,6 +56,26 @@ def sources(experiment_id: str) -> list[tuple[Path, str]]:
         if candidate.is_file():
             found.append((candidate.parent, source))
     return found
+
+
+def bundled_files(directory: Path) -> list[Path]:
+    """What a bundle carries of the experiment in ``directory``: its experiment.toml and every
+    .py beside it (the probes and the helpers they import: all of it ran)."""
+    helpers = sorted(p for p in directory.glob("*.py") if p.is_file() and not p.is_symlink())
+    return [directory / FILENAME, *helpers]
+
+
+def copy_into_bundle(exp: Experiment, staging: Path) -> Path:
+    """Copy :func:`bundled_files` to ``probes/<id>/`` of the bundle being staged; return it.
+
+    Run, sweep and gate 2 all copy through here, so verify step 5 (which compares the same
+    set with the installed copy) sees the same files whoever wrote the bundle.
+    """
+    probe_dir = staging / PROBES_DIR / exp.id
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    for source in bundled_files(exp.directory):
+        shutil.copy2(source, probe_dir / source.name)
+    return probe_dir
 
 
 def list_ids() -> list[str]:

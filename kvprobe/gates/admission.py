@@ -4,7 +4,6 @@ SGLang; their outputs are decided by the pure rule in :mod:`kvprobe.evidence.gat
 from __future__ import annotations
 
 import contextlib
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,13 @@ from typing import Any
 from kvprobe.evidence import gate2
 from kvprobe.evidence.bundle import cite
 from kvprobe.evidence.gate_status import Check
+from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.gates.gate import Gate, GateOptions
 from kvprobe.gates.target import Target
 from kvprobe.model.gates_receipt import Gate2Basis, GateExperimentRecord, GateProbeRecord
 from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import Side
-from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR
+from kvprobe.names import LOGS_DIR, RAW_DIR
 from kvprobe.progress import Reporter
 from kvprobe.run import runner
 from kvprobe.run.side import CheckContext, CheckPaths, environment, run_probe
@@ -74,9 +74,7 @@ def run_gate2(
 
 def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> _ProbeOutcome:
     exp, staging = ctx.exp, ctx.staging
-    probe_dir = staging / PROBES_DIR / exp.id
-    probe_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
+    probe_dir = copy_into_bundle(exp, staging)
     cited = GateExperimentRecord(exp.id, cite(probe_dir / "experiment.toml", staging))
     scratch = ctx.work / "home" / exp.id
     scratch.mkdir(parents=True, exist_ok=True)
@@ -86,7 +84,6 @@ def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> 
     problems: list[str] = []
     refs: list[GateProbeRecord] = []
     for check in exp.probes:
-        shutil.copy2(exp.directory / check.path, probe_dir / check.path)
         with reporter.step(f"gate 2: {exp.id} probe {check.name} against {target.spec}"):
             ran = run_probe(ctx, paths, check)
         run = ran["run"]

@@ -22,6 +22,7 @@ from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageEr
 from kvprobe.evidence import compare
 from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
 from kvprobe.evidence.bundle_readme import render_readme
+from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.receipt import (
     Comparison,
     EnvRecord,
@@ -399,11 +400,7 @@ def _head_test_files(exp: Experiment, pin_set: PinSet, sides: dict[Side, dict[st
 def _receipt(plan: RunPlan, out: RunOutputs) -> Receipt:
     exp, pin_set, staging = plan.exp, plan.pin_set, out.staging
     timings = dict(out.timings)
-    probe_dir = staging / PROBES_DIR / exp.id
-    probe_dir.mkdir(parents=True)
-    shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
-    for source in _experiment_sources(exp):
-        shutil.copy2(source, probe_dir / source.name)
+    probe_dir = copy_into_bundle(exp, staging)
     side_records: dict[str, SideRecord] = {}
     probe_docs: dict[str, dict[str, Any]] = {}
     problems: dict[str, dict[str, str]] = {}
@@ -486,13 +483,6 @@ def _probe_record(ran: dict[str, Any], probe_dir: Path, staging: Path) -> ProbeR
     return ProbeRecord(
         ran["name"], cite(probe_dir / ran["path"], staging), raw, ran["run"].exit_code, ran["run"].problem
     )
-
-
-def _experiment_sources(exp: Experiment) -> list[Path]:
-    """The probe files and the modules beside them that they import (e.g. a model): all ran."""
-    listed = {exp.directory / check.path for check in exp.probes}
-    helpers = {p for p in exp.directory.glob("*.py") if p.is_file() and not p.is_symlink()}
-    return sorted(listed | helpers)
 
 
 def _limits(exp: Experiment, pin_set: PinSet, env: EnvRecord) -> list[str]:

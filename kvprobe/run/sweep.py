@@ -23,6 +23,7 @@ from typing import Any
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import load_profile
 from kvprobe.errors import BundleExistsError, CheckRunError, DigestMismatch, FetchError, UsageError
+from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.names import SIDES
 from kvprobe.progress import Reporter
@@ -33,7 +34,6 @@ from kvprobe.run.sweep_unit import (
     ServerPlan,
     UnitRequest,
     accept_unit,
-    copy_probes,
     failed_entry,
     prepare,
     seal_sweep,
@@ -108,7 +108,7 @@ def sweep_experiment(
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
-        copy_probes(exp, staging)
+        copy_into_bundle(exp, staging)
         clock = time.monotonic()
         with reporter.step(f"{package}: each release's wheel on the index"):
             pins = _resolve(package, flags, served, work, opts.jobs)

@@ -167,7 +167,7 @@ def produce_unit(
         cache_root = request.cache_root or default_cache_root()
         prepared = prepared or prepare(exp, cache_root, request.torch_index, reporter, held)
         staging = work / "staging"
-        copy_probes(exp, staging)
+        experiment.copy_into_bundle(exp, staging)
         entry = run_unit(exp, prepared, request, staging, work / "scratch", reporter)
         profile = load_profile(exp.profile)
         receipt = sweep_receipt(
@@ -183,14 +183,6 @@ def produce_unit(
         )
         seal_sweep(receipt, staging, work / "bundle")
         return pack(work / "bundle", work / "unit.tar.gz").archive.read_bytes()
-
-
-def copy_probes(exp: Experiment, staging: Path) -> None:
-    probe_dir = staging / PROBES_DIR / exp.id
-    probe_dir.mkdir(parents=True)
-    shutil.copy2(exp.directory / "experiment.toml", probe_dir / "experiment.toml")
-    for source in sorted(p for p in exp.directory.glob("*.py") if p.is_file() and not p.is_symlink()):
-        shutil.copy2(source, probe_dir / source.name)
 
 
 def run_unit(

@@ -16,6 +16,7 @@ from pathlib import Path
 from kvprobe import __version__
 from kvprobe.defects import BundleDefect, DiffersFromInstalled
 from kvprobe.evidence.reader import Bundle
+from kvprobe.experiments.experiment import bundled_files
 from kvprobe.model.records import ID_RE
 from kvprobe.names import PROBES_DIR
 from kvprobe.resources import builtin_probes_dir
@@ -44,9 +45,7 @@ def installed_experiment(exp_id: str) -> Path | None:
 
 def installed_digests(directory: Path) -> dict[str, str]:
     """{name: sha256} of what a run copies into a bundle: experiment.toml and the .py beside it."""
-    files = [directory / "experiment.toml"]
-    files += sorted(p for p in directory.glob("*.py") if p.is_file() and not p.is_symlink())
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in bundled_files(directory)}
 
 
 def compare_installed(bundle: Bundle) -> Anchor | None:

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from kvprobe.evidence.safetree import Limits
-from kvprobe.experiments.experiment import load_file
+from kvprobe.experiments.experiment import copy_into_bundle, load_file
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.progress import Reporter
 from kvprobe.resources import builtin_probes_dir, builtin_search_path
-from kvprobe.run.sweep_unit import Expected, LocalExecutor, Prepared, UnitRequest, accept_unit, copy_probes
+from kvprobe.run.sweep_unit import Expected, LocalExecutor, Prepared, UnitRequest, accept_unit
 from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.anchor import installed_experiment
 from tests.wheelfactory import build_wheel
@@ -66,7 +66,7 @@ def test_a_unit_that_would_overfill_the_sweep_is_refused_not_merged(stand_in, tm
     (outcome,) = LocalExecutor(exp, prepared, 1, Reporter()).run([request])
     assert outcome.archive is not None, outcome.problem
     staging = tmp_path / "staging"
-    copy_probes(exp, staging)
+    copy_into_bundle(exp, staging)
     limits = Limits(max_files=100)  # the unit alone fits: it verifies under these limits
     for i in range(100 - 16 - _count(staging) - 1):  # earlier units' files: room for one more
         (staging / "logs" / "0.5.19").mkdir(parents=True, exist_ok=True)
@@ -78,7 +78,7 @@ def test_a_unit_that_would_overfill_the_sweep_is_refused_not_merged(stand_in, tm
     assert not (staging / "raw" / "0.5.20").exists()
 
     room = Expected(exp, tmp_path / "empty", prepared.env, limits)
-    copy_probes(exp, room.staging)
+    copy_into_bundle(exp, room.staging)
     entry, env = accept_unit(outcome, room, tmp_path)
     assert entry["problem"] is None and env == prepared.env  # with room, the same unit is merged
     assert (room.staging / "raw" / "0.5.20").is_dir()

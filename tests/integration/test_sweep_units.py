@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.experiments import experiment
+from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
 from kvprobe.run.sweep_unit import (
@@ -19,7 +20,6 @@ from kvprobe.run.sweep_unit import (
     UnitOutcome,
     UnitRequest,
     accept_unit,
-    copy_probes,
     prepare,
     produce_unit,
 )
@@ -47,7 +47,7 @@ def test_driver_merges_a_unit_it_asked_for_and_refuses_one_it_did_not(world, swe
 
     def accept(outcome: UnitOutcome, exp=exp, env=prepared.env, tamper_probe: bool = False):
         staging = Path(tmp_path / f"staging-{len(list(tmp_path.glob('staging-*')))}")
-        copy_probes(exp, staging)
+        copy_into_bundle(exp, staging)
         if tamper_probe:
             (staging / "probes" / exp.id / "scrub.py").write_text("# the driver's copy differs\n")
         entry, _ = accept_unit(outcome, Expected(exp, staging, env), tmp_path)
