@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvprobe.model.receipt import OPTIONAL, EnvRecord, FileRef, Part, Tool
+from kvprobe.model.receipt import OPTIONAL, EnvRecord, FileRef, Part, ReceiptHead, ScopeRecord
 
 
 @dataclass(frozen=True)
@@ -112,21 +112,14 @@ class Gate2Basis(Part):
 
 
 @dataclass(frozen=True)
-class DeploymentScope(Part):
+class DeploymentScope(ScopeRecord):
     layer: str
-    shows: str
-    does_not_show: tuple[str, ...]
-    limits: tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class GatesReceipt(Part):
+class GatesReceipt(ReceiptHead):
     """One deployment against the four acceptance gates."""
 
-    schema: str
-    tool: Tool
-    run_id: str
-    created_utc: str
     layer: str
     overall: str
     exit_code: int

@@ -112,6 +112,17 @@ class Tool(Part):
 
 
 @dataclass(frozen=True)
+class ReceiptHead(Part):
+    """What every receipt opens with (run, gates, sweep): its schema id, the kvprobe that
+    wrote it, its run id and when it started."""
+
+    schema: str
+    tool: Tool
+    run_id: str
+    created_utc: str
+
+
+@dataclass(frozen=True)
 class ExperimentRef(Part):
     """The experiment a receipt ran: its file in the bundle and the facts readers quote."""
 
@@ -215,47 +226,61 @@ class Comparison(Part):
 
 
 @dataclass(frozen=True)
-class EvidenceScope(Part):
-    """What the receipt's evidence shows and does not, and what stood in for the real thing."""
+class ScopeRecord(Part):
+    """What a receipt's evidence shows, what it does not, and the limits it was made within."""
 
-    layer: Layer
     shows: str
     does_not_show: tuple[str, ...]
-    mocks: Mapping[str, Mapping[str, str]]
     limits: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EvidenceScope(ScopeRecord):
+    """A run's scope: its layer, and what stood in for the real thing."""
+
+    layer: Layer
+    mocks: Mapping[str, Mapping[str, str]]
     # per side and probe (compare/4 on); absent in receipts written before probes recorded them
     configuration: Mapping[str, Any] | None = field(default=None, metadata=OPTIONAL)
     absorbed: Mapping[str, Any] | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
-class CheckExecution(Part):
+class CheckMode(Part):
     """How one check ran: a ``fresh`` interpreter or ``forked`` from the preloaded one, and why
     it ran fresh (``--no-preload``, a fork server that did not start)."""
 
-    side: str
-    check: str  # "test" | "probe"
     name: str
     mode: str  # "fresh" | "forked"
     reason: str | None
 
 
 @dataclass(frozen=True)
-class ExecutionRecord(Part):
-    """What the fork server preloaded (module -> version) and how each check ran."""
+class CheckExecution(CheckMode):
+    """A run's check: which side, a test file or a probe."""
+
+    side: str
+    check: str  # "test" | "probe"
+
+
+@dataclass(frozen=True)
+class Preloaded(Part):
+    """What the fork server preloaded (module -> version; empty: checks ran fresh)."""
 
     preloaded: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class ExecutionRecord(Preloaded):
+    """How each of a run's checks ran."""
+
     checks: tuple[CheckExecution, ...]
 
 
 @dataclass(frozen=True)
-class Receipt(Part):
+class Receipt(ReceiptHead):
     """A run receipt: what ran on which pins, in which env, what was observed, the verdict."""
 
-    schema: str
-    tool: Tool
-    run_id: str
-    created_utc: str
     experiment: ExperimentRef
     pin_set: PinSetRef
     sides: Mapping[str, SideRecord]  # one per name in SIDES

@@ -261,5 +261,5 @@ def execution_record(
         named += [("probe", p["name"], p["run"].execution) for p in ran["probes"]]
         for kind, name, how in named:
             reason = how.reason or (fresh_reason if how.mode == FRESH else None)
-            rows.append(CheckExecution(side.value, kind, name, how.mode, reason))
+            rows.append(CheckExecution(name=name, mode=how.mode, reason=reason, side=side.value, check=kind))
     return ExecutionRecord(dict(sorted(server.preloaded.items())) if server else {}, tuple(rows))
