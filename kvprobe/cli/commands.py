@@ -448,16 +448,12 @@ def sweep_cmd(
     console = stderr_console()
     result = sweep_experiment(experiment.load(experiment_id), opts, RichReporter(console))
     receipt = result.receipt
-    for release in receipt["releases"]:
-        console.print(
-            f"{release['version']:>14}  {release['classification']['overall']}", markup=False, highlight=False
-        )
+    for release in receipt.releases:
+        console.print(f"{release.version:>14}  {release.classification.overall}", markup=False, highlight=False)
     console.print(f"bundle: {result.bundle}  manifest sha256 {result.manifest_sha256}", markup=False, highlight=False)
     if as_json:
-        emit_json(
-            {"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": receipt["summary"]}
-        )
-    unobserved = {"could-not-observe", "not-present"} & set(receipt["summary"])
+        emit_json({"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": receipt.summary})
+    unobserved = {"could-not-observe", "not-present"} & set(receipt.summary)
     return EXIT_UNOBSERVED if unobserved else EXIT_OK
 
 

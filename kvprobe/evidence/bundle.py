@@ -26,11 +26,6 @@ def cite(path: Path, root: Path) -> FileRef:
     return FileRef(path.relative_to(root).as_posix(), sha256_file(path))
 
 
-def file_ref(path: Path | None, root: Path) -> dict[str, str] | None:
-    """``{"path", "sha256"}`` of :func:`cite`, for the receipts still built as dicts (gates, sweep)."""
-    return None if path is None else cite(path, root).to_json()
-
-
 def seal_bundle(
     receipt: dict[str, Any],
     version: str,

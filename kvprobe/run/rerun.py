@@ -31,6 +31,7 @@ from kvprobe.defects import RerunDiffers
 from kvprobe.errors import ExperimentError, ObserveError, UsageError
 from kvprobe.evidence.reader import Bundle
 from kvprobe.model.records import Experiment
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.resources import builtin_search_path
@@ -72,7 +73,10 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
     sweep = bundle.receipt_family == rerun_sweep.FAMILY
     if opts.releases is not None and not sweep:
         raise UsageError("--release applies to sweep bundles: a run bundle is re-run whole")
-    chosen = rerun_sweep.chosen_releases(bundle.accepted_receipt, opts.releases) if sweep else []
+    # step 2 held the receipt to the sweep receipt schema: the typed model reads it
+    chosen = (
+        rerun_sweep.chosen_releases(SweepReceipt.from_json(bundle.accepted_receipt), opts.releases) if sweep else []
+    )
     exp_id = bundle.accepted_receipt["experiment"]["id"]
     installed = installed_experiment(exp_id)
     notes: list[str] = []
@@ -147,7 +151,7 @@ def _rerun_releases(
     is a finding and is not run; the others are swept and compared with the published ones."""
     from kvprobe.run.sweep import SweepOptions, sweep_experiment
 
-    published = bundle.accepted_receipt
+    published = SweepReceipt.from_json(bundle.accepted_receipt)  # accepted by step 2's schema check
     try:
         changed = rerun_sweep.index_findings(published, versions, work / "resolve")
         same = [v for v in versions if v not in changed]
@@ -167,12 +171,12 @@ def _rerun_releases(
     was = rerun_sweep.raw_docs(published, lambda rel: bundle.raw_docs.get(rel))
     now = rerun_sweep.raw_docs(fresh, lambda rel: json.loads((result.bundle / rel).read_text(encoding="utf-8")))
     defects = [*changed.values(), *rerun_sweep.diff_sweeps(published, fresh, same, was, now)]
-    classes = ", ".join(f"{r['version']} {r['classification']['overall']}" for r in fresh["releases"])
+    classes = ", ".join(f"{r.version} {r.classification.overall}" for r in fresh.releases)
     return step_result(
         6,
         defects,
         f"re-ran {exp.id} on {len(same)} of {len(versions)} releases: {classes}",
-        notes + env_notes(published, fresh),
+        notes + env_notes(bundle.accepted_receipt, fresh.to_json()),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from kvprobe.defects import IndexServesOtherBytes, RerunDiffers
 from kvprobe.errors import UsageError
 from kvprobe.evidence.compare import case_table
+from kvprobe.model.sweep_receipt import Classification, ReleaseRecord, SweepReceipt
 from kvprobe.names import RECEIPT
 from kvprobe.sources import releases
 from kvprobe.sources.wheel import platform_args
@@ -26,10 +27,10 @@ FAMILY = "kvprobe.sweep-receipt"
 Docs = dict[str, dict[str, dict[str, Any]]]
 
 
-def chosen_releases(receipt: dict[str, Any], spec: str | None) -> list[str]:
+def chosen_releases(receipt: SweepReceipt, spec: str | None) -> list[str]:
     """The releases a rerun runs: every release the sweep ran, or those ``spec`` names (a
     --releases SPEC over the sweep's releases); UsageError for one the sweep did not run."""
-    ran = [r["version"] for r in receipt["releases"]]
+    ran = [r.version for r in receipt.releases]
     if spec is None:
         return ran
     chosen = releases.select(spec, ran, option="--release", among=f"a release this sweep ran ({', '.join(ran)})")
@@ -38,80 +39,78 @@ def chosen_releases(receipt: dict[str, Any], spec: str | None) -> list[str]:
     return chosen
 
 
-def index_findings(receipt: dict[str, Any], versions: list[str], scratch: Path) -> dict[str, RerunDiffers]:
+def index_findings(receipt: SweepReceipt, versions: list[str], scratch: Path) -> dict[str, RerunDiffers]:
     """Each release's wheel resolved on the index again: {version: finding} for a version that
     now names other bytes (another sha256 or file) than the bundle recorded. FetchError or
     UsageError when the index cannot be asked or no longer has the release."""
     found = {}
-    for release in receipt["releases"]:
-        wheel = release["wheel"]
-        if release["version"] not in versions or wheel is None:
+    for release in receipt.releases:
+        wheel, version = release.wheel, release.version
+        if version not in versions or wheel is None:
             continue
-        pin = releases.resolve(
-            wheel["package"], release["version"], platform_args(wheel["file"]), scratch / release["version"]
-        )
-        if (pin.filename, pin.sha256) != (wheel["file"], wheel["sha256"]):
-            found[release["version"]] = IndexServesOtherBytes(
+        pin = releases.resolve(wheel.package, version, platform_args(wheel.file), scratch / version)
+        if (pin.filename, pin.sha256) != (wheel.file, wheel.sha256):
+            found[version] = IndexServesOtherBytes(
                 RECEIPT,
-                f"release {release['version']}: the index now serves {pin.filename} sha256 {pin.sha256}; "
-                f"the bundle recorded {wheel['file']} sha256 {wheel['sha256']}: the same version is other "
+                f"release {version}: the index now serves {pin.filename} sha256 {pin.sha256}; "
+                f"the bundle recorded {wheel.file} sha256 {wheel.sha256}: the same version is other "
                 "bytes now, so it was not re-run",
             )
     return found
 
 
-def raw_docs(receipt: dict[str, Any], read: Callable[[str], dict[str, Any] | None]) -> Docs:
+def raw_docs(receipt: SweepReceipt, read: Callable[[str], dict[str, Any] | None]) -> Docs:
     """{version: {probe: document}} of every probe output the receipt cites; ``read(path)``
     gives a document (None when unusable)."""
     docs: Docs = {}
-    for release in receipt["releases"]:
-        for probe in release["probes"]:
-            doc = read(probe["raw"]["path"]) if probe["raw"] else None
+    for release in receipt.releases:
+        for probe in release.probes:
+            doc = read(probe.raw.path) if probe.raw else None
             if doc is not None:
-                docs.setdefault(release["version"], {})[probe["name"]] = doc
+                docs.setdefault(release.version, {})[probe.name] = doc
     return docs
 
 
 def diff_sweeps(
-    published: dict[str, Any], fresh: dict[str, Any], versions: list[str], was: Docs, now: Docs
+    published: SweepReceipt, fresh: SweepReceipt, versions: list[str], was: Docs, now: Docs
 ) -> list[RerunDiffers]:
     """Per re-run release: a wheel with other bytes, a probe that could not run now, every
     observation and case outcome, each case's class and the release's classification."""
     found: list[RerunDiffers] = []
-    old = {r["version"]: r for r in published["releases"]}
-    new = {r["version"]: r for r in fresh["releases"]}
+    old = {r.version: r for r in published.releases}
+    new = {r.version: r for r in fresh.releases}
     for version in versions:
         if version not in new:
             found.append(RerunDiffers(RECEIPT, f"release {version}: the rerun did not run it (now unserved)"))
             continue
         a, b = old[version], new[version]
-        if a["wheel"] and b["wheel"] and a["wheel"]["sha256"] != b["wheel"]["sha256"]:
+        if a.wheel and b.wheel and a.wheel.sha256 != b.wheel.sha256:
             found.append(
                 IndexServesOtherBytes(
                     RECEIPT,
-                    f"release {version}: re-ran {b['wheel']['file']} sha256 {b['wheel']['sha256']}, "
-                    f"published {a['wheel']['sha256']}: the index changed during the rerun",
+                    f"release {version}: re-ran {b.wheel.file} sha256 {b.wheel.sha256}, "
+                    f"published {a.wheel.sha256}: the index changed during the rerun",
                 )
             )
             continue
-        raw = {p["name"]: p["raw"]["path"] for p in a["probes"] if p["raw"]}
+        raw = {p.name: p.raw.path for p in a.probes if p.raw}
         found += _problem_diffs(version, a, b, raw)
         found += _case_diffs(version, was.get(version, {}), now.get(version, {}), raw)
-        found += _class_diffs(version, a["classification"], b["classification"])
+        found += _class_diffs(version, a.classification, b.classification)
     return found
 
 
-def _problem_diffs(version: str, a: dict[str, Any], b: dict[str, Any], raw: dict[str, str]) -> list[RerunDiffers]:
+def _problem_diffs(version: str, a: ReleaseRecord, b: ReleaseRecord, raw: dict[str, str]) -> list[RerunDiffers]:
     found = []
-    if b["problem"] and b["problem"] != a["problem"]:
-        found.append(RerunDiffers(RECEIPT, f"release {version}: rerun could not run it: {b['problem']}"))
-    before = {p["name"]: p["problem"] for p in a["probes"]}
-    for probe in b["probes"]:
-        if probe["problem"] and probe["problem"] != before.get(probe["name"]):
+    if b.problem and b.problem != a.problem:
+        found.append(RerunDiffers(RECEIPT, f"release {version}: rerun could not run it: {b.problem}"))
+    before = {p.name: p.problem for p in a.probes}
+    for probe in b.probes:
+        if probe.problem and probe.problem != before.get(probe.name):
             found.append(
                 RerunDiffers(
-                    raw.get(probe["name"], RECEIPT),
-                    f"release {version} probe {probe['name']}: rerun could not run it: {probe['problem']}",
+                    raw.get(probe.name, RECEIPT),
+                    f"release {version} probe {probe.name}: rerun could not run it: {probe.problem}",
                 )
             )
     return found
@@ -152,12 +151,12 @@ def _outcome(case: dict[str, Any] | None) -> tuple[Any, ...]:
     return case["status"], case["error_type"], case["observation"]
 
 
-def _class_diffs(version: str, a: dict[str, Any], b: dict[str, Any]) -> list[RerunDiffers]:
+def _class_diffs(version: str, a: Classification, b: Classification) -> list[RerunDiffers]:
     found = []
-    for key in sorted(set(a["cases"]) | set(b["cases"])):
-        old, new = a["cases"].get(key, {}).get("class"), b["cases"].get(key, {}).get("class")
+    for key in sorted(set(a.cases) | set(b.cases)):
+        old, new = a.cases.get(key, {}).get("class"), b.cases.get(key, {}).get("class")
         if old != new:
             found.append(RerunDiffers(RECEIPT, f"release {version} case {key}: published {old!r}, rerun {new!r}"))
-    if a["overall"] != b["overall"]:
-        found.append(RerunDiffers(RECEIPT, f"release {version}: published {a['overall']!r}, rerun {b['overall']!r}"))
+    if a.overall != b.overall:
+        found.append(RerunDiffers(RECEIPT, f"release {version}: published {a.overall!r}, rerun {b.overall!r}"))
     return found

@@ -18,13 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import load_profile
 from kvprobe.errors import BundleExistsError, CheckRunError, DigestMismatch, FetchError, UsageError
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import SIDES
 from kvprobe.progress import Reporter
 from kvprobe.run.sweep_unit import (
@@ -32,6 +32,7 @@ from kvprobe.run.sweep_unit import (
     Expected,
     LocalExecutor,
     ServerPlan,
+    SweepRun,
     UnitRequest,
     accept_unit,
     failed_entry,
@@ -64,7 +65,7 @@ class SweepOptions:
 @dataclass(frozen=True)
 class SweepResult:
     bundle: Path
-    receipt: dict[str, Any]
+    receipt: SweepReceipt
     manifest_sha256: str
 
 
@@ -129,17 +130,10 @@ def sweep_experiment(
                     expected = Expected(exp, staging, env)
                 units[outcome.request.pin.version] = entry
         timings["units_s"] = time.monotonic() - clock
-        ordered = [units[v] for v in served]
+        ordered = tuple(units[v] for v in served)
+        host = sweep_host(opts.jobs, executor.name)
         receipt = sweep_receipt(
-            exp,
-            (profile.name, profile.serves),
-            opts.releases,
-            started,
-            expected.env or {},
-            ordered,
-            unserved,
-            timings,
-            sweep_host(opts.jobs, executor.name),
+            exp, SweepRun(opts.releases, started, expected.env, ordered, tuple(unserved), timings, host)
         )
         digest = seal_sweep(receipt, staging, final, check=_verify_on_write)
         return SweepResult(final, receipt, digest)

@@ -33,12 +33,22 @@ from kvprobe.env.venv import load_profile
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.evidence import sweep as classify
 from kvprobe.evidence.archive import extracted
-from kvprobe.evidence.bundle import file_ref, host_facts, seal_bundle
+from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
 from kvprobe.evidence.safetree import Limits
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.experiments import experiment
 from kvprobe.files import write_atomic
+from kvprobe.model.receipt import CheckMode, EnvRecord, ProbeRecord, ScopeRecord, Tool
 from kvprobe.model.records import Experiment, PinSet, ProbeCheck, SourceKind, WheelPin
+from kvprobe.model.sweep_receipt import (
+    Classification,
+    ProfileRef,
+    ReleaseExecution,
+    ReleaseRecord,
+    SweepExperimentRef,
+    SweepReceipt,
+    WheelRecord,
+)
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.run.side import EnvOptions, environment, fork_server, server_ready
@@ -86,7 +96,7 @@ class Prepared:
     """A unit's env (built once per lock, from the cache), wheel source, and fork server: on
     this host one server, started with the env, serves every unit's probes."""
 
-    env: dict[str, Any]
+    env: EnvRecord
     python: str
     env_vars: dict[str, str]
     wheels: WheelSource
@@ -137,7 +147,7 @@ def prepare(
         server, reason = fork_server(python, env_vars, serve.work, serve.lifetime_s, serve.preload)
         if server is not None:
             held.enter_context(server)
-    return Prepared(env.to_json(), python, env_vars, WheelSource(cache_root, reporter=reporter), server, reason)
+    return Prepared(env, python, env_vars, WheelSource(cache_root, reporter=reporter), server, reason)
 
 
 # --- the unit (runs wherever the executor puts it) ------------------------------------------
@@ -169,78 +179,62 @@ def produce_unit(
         staging = work / "staging"
         experiment.copy_into_bundle(exp, staging)
         entry = run_unit(exp, prepared, request, staging, work / "scratch", reporter)
-        profile = load_profile(exp.profile)
-        receipt = sweep_receipt(
-            exp,
-            (profile.name, profile.serves),
-            request.pin.version,
-            started,
-            prepared,
-            [entry],
-            [],
-            {},
-            sweep_host(1, "unit"),
-        )
+        ran = SweepRun(request.pin.version, started, prepared.env, (entry,), (), {}, sweep_host(1, "unit"))
+        receipt = sweep_receipt(exp, ran)
         seal_sweep(receipt, staging, work / "bundle")
         return pack(work / "bundle", work / "unit.tar.gz").archive.read_bytes()
 
 
 def run_unit(
     exp: Experiment, prepared: Prepared, request: UnitRequest, staging: Path, scratch: Path, reporter: Reporter
-) -> dict[str, Any]:
+) -> ReleaseRecord:
     """One release: its wheel (fetched, sha256- and RECORD-checked), its probes, their raw
     outputs under raw/<version>/, and its classification."""
     clock = time.monotonic()
     pin, version = request.pin, request.pin.version
     scratch.mkdir(parents=True)
-    entry: dict[str, Any] = {"version": version, "wheel": None, "problem": None, "probes": []}
+    wheel: WheelRecord | None = None
+    problem: str | None = None
     held = contextlib.ExitStack()  # probes write nothing into the tree: the cached one, used in place
     try:
         reporter.update(f"{version}: wheel")
         identity = prepared.wheels.materialize(pin, scratch / "tree", python=prepared.python, hold=held)
-        entry["wheel"] = {
-            "package": pin.package,
-            "version": pin.version,
-            "file": pin.filename,
-            "sha256": pin.sha256,
-            "fetched_via": identity["fetched_via"],
-        }
+        wheel = WheelRecord(pin.package, pin.version, pin.filename, pin.sha256, identity["fetched_via"])
     except (FetchError, DigestMismatch, CheckoutError) as exc:
-        entry["problem"] = f"wheel: {exc}"
+        problem = f"wheel: {exc}"
     docs: dict[str, dict[str, Any]] = {}
-    if entry["problem"] is None:
+    records: list[ProbeRecord] = []
+    execution: ReleaseExecution | None = None
+    if problem is None:
         server, reason = server_ready(prepared.server, prepared.fresh_reason)
         ran = []
         for check in exp.probes:
             reporter.update(f"{version}: probe {check.name}")
             record, run = _probe(exp, prepared, request, staging, scratch, check, server)
-            entry["probes"].append(record)
+            records.append(record)
             ran.append(run)
             if run.ok:
                 assert run.output is not None, "a probe run is ok with an output"
                 docs[check.name] = run.output
-        entry["execution"] = _execution(server, reason, ran)
+        execution = _execution(server, reason, ran)
     held.close()  # the lease: `cache prune` may remove the tree again
-    entry["classification"] = classify.classify_release(_expect(exp), docs, classify.release_problems(entry))
-    entry["duration_s"] = round(time.monotonic() - clock, 3)
-    return entry
+    problems = classify.release_problems({"problem": problem, "probes": [r.to_json() for r in records]})
+    classification = Classification.from_json(classify.classify_release(_expect(exp), docs, problems))
+    duration = round(time.monotonic() - clock, 3)
+    return ReleaseRecord(version, wheel, problem, tuple(records), classification, duration, execution)
 
 
 def _expect(exp: Experiment) -> dict[str, Any]:
     return {side: exp.expectations.get(side, {}) for side in SIDES}
 
 
-def _execution(server: ForkServer | None, reason: str | None, ran: list[probes.ProbeRun]) -> dict[str, Any]:
+def _execution(server: ForkServer | None, reason: str | None, ran: list[probes.ProbeRun]) -> ReleaseExecution:
     """How this release's probes ran (the sweep receipt's optional ``execution``)."""
-    rows = [
-        {
-            "name": r.name,
-            "mode": r.execution.mode,
-            "reason": r.execution.reason or (reason if r.execution.mode == FRESH else None),
-        }
+    rows = tuple(
+        CheckMode(r.name, r.execution.mode, r.execution.reason or (reason if r.execution.mode == FRESH else None))
         for r in ran
-    ]
-    return {"preloaded": dict(sorted(server.preloaded.items())) if server else {}, "probes": rows}
+    )
+    return ReleaseExecution(dict(sorted(server.preloaded.items())) if server else {}, rows)
 
 
 def _probe(
@@ -251,7 +245,7 @@ def _probe(
     scratch: Path,
     check: ProbeCheck,
     server: ForkServer | None,
-) -> tuple[dict[str, Any], probes.ProbeRun]:
+) -> tuple[ProbeRecord, probes.ProbeRun]:
     name, path = check.name, check.path
     version = request.pin.version
     raw_dir = staging / RAW_DIR / version / "probes"
@@ -275,14 +269,8 @@ def _probe(
     )
     if not run.ok and out.exists():
         out.rename(out.with_suffix(".invalid.json"))
-    record = {
-        "name": name,
-        "source": file_ref(staging / PROBES_DIR / exp.id / path, staging),
-        "raw": file_ref(out, staging) if run.ok else None,
-        "exit_code": run.exit_code,
-        "problem": run.problem,
-    }
-    return record, run
+    source = cite(staging / PROBES_DIR / exp.id / path, staging)
+    return ProbeRecord(name, source, cite(out, staging) if run.ok else None, run.exit_code, run.problem), run
 
 
 # --- the receipt and the bundle (a unit's and the sweep's) -----------------------------------
@@ -293,64 +281,66 @@ def sweep_host(jobs: int, executor: str) -> dict[str, Any]:
     return {**host_facts(), "jobs": jobs, "executor": executor}
 
 
-def sweep_receipt(
-    exp: Experiment,
-    profile: tuple[str, str | None],
-    spec: str | None,
-    started: datetime,
-    prepared: Prepared | dict[str, Any],
-    units: list[dict[str, Any]],
-    unserved: list[str],
-    timings: dict[str, float],
-    host: dict[str, Any],
-) -> dict[str, Any]:
-    """``prepared``: the env the units ran in (a Prepared, or its receipt record)."""
-    name, serves = profile
-    env = prepared.env if isinstance(prepared, Prepared) else prepared
-    env_vars = prepared.env_vars if isinstance(prepared, Prepared) else dict(load_profile(exp.profile).env)
-    stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    per_release = [u["duration_s"] for u in units]
-    timings = {**timings, "release_max_s": max(per_release), "release_min_s": min(per_release)}
-    return {
-        "schema": SWEEP_RECEIPT_SCHEMA,
-        "tool": {"name": "kvprobe", "version": __version__},
-        "run_id": f"{exp.id}-sweep-{stamp}-{uuid.uuid4().hex[:6]}",
-        "created_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "experiment": {
-            "id": exp.id,
-            "title": exp.title,
-            "file": f"{PROBES_DIR}/{exp.id}/experiment.toml",
-            "sha256": exp.file_sha256,
-            "upstream": exp.upstream,
-            "fix": {"prs": list(exp.fix.prs), "release": exp.fix.release, "summary": exp.fix.summary},
-            **({"vulnerability": exp.vulnerability.to_json()} if exp.vulnerability else {}),
-        },
-        "profile": {"name": name, "serves": serves},
-        "spec": spec,
-        "algorithm": classify.ALGORITHM,
-        "env": env,
-        "host": host,
-        "settings": dict(sorted(env_vars.items())),
-        "expectations": _expect(exp),
-        "releases": units,
-        "unserved": unserved,
-        "summary": classify.summary(units),
-        "evidence": {
-            "shows": exp.scope.shows,
-            "does_not_show": list(exp.scope.does_not_show),
-            "limits": [
+@dataclass(frozen=True)
+class SweepRun:
+    """What a sweep (or one unit) ran, for its receipt: ``spec`` the --releases SPEC (a unit:
+    its version), ``env`` the env its units ran in (None: no unit said)."""
+
+    spec: str | None
+    started: datetime
+    env: EnvRecord | None
+    releases: tuple[ReleaseRecord, ...]
+    unserved: tuple[str, ...]
+    timings: dict[str, float]
+    host: dict[str, Any]
+
+
+def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
+    profile = load_profile(exp.profile)
+    stamp = ran.started.strftime("%Y%m%dT%H%M%SZ")
+    per_release = [r.duration_s for r in ran.releases]
+    timings = {**ran.timings, "release_max_s": max(per_release), "release_min_s": min(per_release)}
+    return SweepReceipt(
+        schema=SWEEP_RECEIPT_SCHEMA,
+        tool=Tool(__version__),
+        run_id=f"{exp.id}-sweep-{stamp}-{uuid.uuid4().hex[:6]}",
+        created_utc=ran.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        experiment=SweepExperimentRef(
+            exp.id,
+            exp.title,
+            f"{PROBES_DIR}/{exp.id}/experiment.toml",
+            exp.file_sha256,
+            exp.upstream,
+            exp.fix,
+            exp.vulnerability,
+        ),
+        profile=ProfileRef(profile.name, profile.serves),
+        spec=ran.spec,
+        algorithm=classify.ALGORITHM,
+        env=ran.env,
+        host=ran.host,
+        settings=dict(sorted(profile.env)),
+        expectations=_expect(exp),
+        releases=ran.releases,
+        unserved=ran.unserved,
+        summary=classify.summary([r.to_json() for r in ran.releases]),
+        evidence=ScopeRecord(
+            shows=exp.scope.shows,
+            does_not_show=exp.scope.does_not_show,
+            limits=(
                 f"host: {platform.system()} {platform.machine()}, CPU only; no GPU, RDMA or model weights",
                 "release wheels carry no upstream tests: only the probes ran on each release",
-                f"releases the {name} profile does not serve ({serves}) were not run: see unserved",
-            ],
-        },
-        "timings": {k: round(v, 3) for k, v in timings.items()},
-    }
+                f"releases the {profile.name} profile does not serve ({profile.serves}) were not run: see unserved",
+            ),
+        ),
+        timings={k: round(v, 3) for k, v in timings.items()},
+    )
 
 
-def seal_sweep(receipt: dict[str, Any], staging: Path, final: Path, check: Any = None) -> str:
-    write_atomic(staging / TIMELINE, timeline_svg(receipt).encode("utf-8"))
-    return seal_bundle(receipt, SWEEP_RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=check)
+def seal_sweep(receipt: SweepReceipt, staging: Path, final: Path, check: Any = None) -> str:
+    doc = receipt.to_json()
+    write_atomic(staging / TIMELINE, timeline_svg(doc).encode("utf-8"))
+    return seal_bundle(doc, SWEEP_RECEIPT_SCHEMA, render_readme(doc), staging, final, check=check)
 
 
 # --- the driver's side: accept a returned unit, or say why not --------------------------------
@@ -362,11 +352,11 @@ class Expected:
 
     exp: Experiment
     staging: Path  # the sweep's staging dir: its probes/<id>/ is the driver's copy
-    env: dict[str, Any] | None  # the env units must have run in (None: the first accepted unit's)
+    env: EnvRecord | None  # the env units must have run in (None: the first accepted unit's)
     limits: Limits = Limits()
 
 
-def accept_unit(outcome: UnitOutcome, expected: Expected, work: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def accept_unit(outcome: UnitOutcome, expected: Expected, work: Path) -> tuple[ReleaseRecord, EnvRecord | None]:
     """(the release's receipt entry, the env it ran in): the unit's own entry with its raw
     outputs merged into the sweep, or a could-not-observe entry saying why it was refused."""
     version = outcome.request.pin.version
@@ -380,59 +370,56 @@ def accept_unit(outcome: UnitOutcome, expected: Expected, work: Path) -> tuple[d
         with extracted(archive, expected.limits) as (root, defects):
             if root is None:
                 return failed_entry(expected.exp, version, f"unit bundle refused: {defects[0]}"), None
-            problem, entry, env = _check_unit(root, outcome.request, expected)
-            problem = problem or _room_problem(root, version, expected)
-            if problem is not None:
+            unit = _check_unit(root, outcome.request, expected)
+            problem = unit if isinstance(unit, str) else _room_problem(root, version, expected)
+            if problem is not None or isinstance(unit, str):
                 return failed_entry(expected.exp, version, f"unit bundle refused: {problem}"), None
             _merge(root, version, expected.staging)
-            return entry, env
+            return unit.releases[0], unit.env
     except KvprobeError as exc:
         return failed_entry(expected.exp, version, f"unit bundle refused: {exc}"), None
     finally:
         archive.unlink(missing_ok=True)
 
 
-def _check_unit(
-    root: Path, request: UnitRequest, expected: Expected
-) -> tuple[str | None, dict[str, Any], dict[str, Any]]:
-    """The first reason to refuse the unit bundle at ``root`` (None: accept), its entry, its env."""
+def _check_unit(root: Path, request: UnitRequest, expected: Expected) -> SweepReceipt | str:
+    """The unit bundle's receipt at ``root``, or the first reason to refuse it."""
     report = verify_dir(root, VerifyOptions(limits=expected.limits))
     if report.outcome != "verified":
         first = report.defects[0].message if report.defects else "a step did not pass"
-        return f"does not verify: {first}", {}, {}
-    receipt = report.receipt
-    assert receipt is not None, "a verified bundle has a receipt"
-    if not receipt["schema"].startswith("kvprobe.sweep-receipt/"):
-        return f"not a sweep receipt ({receipt['schema']})", {}, {}
-    if receipt["tool"]["version"] != __version__:
-        return f"made by kvprobe {receipt['tool']['version']}, the driver is {__version__}", {}, {}
-    if receipt["experiment"]["sha256"] != expected.exp.file_sha256:
-        return f"experiment sha256 {receipt['experiment']['sha256']} is not the driver's", {}, {}
-    entries = receipt["releases"]
-    if len(entries) != 1 or entries[0]["version"] != request.pin.version:
-        return f"releases {[e['version'] for e in entries]}, asked for {request.pin.version}", {}, {}
-    entry, env = entries[0], receipt["env"]
-    return _entry_problem(entry, request, expected) or _env_problem(env, expected), entry, env
+        return f"does not verify: {first}"
+    assert report.receipt is not None, "a verified bundle has a receipt"
+    if not report.receipt["schema"].startswith("kvprobe.sweep-receipt/"):
+        return f"not a sweep receipt ({report.receipt['schema']})"
+    receipt = SweepReceipt.from_json(report.receipt)  # step 2 held it to the sweep receipt schema
+    if receipt.tool.version != __version__:
+        return f"made by kvprobe {receipt.tool.version}, the driver is {__version__}"
+    if receipt.experiment.sha256 != expected.exp.file_sha256:
+        return f"experiment sha256 {receipt.experiment.sha256} is not the driver's"
+    if [r.version for r in receipt.releases] != [request.pin.version]:
+        return f"releases {[r.version for r in receipt.releases]}, asked for {request.pin.version}"
+    return _entry_problem(receipt.releases[0], request, expected) or _env_problem(receipt.env, expected) or receipt
 
 
-def _entry_problem(entry: dict[str, Any], request: UnitRequest, expected: Expected) -> str | None:
-    wheel, pin = entry["wheel"], request.pin
-    if wheel is None and not entry["problem"]:
+def _entry_problem(entry: ReleaseRecord, request: UnitRequest, expected: Expected) -> str | None:
+    wheel, pin = entry.wheel, request.pin
+    if wheel is None and not entry.problem:
         return "no wheel and no problem stated"
-    if wheel is not None and (wheel["sha256"], wheel["file"]) != (pin.sha256, pin.filename):
-        return f"ran wheel {wheel['file']} sha256 {wheel['sha256']}, asked for {pin.filename} sha256 {pin.sha256}"
-    for probe in entry["probes"]:
-        source = probe["source"]
-        mine = expected.staging / source["path"]
-        if not mine.is_file() or file_ref(mine, expected.staging) != source:
-            return f"probe source {source['path']} is not the driver's"
+    if wheel is not None and (wheel.sha256, wheel.file) != (pin.sha256, pin.filename):
+        return f"ran wheel {wheel.file} sha256 {wheel.sha256}, asked for {pin.filename} sha256 {pin.sha256}"
+    for probe in entry.probes:
+        mine = expected.staging / probe.source.path
+        if not mine.is_file() or cite(mine, expected.staging) != probe.source:
+            return f"probe source {probe.source.path} is not the driver's"
     return None
 
 
-def _env_problem(env: dict[str, Any], expected: Expected) -> str | None:
-    if expected.env is None or env.get("key") == expected.env.get("key"):
+def _env_problem(env: EnvRecord | None, expected: Expected) -> str | None:
+    key = None if env is None else env.key
+    want = None if expected.env is None else expected.env.key
+    if expected.env is None or key == want:
         return None
-    return f"ran in env {env.get('key')!r}, the sweep's is {expected.env.get('key')!r}"
+    return f"ran in env {key!r}, the sweep's is {want!r}"
 
 
 # What the sweep adds beside its units' files (receipt, README, timeline, manifest, sums), kept free.
@@ -471,12 +458,11 @@ def _merge(root: Path, version: str, staging: Path) -> None:
             shutil.copytree(source, staging / top / version)
 
 
-def failed_entry(exp: Experiment, version: str, problem: str) -> dict[str, Any]:
+def failed_entry(exp: Experiment, version: str, problem: str) -> ReleaseRecord:
     """A release whose unit left nothing usable: could-not-observe, with why."""
-    entry: dict[str, Any] = {"version": version, "wheel": None, "problem": problem, "probes": []}
-    entry["classification"] = classify.classify_release(_expect(exp), {}, classify.release_problems(entry))
-    entry["duration_s"] = 0.0
-    return entry
+    problems = classify.release_problems({"problem": problem, "probes": []})
+    classification = Classification.from_json(classify.classify_release(_expect(exp), {}, problems))
+    return ReleaseRecord(version, None, problem, (), classification, 0.0)
 
 
 # --- the local executor ---------------------------------------------------------------------

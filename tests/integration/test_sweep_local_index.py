@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
-from kvprobe.files import write_json
+from kvprobe.files import json_bytes, write_json
+from kvprobe.model.sweep_receipt import SweepReceipt
 from tests.wheelfactory import build_wheel
 
 # Builds (or reuses) the pytest-minimal env from its hash-pinned lock: pip needs the index.
@@ -157,6 +158,8 @@ def test_sweep_classifies_each_release_and_verify_recomputes_it(world, sweep, tm
     assert summary == {"affected": ["1.0", "1.1"], "fixed": ["2.0"], "not-present": ["2.1"]}
     assert result.exit_code == 3  # a release could not be observed as affected or fixed
     receipt = json.loads((out / "receipt.json").read_text())
+    # the typed model reads a fresh sweep receipt and writes it back byte for byte
+    assert json_bytes(SweepReceipt.from_json(receipt).to_json()) == (out / "receipt.json").read_bytes()
     wheel = receipt["releases"][0]["wheel"]
     assert wheel["file"] == "scrubkv-1.0-py3-none-any.whl"
     assert (

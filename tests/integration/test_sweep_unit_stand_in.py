@@ -22,6 +22,7 @@ import pytest
 
 from kvprobe.evidence.safetree import Limits
 from kvprobe.experiments.experiment import copy_into_bundle, load_file
+from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.progress import Reporter
 from kvprobe.resources import builtin_probes_dir, builtin_search_path
@@ -45,7 +46,8 @@ def stand_in(tmp_path, monkeypatch) -> tuple[Experiment, UnitRequest, Prepared]:
     exp = load_file(installed / "experiment.toml")
     pin = WheelPin("sglang", "0.5.20", wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())
     request = UnitRequest(exp.id, exp.file_sha256, pin, 60.0, None, tmp_path / "cache")
-    return exp, request, Prepared({"key": "test"}, sys.executable, {}, WheelSource(tmp_path / "cache"))
+    env = EnvRecord("test", "3", exp.profile, None, None, {}, None, None)
+    return exp, request, Prepared(env, sys.executable, {}, WheelSource(tmp_path / "cache"))
 
 
 def test_a_local_unit_inside_a_rerun_runs_the_installed_probes_not_dot_probes(stand_in, tmp_path):
@@ -73,14 +75,14 @@ def test_a_unit_that_would_overfill_the_sweep_is_refused_not_merged(stand_in, tm
         (staging / "logs" / "0.5.19" / f"{i}.log").write_text("x")
     entry, env = accept_unit(outcome, Expected(exp, staging, prepared.env, limits), tmp_path)
     assert env is None
-    assert entry["classification"]["overall"] == "could-not-observe"
-    assert "would take the sweep past 100 files" in entry["problem"]
+    assert entry.classification.overall == "could-not-observe"
+    assert entry.problem is not None and "would take the sweep past 100 files" in entry.problem
     assert not (staging / "raw" / "0.5.20").exists()
 
     room = Expected(exp, tmp_path / "empty", prepared.env, limits)
     copy_into_bundle(exp, room.staging)
     entry, env = accept_unit(outcome, room, tmp_path)
-    assert entry["problem"] is None and env == prepared.env  # with room, the same unit is merged
+    assert entry.problem is None and env == prepared.env  # with room, the same unit is merged
     assert (room.staging / "raw" / "0.5.20").is_dir()
 
 

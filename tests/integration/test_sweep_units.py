@@ -54,8 +54,8 @@ def test_driver_merges_a_unit_it_asked_for_and_refuses_one_it_did_not(world, swe
         return entry, staging
 
     entry, staging = accept(UnitOutcome(request, archive))
-    assert entry["classification"]["overall"] == "affected"
-    assert entry["wheel"]["sha256"] == request.pin.sha256
+    assert entry.classification.overall == "affected"
+    assert entry.wheel is not None and entry.wheel.sha256 == request.pin.sha256
     assert (staging / "raw" / "1.1" / "probes" / "scrub.json").is_file()
 
     other = dataclasses.replace(request, pin=_pin(world, "2.0"))
@@ -67,14 +67,17 @@ def test_driver_merges_a_unit_it_asked_for_and_refuses_one_it_did_not(world, swe
             accept(UnitOutcome(request, archive), exp=dataclasses.replace(exp, file_sha256="0" * 64)),
             "experiment sha256",
         ),
-        (accept(UnitOutcome(request, archive), env={"key": "another-env"}), "the sweep's is 'another-env'"),
+        (
+            accept(UnitOutcome(request, archive), env=dataclasses.replace(prepared.env, key="another-env")),
+            "the sweep's is 'another-env'",
+        ),
         (accept(UnitOutcome(request, archive), tamper_probe=True), "probe source probes/scrub-sweep/scrub.py"),
         (accept(UnitOutcome(request, b"not a packed bundle")), "unit bundle refused"),
         (accept(UnitOutcome(request, archive[: len(archive) // 2])), "unit bundle refused"),
         (accept(UnitOutcome(request, None, "the unit failed: boom")), "the unit failed: boom"),
     ]
     for (refused, staging), reason in cases:
-        assert reason in refused["problem"], (reason, refused["problem"])
-        assert refused["classification"]["overall"] == "could-not-observe"
-        assert refused["wheel"] is None and refused["probes"] == []
+        assert refused.problem is not None and reason in refused.problem, (reason, refused.problem)
+        assert refused.classification.overall == "could-not-observe"
+        assert refused.wheel is None and refused.probes == ()
         assert not (staging / "raw").exists()  # nothing of a refused unit is merged

@@ -1,0 +1,126 @@
+"""The sweep receipt (schemas/sweep-receipt.schema.json, kvprobe.sweep-receipt/1) as frozen
+dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as the run
+receipt, and its parts where a sweep records the same thing (the tool, cited files, a probe's
+record, the env), so ``SweepReceipt.from_json(doc).to_json() == doc``.
+
+Classes stay strings ("affected", "fixed", ...): their names and how a release is classified
+live in ``evidence.sweep``, above this layer. A case's classification stays the mapping
+``evidence.sweep`` wrote (its key ``class`` is no field name), as do host and settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvprobe.model.receipt import (
+    OPTIONAL,
+    CheckMode,
+    EnvRecord,
+    FileRef,
+    Json,
+    Part,
+    Preloaded,
+    ProbeRecord,
+    ReceiptHead,
+    ScopeRecord,
+)
+from kvprobe.model.records import Fix, Vulnerability
+
+
+@dataclass(frozen=True)
+class SweepExperimentRef(Part):
+    """The experiment swept: its file in the bundle and the facts readers quote."""
+
+    id: str
+    title: str
+    file: str
+    sha256: str
+    upstream: str | None
+    fix: Fix
+    vulnerability: Vulnerability | None = field(default=None, metadata=OPTIONAL)
+
+    @property
+    def cited(self) -> FileRef:
+        return FileRef(self.file, self.sha256)
+
+
+@dataclass(frozen=True)
+class ProfileRef(Part):
+    """The dependency profile the probes ran in, and the releases it serves (None: every one)."""
+
+    name: str
+    serves: str | None
+
+
+@dataclass(frozen=True)
+class WheelRecord(Part):
+    """A release's wheel as the index named it, and whether it came from the cache or a download."""
+
+    package: str
+    version: str
+    file: str
+    sha256: str
+    fetched_via: str
+
+
+@dataclass(frozen=True)
+class Classification(Part):
+    """evidence/sweep's classification of one release, as it wrote it."""
+
+    algorithm: str
+    overall: str
+    reasons: tuple[str, ...]
+    cases: Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class ReleaseExecution(Preloaded):
+    """How each of a release's probes ran."""
+
+    probes: tuple[CheckMode, ...]
+
+
+@dataclass(frozen=True)
+class ReleaseRecord(Part):
+    """One release: its wheel (None: not had, ``problem`` says why), its probes, its class."""
+
+    version: str
+    wheel: WheelRecord | None
+    problem: str | None
+    probes: tuple[ProbeRecord, ...]
+    classification: Classification
+    duration_s: float
+    execution: ReleaseExecution | None = field(default=None, metadata=OPTIONAL)  # absent before the fork server
+
+
+@dataclass(frozen=True)
+class SweepReceipt(ReceiptHead):
+    """One experiment's probes on each release of a range, each release classified."""
+
+    experiment: SweepExperimentRef
+    profile: ProfileRef
+    spec: str | None
+    algorithm: str
+    env: EnvRecord | None  # None (written {}): no unit came back to say which env it ran in
+    host: Mapping[str, Any]
+    settings: Mapping[str, str]
+    expectations: Mapping[str, Any]
+    releases: tuple[ReleaseRecord, ...]
+    unserved: tuple[str, ...]
+    summary: Mapping[str, list[str]]
+    evidence: ScopeRecord
+    timings: Mapping[str, float]
+
+    def to_json(self) -> Json:
+        doc = super().to_json()
+        return {**doc, "env": doc["env"] or {}}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> SweepReceipt:
+        return super().from_json({**doc, "env": doc["env"] or None})
+
+    def cited(self) -> list[tuple[str, FileRef]]:
+        """(version, raw file) for every probe output the receipt cites."""
+        return [(r.version, p.raw) for r in self.releases for p in r.probes if p.raw is not None]
