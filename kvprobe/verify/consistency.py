@@ -38,6 +38,7 @@ from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
 from kvprobe.sources.wheel import names_release
 from kvprobe.verify.result import StepResult, step_result
@@ -776,37 +777,36 @@ def step_sweep_consistency(bundle: Bundle) -> StepResult:
     """Cited files are the manifest's and where they belong; each release's classification and
     the summary are recomputed from the raw outputs and the bundled experiment's [expect]."""
     receipt = bundle.accepted_receipt
-    exp = receipt["experiment"]
-    cited = [("experiment.file", {"path": exp["file"], "sha256": exp["sha256"]}), *gates_citations(receipt["releases"])]
-    defects = citation_defects(cited, bundle.listed()) + sweep_placement_defects(receipt)
-    if receipt["algorithm"] != sweep.ALGORITHM:
+    typed = SweepReceipt.from_json(receipt)  # step 2 held it to the sweep receipt schema
+    exp = typed.experiment
+    cited = [("experiment.file", {"path": exp.file, "sha256": exp.sha256}), *gates_citations(receipt["releases"])]
+    defects = citation_defects(cited, bundle.listed()) + sweep_placement_defects(typed)
+    if typed.algorithm != sweep.ALGORITHM:
         defects.append(
             ComparisonAlgorithmUnknown(
-                RECEIPT, f"classified by {receipt['algorithm']!r}; this kvprobe computes {sweep.ALGORITHM!r}"
+                RECEIPT, f"classified by {typed.algorithm!r}; this kvprobe computes {sweep.ALGORITHM!r}"
             )
         )
     else:
         defects += sweep_recompute_defects(bundle)
     if bundle.experiment is not None:
-        defects += sweep_experiment_defects(bundle)
-    return step_result(4, defects, f"{len(receipt['releases'])} release classifications recomputed from raw outputs")
+        defects += sweep_experiment_defects(bundle, typed)
+    return step_result(4, defects, f"{len(typed.releases)} release classifications recomputed from raw outputs")
 
 
-def sweep_placement_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+def sweep_placement_defects(receipt: SweepReceipt) -> list[BundleDefect]:
     """Raw outputs sit under raw/<their release>/probes/, sources under probes/<experiment id>/."""
-    exp_id = receipt["experiment"]["id"]
-    found = _duplicates([r["version"] for r in receipt["releases"]], "releases")
-    if receipt["experiment"]["file"] != f"{PROBES_DIR}/{exp_id}/experiment.toml":
-        found.append(CitationMisplaced(receipt["experiment"]["file"], f"expected probes/{exp_id}/experiment.toml"))
-    for release in receipt["releases"]:
-        for probe in release["probes"]:
-            if not probe["source"]["path"].startswith(f"{PROBES_DIR}/{exp_id}/"):
-                found.append(CitationMisplaced(probe["source"]["path"], f"expected under probes/{exp_id}/"))
-            expected = f"raw/{release['version']}/probes/{probe['name']}.json"
-            if probe["raw"] is not None and probe["raw"]["path"] != expected:
-                found.append(
-                    CitationMisplaced(probe["raw"]["path"], f"release {release['version']}: expected {expected}")
-                )
+    exp_id, exp_file = receipt.experiment.id, receipt.experiment.file
+    found = _duplicates([r.version for r in receipt.releases], "releases")
+    if exp_file != f"{PROBES_DIR}/{exp_id}/experiment.toml":
+        found.append(CitationMisplaced(exp_file, f"expected probes/{exp_id}/experiment.toml"))
+    for release in receipt.releases:
+        for probe in release.probes:
+            if not probe.source.path.startswith(f"{PROBES_DIR}/{exp_id}/"):
+                found.append(CitationMisplaced(probe.source.path, f"expected under probes/{exp_id}/"))
+            expected = f"raw/{release.version}/probes/{probe.name}.json"
+            if probe.raw is not None and probe.raw.path != expected:
+                found.append(CitationMisplaced(probe.raw.path, f"release {release.version}: expected {expected}"))
     return found
 
 
@@ -842,38 +842,38 @@ def sweep_recompute_defects(bundle: Bundle) -> list[BundleDefect]:
     return found
 
 
-def sweep_experiment_defects(bundle: Bundle) -> list[BundleDefect]:
+def sweep_experiment_defects(bundle: Bundle, receipt: SweepReceipt) -> list[BundleDefect]:
     """The bundled experiment.toml is the one the receipt names, with the same [expect]."""
-    receipt, data, rel = bundle.accepted_receipt, bundle.experiment, bundle.accepted_receipt["experiment"]["file"]
+    data, rel = bundle.experiment, receipt.experiment.file
     assert data is not None, "called only when step 2 read the experiment"
     found = _experiment_digest_defects(bundle)
     expect = {side: data.get("expect", {}).get(side, {}) for side in SIDES}
-    diffs = json_diff(receipt["expectations"], expect, "expectations")
+    diffs = json_diff(receipt.expectations, expect, "expectations")
     if diffs:
         found.append(ExpectationsMismatch(rel, f"[expect] differs from receipt.expectations: {_summary(diffs)}"))
     return found + sweep_wheel_defects(receipt, data)
 
 
-def sweep_wheel_defects(receipt: dict[str, Any], data: dict[str, Any]) -> list[BundleDefect]:
+def sweep_wheel_defects(receipt: SweepReceipt, data: dict[str, Any]) -> list[BundleDefect]:
     """Each release's wheel is a wheel of the package the experiment's wheel pins name, at that
     release: `verify --rerun` asks the index for exactly it, so a bundle must not choose what pip
     resolves (a path, another package, an sdist)."""
     pins = [p for p in (data.get("pins") or {}).values() if isinstance(p, dict) and p.get("kind") == "wheel"]
     packages = {side["package"] for p in pins for side in (p.get("base"), p.get("head")) if isinstance(side, dict)}
     found: list[BundleDefect] = []
-    for release in receipt["releases"]:
-        wheel, version = release["wheel"], release["version"]
+    for release in receipt.releases:
+        wheel, version = release.wheel, release.version
         if wheel is None:
             continue
         if (
-            wheel["package"] not in packages
-            or wheel["version"] != version
-            or not names_release(wheel["file"], wheel["package"], version)
+            wheel.package not in packages
+            or wheel.version != version
+            or not names_release(wheel.file, wheel.package, version)
         ):
             found.append(
                 PinMismatch(
                     RECEIPT,
-                    f"release {version}: wheel {wheel['package']!r} {wheel['version']!r} file {wheel['file']!r} is "
+                    f"release {version}: wheel {wheel.package!r} {wheel.version!r} file {wheel.file!r} is "
                     f"not a wheel of {' or '.join(sorted(map(repr, packages))) or 'a package the experiment pins'} "
                     f"at {version}",
                 )
