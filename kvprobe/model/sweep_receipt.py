@@ -18,7 +18,6 @@ from kvprobe.model.receipt import (
     OPTIONAL,
     CheckMode,
     EnvRecord,
-    FileRef,
     Json,
     Part,
     Preloaded,
@@ -40,10 +39,6 @@ class SweepExperimentRef(Part):
     upstream: str | None
     fix: Fix
     vulnerability: Vulnerability | None = field(default=None, metadata=OPTIONAL)
-
-    @property
-    def cited(self) -> FileRef:
-        return FileRef(self.file, self.sha256)
 
 
 @dataclass(frozen=True)
@@ -120,7 +115,3 @@ class SweepReceipt(ReceiptHead):
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> SweepReceipt:
         return super().from_json({**doc, "env": doc["env"] or None})
-
-    def cited(self) -> list[tuple[str, FileRef]]:
-        """(version, raw file) for every probe output the receipt cites."""
-        return [(r.version, p.raw) for r in self.releases for p in r.probes if p.raw is not None]
