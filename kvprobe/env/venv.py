@@ -62,6 +62,7 @@ class Profile:
     torch_requirements: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     serves: str | None = None  # the releases whose code this env imports (a PEP 440 specifier set)
+    preload: tuple[str, ...] | None = None  # what the checks' fork server imports; None: its default
 
     @property
     def lock_sha256(self) -> str:
@@ -101,7 +102,20 @@ def _read_profile(path: Path) -> Profile:
         torch_requirements=tuple(torch_index.get("requirements", ())),
         env=tuple(sorted((k, str(v)) for k, v in data.get("env", {}).items())),
         serves=data.get("serves"),
+        preload=_preload(path, data.get("preload")),
     )
+
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _preload(profile: Path, names: object) -> tuple[str, ...] | None:
+    """The profile's ``preload``: dotted module names, checked before anything runs."""
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) and _MODULE.fullmatch(n) for n in names):
+        raise ExperimentError(f'profile {profile}: `preload` must be a list of module names (e.g. "torch")')
+    return tuple(names)
 
 
 def _lock_path(profile: Path, name: object) -> Path:

@@ -45,6 +45,7 @@ from kvprobe.run.side import (
     environment,
     execution_record,
     fork_server,
+    preload_modules,
     run_side,
     server_ready,
 )
@@ -165,7 +166,8 @@ def _start_server(
     if env is None:
         return None, None
     checks = 2 * (len(exp.tests_for(pin_set.name)) + len(exp.probes))
-    server, reason = fork_server(env[1], env[2], work, opts.timeout_s * max(1, checks) + 600, opts.preload)
+    lifetime_s = opts.timeout_s * max(1, checks) + 600
+    server, reason = fork_server(env[1], env[2], work, lifetime_s, opts.preload, preload_modules(exp, pin_set))
     if server is not None:
         held.enter_context(server)
     return server, reason
@@ -176,6 +178,7 @@ def check_inputs(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> None:
     check_index_url(opts.torch_index)
     if pin_set.kind is not SourceKind.SYNTHETIC:
         load_profile(exp.profile)  # the profile and its lock, checked whole
+        preload_modules(exp, pin_set)
 
 
 def _pin_set(exp: Experiment, name: str | None) -> PinSet:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import platform
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,10 +19,10 @@ from typing import Any, Protocol
 from kvprobe import __version__
 from kvprobe.checks import probes, upstream
 from kvprobe.checks.forkserver import FORKED, FRESH, PRELOAD, Execution, ForkServer
-from kvprobe.errors import ObserveError
+from kvprobe.errors import ExperimentError, ObserveError
 from kvprobe.files import write_json
 from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord
-from kvprobe.model.records import EnvInfo, Experiment, ModelPin, PinSet, ProbeCheck, Side, SourceKind
+from kvprobe.model.records import EnvInfo, Experiment, ModelPin, PinSet, ProbeCheck, Side, SourceKind, WheelPin
 from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
 from kvprobe.progress import Reporter
 
@@ -221,17 +222,42 @@ def _safe_name(rel: str) -> str:
     return rel.replace("/", "__")
 
 
+def preload_modules(exp: Experiment, pin_set: PinSet) -> tuple[str, ...]:
+    """What the checks' fork server imports: the profile's ``preload`` (PRELOAD where it names
+    none). Never the package under test (ExperimentError): its code comes from each side's tree."""
+    if pin_set.kind is SourceKind.SYNTHETIC:
+        return PRELOAD
+    from kvprobe.env.venv import load_profile
+
+    modules = load_profile(exp.profile).preload
+    modules = PRELOAD if modules is None else modules
+    wheels = [pin for pin in (pin_set.base, pin_set.head) if isinstance(pin, WheelPin)]
+    tested = {pin.package.lower().replace("-", "_") for pin in wheels}
+    for name in modules:
+        if name.split(".")[0].lower() in tested:
+            raise ExperimentError(
+                f"profile {exp.profile}: preload names {name!r}, part of the package under test "
+                "(its code must come from each side's tree)"
+            )
+    return modules
+
+
 def fork_server(
-    python: str, env_vars: dict[str, str], work: Path, lifetime_s: float, preload: bool
+    python: str,
+    env_vars: dict[str, str],
+    work: Path,
+    lifetime_s: float,
+    preload: bool,
+    modules: Sequence[str] = PRELOAD,
 ) -> tuple[ForkServer | None, str | None]:
-    """The run's fork server, started (its preload runs while the caller goes on), or None
-    and why its checks run in fresh interpreters. :func:`server_ready` waits for it.
+    """The run's fork server importing ``modules``, started (its preload runs while the caller
+    goes on), or None and why its checks run in fresh interpreters. :func:`server_ready` waits.
     """
     if not preload:
         return None, "--no-preload"
     try:
         server = ForkServer(
-            python, preload=PRELOAD, env=env_vars, work=work / "forkserver", lifetime_s=lifetime_s, wait=False
+            python, preload=modules, env=env_vars, work=work / "forkserver", lifetime_s=lifetime_s, wait=False
         )
     except ObserveError as exc:
         return None, f"the fork server did not start: {exc}"

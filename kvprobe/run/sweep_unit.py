@@ -51,7 +51,7 @@ from kvprobe.model.sweep_receipt import (
 )
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
-from kvprobe.run.side import EnvOptions, environment, fork_server, server_ready
+from kvprobe.run.side import EnvOptions, environment, fork_server, preload_modules, server_ready
 from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.pack import pack
 from kvprobe.verify.steps import VerifyOptions, verify_dir
@@ -140,11 +140,13 @@ def prepare(
     """The env, and with ``serve`` its fork server, started (stopped with ``held``): it
     preloads while the driver resolves the releases; the first probe waits for it."""
     opts: EnvOptions = _EnvOpts(cache_root, torch_index)
-    env, python, env_vars = environment(exp, wheel_pin_set(exp), opts, reporter, held)
+    pin_set = wheel_pin_set(exp)
+    modules = preload_modules(exp, pin_set)  # a bad profile is refused before the env is built
+    env, python, env_vars = environment(exp, pin_set, opts, reporter, held)
     server: ForkServer | None = None
     reason: str | None = UNIT_FRESH
     if serve is not None:
-        server, reason = fork_server(python, env_vars, serve.work, serve.lifetime_s, serve.preload)
+        server, reason = fork_server(python, env_vars, serve.work, serve.lifetime_s, serve.preload, modules)
         if server is not None:
             held.enter_context(server)
     return Prepared(env, python, env_vars, WheelSource(cache_root, reporter=reporter), server, reason)

@@ -15,6 +15,7 @@ from kvprobe.cli import main
 from kvprobe.files import json_bytes
 from kvprobe.model.receipt import Receipt
 from kvprobe.model.records import Verdict
+from kvprobe.resources import builtin_probes_dir
 from tests.fakeupstream import FakeUpstream, build_fake_upstream, git_pins
 
 # Builds the pytest-minimal env from its hash-pinned lock: pip needs the package index.
@@ -352,3 +353,37 @@ def test_pytest_files_forked_from_the_server_give_the_results_fresh_ones_give(cl
         runs[out.name] = (json.loads(result.stdout)["tests"], receipt["comparison"])
     assert runs["forked"] == runs["fresh"]
     assert runs["forked"][0]  # there were tests to compare
+
+
+def test_the_profile_names_what_the_fork_server_preloads(world, cli, tmp_path):
+    """A profile's ``preload`` is what the server imports and the receipt records; the
+    observations are those of fresh interpreters."""
+    shipped = builtin_probes_dir() / "profiles"
+    profiles = world["probes"] / "profiles"
+    profiles.mkdir(exist_ok=True)
+    (profiles / "pytest-minimal.txt").write_bytes((shipped / "pytest-minimal.txt").read_bytes())
+    toml = (shipped / "pytest-minimal.toml").read_text().replace('name = "pytest-minimal"', 'name = "pytest-preload"')
+    (profiles / "pytest-preload.toml").write_text(
+        toml.replace("[env]", 'preload = ["pytest", "decimal", "absent_x"]\n[env]')
+    )
+    folder = world["probes"] / "fake-preload"
+    folder.mkdir()
+    source = world["probes"] / "fake-fix"
+    (folder / "minikv_probe.py").write_bytes((source / "minikv_probe.py").read_bytes())
+    (folder / "experiment.toml").write_text(
+        (source / "experiment.toml")
+        .read_text()
+        .replace('id = "fake-fix"', 'id = "fake-preload"')
+        .replace('profile = "pytest-minimal"', 'profile = "pytest-preload"')
+    )
+    runs = {}
+    for flags in ((), ("--no-preload",)):
+        out = tmp_path / ("fresh" if flags else "forked")
+        result = cli("run", "fake-preload", "--out", str(out), *flags)
+        assert result.exit_code == 0, result.output
+        receipt = json.loads((out / "receipt.json").read_text())
+        runs[out.name] = receipt
+    preloaded = runs["forked"]["execution"]["preloaded"]
+    assert set(preloaded) == {"pytest", "decimal"} and preloaded["pytest"] == "9.2.0"  # absent: skipped
+    assert runs["fresh"]["execution"]["preloaded"] == {}
+    assert runs["forked"]["comparison"] == runs["fresh"]["comparison"]

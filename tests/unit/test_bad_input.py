@@ -42,6 +42,32 @@ def test_a_valid_profile_loads(profiles):
     assert profile.lock_name == "p.txt" and profile.lock_bytes == HASHED.encode() and profile.env == (("A", "1"),)
 
 
+def test_a_profile_names_what_its_fork_server_preloads(profiles):
+    write_profile(profiles, 'name = "p"\nlock = "p.txt"\npreload = ["torch", "transformers.models.llama"]\n')
+    assert load_profile("p").preload == ("torch", "transformers.models.llama")
+    write_profile(profiles, 'name = "p"\nlock = "p.txt"\n')
+    assert load_profile("p").preload is None  # the fork server's default
+
+
+def test_a_profile_that_preloads_the_package_under_test_is_refused_before_anything_runs(
+    profiles, tmp_path, monkeypatch
+):
+    """Each side's SGLang must come from its own tree: a server that imported one would hand
+    both sides the same code."""
+    shipped = builtin_probes_dir() / "profiles"
+    (profiles / "sglang-cpu.txt").write_bytes((shipped / "sglang-cpu.txt").read_bytes())
+    toml = (
+        (shipped / "sglang-cpu.toml").read_text().replace("preload = [", 'preload = [\n    "sglang.srt.managers",', 1)
+    )
+    (profiles / "sglang-cpu.toml").write_text(toml)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    result = CliRunner(env={"KVPROBE_CACHE_DIR": str(tmp_path / "cache")}).invoke(main, ["run", "experiment-a"])
+    assert result.exit_code == 2
+    assert "preload names 'sglang.srt.managers', part of the package under test" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == before  # no cache, no bundles/: nothing ran
+
+
 def test_the_shipped_profiles_pass_the_checks():
     for name in ("sglang-cpu", "pytest-minimal"):
         assert load_profile(name).lock_bytes
@@ -57,6 +83,10 @@ def test_the_shipped_profiles_pass_the_checks():
         ('name = "p"\nlock = "/etc/passwd"\n', "outside the profile folder"),
         ('name = "p"\nlock = "sub/p.txt"\n', "outside the profile folder"),
         ('name = "p"\nlock = "missing.txt"\n', "no such file"),
+        ('name = "p"\nlock = "p.txt"\npreload = "torch"\n', "`preload` must be a list of module names"),
+        ('name = "p"\nlock = "p.txt"\npreload = [1]\n', "`preload` must be a list of module names"),
+        ('name = "p"\nlock = "p.txt"\npreload = ["torch; import os"]\n', "`preload` must be a list of module names"),
+        ('name = "p"\nlock = "p.txt"\npreload = ["torch."]\n', "`preload` must be a list of module names"),
     ],
 )
 def test_a_bad_profile_is_refused_naming_it(profiles, toml, words):
