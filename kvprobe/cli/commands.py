@@ -329,8 +329,8 @@ def _run_options(
 @click.option(
     "--no-preload",
     is_flag=True,
-    help="Run each check in a fresh interpreter, not forked from one that preloaded torch, "
-    "transformers and torchvision.",
+    help="Run each check in a fresh interpreter, not forked from one that preloaded the "
+    "profile's third-party modules (torch, transformers, ...).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @click.option(
@@ -409,8 +409,8 @@ def run_cmd(
 @click.option(
     "--no-preload",
     is_flag=True,
-    help="Run each probe in a fresh interpreter, not forked from the sweep's one that preloaded torch, "
-    "transformers and torchvision (local units; units on Ray workers always run fresh).",
+    help="Run each probe in a fresh interpreter, not forked from the sweep's one that preloaded the "
+    "profile's third-party modules (local units; units on Ray workers always run fresh).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
 @guarded
