@@ -7,8 +7,6 @@ are VerificationFailed subclasses (exit 1), except NotABundle (exit 2: not a bun
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 from kvprobe.errors import UsageError, VerificationFailed
 
 
@@ -17,10 +15,19 @@ class NotABundle(UsageError):
 
 
 class BundleDefect(VerificationFailed):
-    """One defect found in a bundle: a stable ``code``, the ``step`` and the ``path``."""
+    """One defect found in a bundle: a stable ``code``, the ``step`` and the ``path``.
+
+    A kind is a subclass of its step's class that names its code (``class BadName(LayoutDefect,
+    code="bad-name")``), so ``isinstance``, ``except`` and mypy see each kind as a class of its own.
+    """
 
     code = "defect"
     step = 0
+
+    def __init_subclass__(cls, code: str = "", **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if code:
+            cls.code = code
 
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(f"{self.code}: {path}: {detail}")
@@ -31,15 +38,6 @@ class BundleDefect(VerificationFailed):
         return {"code": self.code, "step": self.step, "path": self.path, "detail": self.detail}
 
 
-_Step = TypeVar("_Step", bound=BundleDefect)
-
-
-def _kind(name: str, step: type[_Step], code: str) -> type[_Step]:
-    """One row of the tables below: a defect kind is its step's class with a stable code;
-    ``isinstance`` and ``except`` see it as a class of its own."""
-    return type(name, (step,), {"code": code, "__module__": __name__, "__qualname__": name})
-
-
 # --- step 1: layout ----------------------------------------------------------------------
 
 
@@ -47,26 +45,52 @@ class LayoutDefect(BundleDefect):
     step = 1
 
 
-MissingRequired = _kind("MissingRequired", LayoutDefect, "missing-required")
-SymlinkEntry = _kind("SymlinkEntry", LayoutDefect, "symlink")
-# A FIFO, device or socket: never opened.
-SpecialFile = _kind("SpecialFile", LayoutDefect, "special-file")
-# Non-UTF-8, non-canonical, '.', '..', absolute or over-long names.
-BadName = _kind("BadName", LayoutDefect, "bad-name")
-# Two names equal after case folding or Unicode (NFC) normalisation.
-NameCollision = _kind("NameCollision", LayoutDefect, "name-collision")
-# A directory the verifier cannot open (permissions, or it changed while scanned).
-UnreadableEntry = _kind("UnreadableEntry", LayoutDefect, "unreadable-entry")
-TooManyFiles = _kind("TooManyFiles", LayoutDefect, "too-many-files")
-FileTooLarge = _kind("FileTooLarge", LayoutDefect, "file-too-large")
-BundleTooLarge = _kind("BundleTooLarge", LayoutDefect, "bundle-too-large")
-ArchiveLinkMember = _kind("ArchiveLinkMember", LayoutDefect, "archive-link-member")
-ArchiveSpecialMember = _kind("ArchiveSpecialMember", LayoutDefect, "archive-special-member")
-# An absolute member name or one with '..' components.
-ArchiveTraversal = _kind("ArchiveTraversal", LayoutDefect, "archive-traversal")
-ArchiveDuplicateMember = _kind("ArchiveDuplicateMember", LayoutDefect, "archive-duplicate-member")
-# A PAX or GNU long-name header (or a sparse map) larger than any bundle needs: never read.
-ArchiveHeaderTooLarge = _kind("ArchiveHeaderTooLarge", LayoutDefect, "archive-header-too-large")
+class MissingRequired(LayoutDefect, code="missing-required"): ...
+
+
+class SymlinkEntry(LayoutDefect, code="symlink"): ...
+
+
+class SpecialFile(LayoutDefect, code="special-file"):
+    """A FIFO, device or socket: never opened."""
+
+
+class BadName(LayoutDefect, code="bad-name"):
+    """Non-UTF-8, non-canonical, '.', '..', absolute or over-long names."""
+
+
+class NameCollision(LayoutDefect, code="name-collision"):
+    """Two names equal after case folding or Unicode (NFC) normalisation."""
+
+
+class UnreadableEntry(LayoutDefect, code="unreadable-entry"):
+    """A directory the verifier cannot open (permissions, or it changed while scanned)."""
+
+
+class TooManyFiles(LayoutDefect, code="too-many-files"): ...
+
+
+class FileTooLarge(LayoutDefect, code="file-too-large"): ...
+
+
+class BundleTooLarge(LayoutDefect, code="bundle-too-large"): ...
+
+
+class ArchiveLinkMember(LayoutDefect, code="archive-link-member"): ...
+
+
+class ArchiveSpecialMember(LayoutDefect, code="archive-special-member"): ...
+
+
+class ArchiveTraversal(LayoutDefect, code="archive-traversal"):
+    """An absolute member name or one with '..' components."""
+
+
+class ArchiveDuplicateMember(LayoutDefect, code="archive-duplicate-member"): ...
+
+
+class ArchiveHeaderTooLarge(LayoutDefect, code="archive-header-too-large"):
+    """A PAX or GNU long-name header (or a sparse map) larger than any bundle needs: never read."""
 
 
 # --- step 2: JSON ------------------------------------------------------------------------
@@ -76,18 +100,36 @@ class JsonDefect(BundleDefect):
     step = 2
 
 
-JsonNotUtf8 = _kind("JsonNotUtf8", JsonDefect, "json-not-utf8")
-JsonMalformed = _kind("JsonMalformed", JsonDefect, "json-malformed")
-JsonDuplicateKey = _kind("JsonDuplicateKey", JsonDefect, "json-duplicate-key")
-# NaN, Infinity or -Infinity: not JSON.
-JsonNonFinite = _kind("JsonNonFinite", JsonDefect, "json-non-finite")
-JsonTooLarge = _kind("JsonTooLarge", JsonDefect, "json-too-large")
-JsonTooDeep = _kind("JsonTooDeep", JsonDefect, "json-too-deep")
-UnknownSchemaVersion = _kind("UnknownSchemaVersion", JsonDefect, "schema-unknown-version")
-SchemaViolation = _kind("SchemaViolation", JsonDefect, "schema-violation")
-TomlMalformed = _kind("TomlMalformed", JsonDefect, "toml-malformed")
-# A document the verifier needs is missing or not a regular file.
-Unreadable = _kind("Unreadable", JsonDefect, "unreadable")
+class JsonNotUtf8(JsonDefect, code="json-not-utf8"): ...
+
+
+class JsonMalformed(JsonDefect, code="json-malformed"): ...
+
+
+class JsonDuplicateKey(JsonDefect, code="json-duplicate-key"): ...
+
+
+class JsonNonFinite(JsonDefect, code="json-non-finite"):
+    """NaN, Infinity or -Infinity: not JSON."""
+
+
+class JsonTooLarge(JsonDefect, code="json-too-large"): ...
+
+
+class JsonTooDeep(JsonDefect, code="json-too-deep"): ...
+
+
+class UnknownSchemaVersion(JsonDefect, code="schema-unknown-version"): ...
+
+
+class SchemaViolation(JsonDefect, code="schema-violation"): ...
+
+
+class TomlMalformed(JsonDefect, code="toml-malformed"): ...
+
+
+class Unreadable(JsonDefect, code="unreadable"):
+    """A document the verifier needs is missing or not a regular file."""
 
 
 # --- step 3: integrity -------------------------------------------------------------------
@@ -97,27 +139,57 @@ class IntegrityDefect(BundleDefect):
     step = 3
 
 
-MissingFile = _kind("MissingFile", IntegrityDefect, "missing-file")
-NotRegular = _kind("NotRegular", IntegrityDefect, "not-regular")
-SizeMismatch = _kind("SizeMismatch", IntegrityDefect, "size-mismatch")
-# The manifest claims a size over the cap: refused before any byte is hashed.
-OversizedClaim = _kind("OversizedClaim", IntegrityDefect, "oversized-claim")
-FileDigestMismatch = _kind("FileDigestMismatch", IntegrityDefect, "digest-mismatch")
-UnlistedFile = _kind("UnlistedFile", IntegrityDefect, "unlisted-file")
-# A listed or cited path that is absolute, has '..' or is not canonical.
-UnsafePath = _kind("UnsafePath", IntegrityDefect, "unsafe-path")
-DuplicateEntry = _kind("DuplicateEntry", IntegrityDefect, "duplicate-entry")
-# manifest.json or SHA256SUMS listed inside the manifest itself.
-ReservedEntry = _kind("ReservedEntry", IntegrityDefect, "reserved-entry")
-ManifestNotCanonical = _kind("ManifestNotCanonical", IntegrityDefect, "manifest-not-canonical")
-# SHA256SUMS and manifest.json disagree on the set of files or a digest.
-SumsMismatch = _kind("SumsMismatch", IntegrityDefect, "sums-mismatch")
-SumsMalformed = _kind("SumsMalformed", IntegrityDefect, "sums-malformed")
-SumsBsdStyle = _kind("SumsBsdStyle", IntegrityDefect, "sums-bsd-style")
-SumsUppercaseHex = _kind("SumsUppercaseHex", IntegrityDefect, "sums-uppercase-hex")
-SumsCrlf = _kind("SumsCrlf", IntegrityDefect, "sums-crlf")
-# Parsable but not byte-identical to the writer's render (order, '*', no final LF).
-SumsNotCanonical = _kind("SumsNotCanonical", IntegrityDefect, "sums-not-canonical")
+class MissingFile(IntegrityDefect, code="missing-file"): ...
+
+
+class NotRegular(IntegrityDefect, code="not-regular"): ...
+
+
+class SizeMismatch(IntegrityDefect, code="size-mismatch"): ...
+
+
+class OversizedClaim(IntegrityDefect, code="oversized-claim"):
+    """The manifest claims a size over the cap: refused before any byte is hashed."""
+
+
+class FileDigestMismatch(IntegrityDefect, code="digest-mismatch"): ...
+
+
+class UnlistedFile(IntegrityDefect, code="unlisted-file"): ...
+
+
+class UnsafePath(IntegrityDefect, code="unsafe-path"):
+    """A listed or cited path that is absolute, has '..' or is not canonical."""
+
+
+class DuplicateEntry(IntegrityDefect, code="duplicate-entry"): ...
+
+
+class ReservedEntry(IntegrityDefect, code="reserved-entry"):
+    """manifest.json or SHA256SUMS listed inside the manifest itself."""
+
+
+class ManifestNotCanonical(IntegrityDefect, code="manifest-not-canonical"): ...
+
+
+class SumsMismatch(IntegrityDefect, code="sums-mismatch"):
+    """SHA256SUMS and manifest.json disagree on the set of files or a digest."""
+
+
+class SumsMalformed(IntegrityDefect, code="sums-malformed"): ...
+
+
+class SumsBsdStyle(IntegrityDefect, code="sums-bsd-style"): ...
+
+
+class SumsUppercaseHex(IntegrityDefect, code="sums-uppercase-hex"): ...
+
+
+class SumsCrlf(IntegrityDefect, code="sums-crlf"): ...
+
+
+class SumsNotCanonical(IntegrityDefect, code="sums-not-canonical"):
+    """Parsable but not byte-identical to the writer's render (order, '*', no final LF)."""
 
 
 # --- step 4: consistency -----------------------------------------------------------------
@@ -127,27 +199,57 @@ class ConsistencyDefect(BundleDefect):
     step = 4
 
 
-CitationNotInManifest = _kind("CitationNotInManifest", ConsistencyDefect, "citation-not-in-manifest")
-CitationDigestMismatch = _kind("CitationDigestMismatch", ConsistencyDefect, "citation-digest-mismatch")
-# A cited raw output that is not where its side and check put it.
-CitationMisplaced = _kind("CitationMisplaced", ConsistencyDefect, "citation-misplaced")
-# A raw output that is not what the receipt says it is (side, probe, path, schema).
-RawInvalid = _kind("RawInvalid", ConsistencyDefect, "raw-invalid")
-# The receipt's per-check record disagrees with its raw output.
-RecordMismatch = _kind("RecordMismatch", ConsistencyDefect, "record-mismatch")
-ForgedVerdict = _kind("ForgedVerdict", ConsistencyDefect, "forged-verdict")
-ComparisonMismatch = _kind("ComparisonMismatch", ConsistencyDefect, "comparison-mismatch")
-RecomputeFailed = _kind("RecomputeFailed", ConsistencyDefect, "recompute-failed")
-ComparisonAlgorithmUnknown = _kind("ComparisonAlgorithmUnknown", ConsistencyDefect, "comparison-algorithm-unknown")
-ExpectationsMismatch = _kind("ExpectationsMismatch", ConsistencyDefect, "expectations-mismatch")
-ExperimentDigestMismatch = _kind("ExperimentDigestMismatch", ConsistencyDefect, "experiment-digest-mismatch")
-# The receipt's experiment block disagrees with the bundled experiment.toml.
-ExperimentMismatch = _kind("ExperimentMismatch", ConsistencyDefect, "experiment-mismatch")
-BadPin = _kind("BadPin", ConsistencyDefect, "bad-pin")
-PinMismatch = _kind("PinMismatch", ConsistencyDefect, "pin-mismatch")
-RunIdMismatch = _kind("RunIdMismatch", ConsistencyDefect, "run-id-mismatch")
-# README.md (what a reviewer reads first) is not the one kvprobe renders from the receipt.
-ReadmeMismatch = _kind("ReadmeMismatch", ConsistencyDefect, "readme-mismatch")
+class CitationNotInManifest(ConsistencyDefect, code="citation-not-in-manifest"): ...
+
+
+class CitationDigestMismatch(ConsistencyDefect, code="citation-digest-mismatch"): ...
+
+
+class CitationMisplaced(ConsistencyDefect, code="citation-misplaced"):
+    """A cited raw output that is not where its side and check put it."""
+
+
+class RawInvalid(ConsistencyDefect, code="raw-invalid"):
+    """A raw output that is not what the receipt says it is (side, probe, path, schema)."""
+
+
+class RecordMismatch(ConsistencyDefect, code="record-mismatch"):
+    """The receipt's per-check record disagrees with its raw output."""
+
+
+class ForgedVerdict(ConsistencyDefect, code="forged-verdict"): ...
+
+
+class ComparisonMismatch(ConsistencyDefect, code="comparison-mismatch"): ...
+
+
+class RecomputeFailed(ConsistencyDefect, code="recompute-failed"): ...
+
+
+class ComparisonAlgorithmUnknown(ConsistencyDefect, code="comparison-algorithm-unknown"): ...
+
+
+class ExpectationsMismatch(ConsistencyDefect, code="expectations-mismatch"): ...
+
+
+class ExperimentDigestMismatch(ConsistencyDefect, code="experiment-digest-mismatch"): ...
+
+
+class ExperimentMismatch(ConsistencyDefect, code="experiment-mismatch"):
+    """The receipt's experiment block disagrees with the bundled experiment.toml."""
+
+
+class BadPin(ConsistencyDefect, code="bad-pin"): ...
+
+
+class PinMismatch(ConsistencyDefect, code="pin-mismatch"): ...
+
+
+class RunIdMismatch(ConsistencyDefect, code="run-id-mismatch"): ...
+
+
+class ReadmeMismatch(ConsistencyDefect, code="readme-mismatch"):
+    """README.md (what a reviewer reads first) is not the one kvprobe renders from the receipt."""
 
 
 # --- step 5: authenticity, step 6: rerun -------------------------------------------------
@@ -157,18 +259,22 @@ class AuthenticityDefect(BundleDefect):
     step = 5
 
 
-ManifestDigestMismatch = _kind("ManifestDigestMismatch", AuthenticityDefect, "manifest-digest-mismatch")
-# A bundled file of an experiment kvprobe ships that is not the installed copy's.
-DiffersFromInstalled = _kind("DiffersFromInstalled", AuthenticityDefect, "differs-from-installed")
+class ManifestDigestMismatch(AuthenticityDefect, code="manifest-digest-mismatch"): ...
 
 
-class RerunDiffers(BundleDefect):
-    """Step 6: the rerun observed something other than the bundle (a class, so rerun annotates with it)."""
+class DiffersFromInstalled(AuthenticityDefect, code="differs-from-installed"):
+    """A bundled file of an experiment kvprobe ships that is not the installed copy's."""
+
+
+class RerunDiffers(BundleDefect, code="rerun-differs"):
+    """Step 6: the rerun observed something other than the bundle."""
 
     step = 6
-    code = "rerun-differs"
 
 
-# A release's version now names other bytes on the index than the bundle recorded: the same
-# version serving other code is the finding, so the release is not re-run (a sweep's step 6).
-IndexServesOtherBytes = _kind("IndexServesOtherBytes", RerunDiffers, "index-serves-other-bytes")
+class IndexServesOtherBytes(RerunDiffers, code="index-serves-other-bytes"):
+    """A release's version now names other bytes on the index than the bundle recorded.
+
+    The same version serving other code is the finding, so the release is not re-run (a sweep's
+    step 6).
+    """

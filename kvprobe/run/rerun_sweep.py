@@ -43,7 +43,7 @@ def index_findings(receipt: SweepReceipt, versions: list[str], scratch: Path) ->
     """Each release's wheel resolved on the index again: {version: finding} for a version that
     now names other bytes (another sha256 or file) than the bundle recorded. FetchError or
     UsageError when the index cannot be asked or no longer has the release."""
-    found = {}
+    found: dict[str, RerunDiffers] = {}
     for release in receipt.releases:
         wheel, version = release.wheel, release.version
         if version not in versions or wheel is None:
