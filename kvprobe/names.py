@@ -29,6 +29,8 @@ MANIFEST_SCHEMA = "kvprobe.manifest/1"
 PROBE_OUTPUT_SCHEMA = "kvprobe.probe-output/1"
 TEST_RUN_SCHEMA = "kvprobe.test-run/1"
 PYTEST_REPORT_SCHEMA = "kvprobe.pytest-report/1"
+# kvprobe's own data file of fix markers (kvprobe/gates/fixmarkers.toml), not a bundle document.
+FIX_MARKERS_SCHEMA = "kvprobe.fix-markers/1"
 
 # The in-toto statement `kvprobe report --format intoto` writes, and `verify --attestation` reads.
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"

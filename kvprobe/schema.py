@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from kvprobe.errors import SchemaError
 from kvprobe.names import (
     EXPERIMENT_SCHEMA,
+    FIX_MARKERS_SCHEMA,
     GATES_RECEIPT_SCHEMA,
     GATES_RECEIPT_SCHEMA_1,
     MANIFEST_SCHEMA,
@@ -31,6 +32,7 @@ KNOWN = {
     GATES_RECEIPT_SCHEMA: "gates-receipt.schema.json",
     GATES_RECEIPT_SCHEMA_1: "gates-receipt-1.schema.json",
     SWEEP_RECEIPT_SCHEMA: "sweep-receipt.schema.json",
+    FIX_MARKERS_SCHEMA: "fix-markers.schema.json",
     # Third-party formats `kvprobe report` writes (schemas/vendor/README.md says where from).
     "openvex/0.2.0": "vendor/openvex-0.2.0.schema.json",
     "in-toto/statement-v1": "vendor/in-toto-statement-v1.schema.json",

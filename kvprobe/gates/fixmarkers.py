@@ -5,18 +5,22 @@ Each marker names an *anchor* (code the fix changed, present before and after it
 not found: the code was reorganised beyond recognition and the answer is ``unknown``.
 Whitespace is normalised before matching, so reformatting does not hide a marker.
 
-``first_release`` was measured on the release wheels 0.5.19 .. 0.5.22 (see the tests).
-``basis`` says how sure the PR attribution is: "pr-text" when the PR's own description
-names the change, "domain" when it rests on DOMAIN.md's one-line summary and the code's
-comments (the PR thread was not readable from here).
+The markers are data about upstream PRs, kept in ``fixmarkers.toml`` beside this module
+(shipped in the wheel, checked against schemas/fix-markers.schema.json when first read).
 """
 
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass
 from enum import Enum
+from functools import cache
 from pathlib import Path
+
+from kvprobe import schema
+from kvprobe.errors import SchemaError
+from kvprobe.names import FIX_MARKERS_SCHEMA
 
 DISAGG = "sglang/srt/disaggregation"
 
@@ -46,62 +50,39 @@ class Finding:
     evidence: str
 
 
-MARKERS: tuple[Marker, ...] = (
-    Marker(
-        pr=39500,
-        gate=3,
-        title="optional handoff KV checksum (--disaggregation-enable-kv-checksum)",
-        anchor=(f"{DISAGG}/decode.py", "class DecodePreallocQueue"),
-        all_of=(
-            (f"{DISAGG}/checksum.py", "class KvChecksumComputer"),
-            (f"{DISAGG}/decode.py", "def _verify_kv_checksums("),
-        ),
-        first_release="0.5.21",
-        basis="pr-text",
-    ),
-    Marker(
-        pr=40645,
-        gate=4,
-        title="abort ACK kept until in-flight KV writes drain (sender clear() no longer drops it)",
-        anchor=(f"{DISAGG}/common/conn.py", "def _maybe_ack_drained_abort("),
-        all_of=((f"{DISAGG}/common/conn.py", "self.kv_mgr._maybe_ack_drained_abort(self.bootstrap_room)"),),
-        first_release="0.5.21",
-        basis="pr-text",
-    ),
-    Marker(
-        pr=41402,
-        gate=4,
-        title="drain ACK fanned out to every decode peer of a room",
-        anchor=(f"{DISAGG}/common/conn.py", "def _maybe_ack_drained_abort("),
-        any_of=(
-            (f"{DISAGG}/common/conn.py", "def _abort_ack_fanout_targets("),  # 0.5.21 form
-            (f"{DISAGG}/common/conn.py", "def _send_abort_acks("),
-        ),  # 0.5.22 form (per-endpoint targets)
-        first_release="0.5.21",
-        basis="domain",
-    ),
-    Marker(
-        pr=41404,
-        gate=4,
-        title="deferred release also for transfer failures decode did not initiate",
-        anchor=(f"{DISAGG}/decode.py", "def _defer_release("),
-        all_of=((f"{DISAGG}/decode.py", "ensure_abort_notified(force_arm=True)"),),
-        first_release="0.5.21",
-        basis="domain",
-    ),
-    Marker(
-        pr=41023,
-        gate=4,
-        title="deferred KV release on by default for backends that support it",
-        anchor=("sglang/srt/environ.py", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"),
-        all_of=(
-            (f"{DISAGG}/base/conn.py", "supports_deferred_decode_kv_release: bool = False"),
-            ("sglang/srt/environ.py", "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE = EnvBool(True)"),
-        ),
-        first_release="0.5.21",
-        basis="domain",
-    ),
-)
+MARKERS_FILE = Path(__file__).with_name("fixmarkers.toml")
+
+
+@cache
+def markers() -> tuple[Marker, ...]:
+    """The markers kvprobe ships (``fixmarkers.toml``), read and validated once per process."""
+    return load_markers(MARKERS_FILE)
+
+
+def load_markers(path: Path) -> tuple[Marker, ...]:
+    """Markers from a fix-markers TOML file; raises SchemaError naming the file and what is wrong."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SchemaError(f"{path}: not a readable fix-markers TOML file: {exc}") from exc
+    schema.validate(doc, FIX_MARKERS_SCHEMA, source=str(path))
+    return tuple(
+        Marker(
+            pr=row["pr"],
+            gate=row["gate"],
+            title=row["title"],
+            anchor=_text_in_file(row["anchor"]),
+            all_of=tuple(map(_text_in_file, row.get("all_of", ()))),
+            any_of=tuple(map(_text_in_file, row.get("any_of", ()))),
+            first_release=row["first_release"],
+            basis=row["basis"],
+        )
+        for row in doc["marker"]
+    )
+
+
+def _text_in_file(spot: dict[str, str]) -> tuple[str, str]:
+    return spot["file"], spot["text"]
 
 
 class CodeTree:
@@ -161,7 +142,7 @@ def find(tree: CodeTree, marker: Marker) -> Finding:
 
 
 def find_all(tree: CodeTree, gate: int | None = None) -> list[Finding]:
-    return [find(tree, m) for m in MARKERS if gate is None or m.gate == gate]
+    return [find(tree, m) for m in markers() if gate is None or m.gate == gate]
 
 
 # --- settings the running code offers -------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvprobe.evidence.gate_status import Check, Status, combine
 from kvprobe.gates import serverlog
-from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Presence, find_all
+from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Presence, find_all, markers
 from kvprobe.gates.gate import Gate
 from kvprobe.gates.inputs import InputFile
 
@@ -46,12 +46,10 @@ def collect_sources(
 
 
 def marker_checks(tree: CodeTree | None, gate: int, findings_out: list) -> list[Check]:
-    from kvprobe.gates.fixmarkers import MARKERS
-
     if tree is None:
         return [
             Check(f"#{m.pr} in code", Status.UNKNOWN, f"{m.title}: no code to read (pass --sglang)")
-            for m in MARKERS
+            for m in markers()
             if m.gate == gate
         ]
     checks = []

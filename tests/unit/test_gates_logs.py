@@ -16,10 +16,20 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
+from kvprobe.errors import SchemaError
 from kvprobe.evidence.gate_status import Status
 from kvprobe.files import json_bytes
 from kvprobe.gates import pool, serverlog, settings
-from kvprobe.gates.fixmarkers import MARKERS, CodeTree, Presence, code_settings, find, find_all
+from kvprobe.gates.fixmarkers import (
+    MARKERS_FILE,
+    CodeTree,
+    Presence,
+    code_settings,
+    find,
+    find_all,
+    load_markers,
+    markers,
+)
 from kvprobe.model.gates_receipt import GatesReceipt
 
 GLM_CONTEXT = 1_048_576
@@ -351,9 +361,21 @@ def fake_tree(root: Path, *, fixed: bool, deferred_backends=("mooncake", "nixl")
 def test_markers_absent_before_present_after(tmp_path):
     before = CodeTree(fake_tree(tmp_path / "before", fixed=False))
     after = CodeTree(fake_tree(tmp_path / "after", fixed=True))
-    assert {f.marker.pr: f.presence for f in find_all(before)} == {m.pr: Presence.ABSENT for m in MARKERS}
-    assert {f.marker.pr: f.presence for f in find_all(after)} == {m.pr: Presence.PRESENT for m in MARKERS}
-    assert {m.pr for m in MARKERS} == {39500, 40645, 41402, 41404, 41023}
+    assert {f.marker.pr: f.presence for f in find_all(before)} == {m.pr: Presence.ABSENT for m in markers()}
+    assert {f.marker.pr: f.presence for f in find_all(after)} == {m.pr: Presence.PRESENT for m in markers()}
+    assert {m.pr for m in markers()} == {39500, 40645, 41402, 41404, 41023}
+
+
+def test_a_bad_markers_file_is_an_error_naming_the_file_and_the_field(tmp_path):
+    shipped = MARKERS_FILE.read_text(encoding="utf-8")
+    no_anchor = tmp_path / "no-anchor.toml"
+    no_anchor.write_text(shipped.replace('anchor = { file = "sglang/srt/environ.py"', 'anchr = { file = "x"', 1))
+    with pytest.raises(SchemaError, match=r"no-anchor\.toml: marker\.4: 'anchor' is a required property"):
+        load_markers(no_anchor)
+    not_toml = tmp_path / "not-toml.toml"
+    not_toml.write_text(shipped.replace("pr = 39500", "pr = ", 1))
+    with pytest.raises(SchemaError, match=r"not-toml\.toml: not a readable fix-markers TOML file"):
+        load_markers(not_toml)
 
 
 def test_a_marker_survives_reformatting_and_an_unrecognisable_tree_is_unknown(tmp_path):
@@ -364,7 +386,7 @@ def test_a_marker_survives_reformatting_and_an_unrecognisable_tree_is_unknown(tm
             "ensure_abort_notified(force_arm=True)", "ensure_abort_notified(\n        force_arm=True\n    )"
         )
     )
-    marker = next(m for m in MARKERS if m.pr == 41404)
+    marker = next(m for m in markers() if m.pr == 41404)
     assert find(CodeTree(root), marker).presence is Presence.PRESENT
     empty = tmp_path / "empty" / "sglang" / "srt"
     empty.mkdir(parents=True)
