@@ -91,6 +91,22 @@ def _https_index(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(exc.message, ctx, param) from None
 
 
+# Options several commands share, declared once so that their names, types and help agree.
+_json_document = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+_json_summary = click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+_bundle_out = click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), help="Bundle directory (must not exist or be empty)."
+)
+
+
+def _torch_index(text: str, *, checked: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--torch-index (default KVPROBE_TORCH_INDEX); ``checked``: refused before anything runs
+    (sweep checks it when it builds the env, verify only with --rerun)."""
+    return click.option(
+        "--torch-index", envvar="KVPROBE_TORCH_INDEX", callback=_https_index if checked else None, help=text
+    )
+
+
 def _results(as_json: bool) -> bool:
     """Whether the human result is printed on stdout: not under --json, not with -qq."""
     return _streams(as_json).results
@@ -198,7 +214,7 @@ def main() -> None:
 
 
 @main.command("list")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_json_document
 @guarded
 def list_cmd(as_json: bool) -> int:
     """List the experiments kvprobe knows."""
@@ -247,7 +263,7 @@ def _warn_shadowing(out: Output, experiment_id: str) -> None:
 
 @main.command("show")
 @click.argument("experiment_id")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_json_document
 @guarded
 def show_cmd(experiment_id: str, as_json: bool) -> int:
     """Show one experiment in full: pins, checks, expectations, scope."""
@@ -287,7 +303,7 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
 
 def _run_options(
     pins: str | None,
-    out: str | None,
+    out: Path | None,
     repo: str | None,
     torch_index: str | None,
     jobs: int | None,
@@ -298,7 +314,7 @@ def _run_options(
 
     opts = RunOptions(
         pin_set=pins,
-        out=Path(out) if out else None,
+        out=out,
         repo=repo,
         torch_index=torch_index,
         timeout_s=float(timeout),
@@ -312,14 +328,9 @@ def _run_options(
 @main.command("run")
 @click.argument("experiment_id")
 @click.option("--pins", help="Pin set to run (default: the experiment's default).")
-@click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (must not exist or be empty).")
+@_bundle_out
 @click.option("--repo", help="Git URL or local path of a mirror/clone to fetch pins from.")
-@click.option(
-    "--torch-index",
-    envvar="KVPROBE_TORCH_INDEX",
-    callback=_https_index,
-    help="Index for torch/torchvision, https:// or file:// (e.g. https://download.pytorch.org/whl/cpu).",
-)
+@_torch_index("Index for torch/torchvision, https:// or file:// (e.g. https://download.pytorch.org/whl/cpu).")
 @click.option(
     "--jobs",
     type=click.IntRange(1, 2),
@@ -332,7 +343,7 @@ def _run_options(
     help="Run each check in a fresh interpreter, not forked from one that preloaded the "
     "profile's third-party modules (torch, transformers, ...).",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+@_json_summary
 @click.option(
     "--record-expectations",
     "record",
@@ -345,7 +356,7 @@ def _run_options(
 def run_cmd(
     experiment_id: str,
     pins: str | None,
-    out: str | None,
+    out: Path | None,
     repo: str | None,
     torch_index: str | None,
     jobs: int | None,
@@ -385,12 +396,8 @@ def run_cmd(
     help="Releases to run: ranges and lists, e.g. 0.5.13..0.5.23, 0.5.19,0.5.23 or >=0.5.20 "
     "(default: every release on the index the experiment's profile serves).",
 )
-@click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (must not exist or be empty).")
-@click.option(
-    "--torch-index",
-    envvar="KVPROBE_TORCH_INDEX",
-    help="Index for torch/torchvision (e.g. https://download.pytorch.org/whl/cpu).",
-)
+@_bundle_out
+@_torch_index("Index for torch/torchvision (e.g. https://download.pytorch.org/whl/cpu).", checked=False)
 @click.option("--jobs", type=click.IntRange(1), help="Releases run at a time (default: min(2, cores)).")
 @click.option("--timeout", default=900, show_default=True, type=click.IntRange(1), help="Seconds per probe.")
 @click.option(
@@ -412,12 +419,12 @@ def run_cmd(
     help="Run each probe in a fresh interpreter, not forked from the sweep's one that preloaded the "
     "profile's third-party modules (local units; units on Ray workers always run fresh).",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+@_json_summary
 @guarded
 def sweep_cmd(
     experiment_id: str,
     spec: str | None,
-    out: str | None,
+    out: Path | None,
     torch_index: str | None,
     jobs: int | None,
     timeout: int,
@@ -435,7 +442,7 @@ def sweep_cmd(
 
     opts = SweepOptions(
         releases=spec,
-        out=Path(out) if out else None,
+        out=out,
         torch_index=torch_index,
         timeout_s=timeout,
         executor=executor,
@@ -458,10 +465,10 @@ def sweep_cmd(
 
 
 @main.command("model")
-@click.option("--out", type=click.Path(file_okay=False), help="Bundle directory (must not exist or be empty).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON summary on stdout.")
+@_bundle_out
+@_json_summary
 @click.pass_context
-def model_cmd(ctx: click.Context, out: str | None, as_json: bool) -> None:
+def model_cmd(ctx: click.Context, out: Path | None, as_json: bool) -> None:
     """Run the synthetic PD handoff model (same as `kvprobe run model`; seconds, no downloads)."""
     ctx.invoke(
         run_cmd,
@@ -600,16 +607,9 @@ def report_cmd(
     help='A worker\'s server arguments: JSON (optionally with an "env" object), a server_args= line, '
     "or a command line.",
 )
-@click.option(
-    "--out", type=click.Path(file_okay=False, path_type=Path), help="Bundle directory (must not exist or be empty)."
-)
-@click.option(
-    "--torch-index",
-    envvar="KVPROBE_TORCH_INDEX",
-    callback=_https_index,
-    help="Index for torch/torchvision (gate 2 env), https:// or file://.",
-)
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_bundle_out
+@_torch_index("Index for torch/torchvision (gate 2 env), https:// or file://.")
+@_json_document
 @guarded
 def gates_cmd(
     logs: tuple[str, ...],
@@ -689,16 +689,12 @@ _VERIFY_EXIT = {"verified": EXIT_OK, "failed": EXIT_FAIL, "could-not-rerun": EXI
     help="With --rerun of a sweep bundle: re-run only these of its releases (repeatable; a version, "
     "A..B or a specifier, as sweep's --releases). Default: all.",
 )
-@click.option(
-    "--torch-index",
-    envvar="KVPROBE_TORCH_INDEX",
-    help="With --rerun: index for torch, https:// or file://.",
-)
+@_torch_index("With --rerun: index for torch, https:// or file://.", checked=False)
 @click.option(
     "--timeout", default=1800, show_default=True, type=click.IntRange(1), help="With --rerun: seconds per check."
 )
 @_limit_options
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_json_document
 @guarded
 def verify_cmd(
     bundle: Path,
@@ -803,7 +799,7 @@ def bundle_group() -> None:
 )
 @click.option("--force", is_flag=True, help="Replace an existing archive.")
 @_limit_options
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_json_document
 @guarded
 def bundle_pack_cmd(
     bundle_dir: Path,
@@ -849,7 +845,7 @@ def cache_group() -> None:
 
 
 @cache_group.command("ls")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_json_document
 @guarded
 def cache_ls_cmd(as_json: bool) -> int:
     """List cache entries: kind, key, size, last used."""
@@ -880,7 +876,7 @@ def cache_ls_cmd(as_json: bool) -> int:
 )
 @click.option("--all", "everything", is_flag=True, help="Remove every entry not in use.")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_json_document
 @guarded
 def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, as_json: bool) -> int:
     """Free space without breaking a run in progress.
@@ -909,7 +905,7 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
 
 
 @cache_group.command("verify")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@_json_document
 @guarded
 def cache_verify_cmd(as_json: bool) -> int:
     """Re-hash every file of every cached tree against its listing.
