@@ -357,3 +357,14 @@ def snapshot(root: Path) -> dict[str, Any]:
 def copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def tamper_file(path: Path, data: bytes, *, keep_stat: bool) -> None:
+    """Overwrite a (read-only) file; with ``keep_stat``, put its mode and times back, as an
+    attacker hiding the change from a stat-based check would."""
+    before = os.stat(path)
+    os.chmod(path, 0o644)
+    path.write_bytes(data)
+    if keep_stat:
+        os.chmod(path, before.st_mode)
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))

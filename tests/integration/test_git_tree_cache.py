@@ -22,6 +22,7 @@ from kvprobe.env import cache
 from kvprobe.model.records import GitPin
 from kvprobe.sources import treecache
 from kvprobe.sources.git import GitSource
+from tests.forge import tamper_file
 
 REPO = Path(__file__).resolve().parents[2]
 _GIT_ENV = {
@@ -101,22 +102,13 @@ def test_bytecode_trees_are_kept_per_interpreter_tag(repo, tmp_path: Path) -> No
     assert not (tmp_path / "plain" / "pkg" / "__pycache__").exists()
 
 
-def _tamper(path: Path, data: bytes, *, keep_stat: bool) -> None:
-    before = os.stat(path)
-    os.chmod(path, 0o644)
-    path.write_bytes(data)
-    if keep_stat:
-        os.chmod(path, before.st_mode)
-        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-
-
 def test_a_tampered_entry_is_detected_and_rebuilt(repo, tmp_path: Path) -> None:
     path, sha = repo
     root = tmp_path / "cache"
     source = GitSource(str(path), root, timeout_s=60)
     identity = source.materialize(GitPin(sha), tmp_path / "one")
     entry = entry_of(root, identity)
-    _tamper(entry / "tree" / "pkg" / "__init__.py", b"VALUE = 666\n", keep_stat=False)
+    tamper_file(entry / "tree" / "pkg" / "__init__.py", b"VALUE = 666\n", keep_stat=False)
     assert [p.path for p in treecache.quick_problems(entry)] == ["pkg/__init__.py"]
     again = source.materialize(GitPin(sha), tmp_path / "two")
     assert again["tree_cache"] == "built" and (tmp_path / "two" / "pkg" / "__init__.py").read_text() == "VALUE = 1\n"
@@ -133,7 +125,7 @@ def test_a_tamper_keeping_size_and_mtime_is_found_by_cache_verify(repo, tmp_path
     root = tmp_path / "cache"
     identity = GitSource(str(path), root, timeout_s=60).materialize(GitPin(sha), tmp_path / "one")
     entry = entry_of(root, identity)
-    _tamper(entry / "tree" / "README", b"README\n", keep_stat=True)
+    tamper_file(entry / "tree" / "README", b"README\n", keep_stat=True)
     assert treecache.quick_problems(entry) == []
     monkeypatch.setenv("KVPROBE_CACHE_DIR", str(root))
     result = CliRunner().invoke(main, ["cache", "verify", "--json"])

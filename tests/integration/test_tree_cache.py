@@ -23,6 +23,7 @@ from kvprobe.cli import main
 from kvprobe.env import cache
 from kvprobe.sources import treecache
 from kvprobe.sources.treecache import MARKER, TreeCache
+from tests.forge import tamper_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,19 +54,10 @@ def test_a_runs_copy_is_linked_and_what_the_run_adds_stays_out(tmp_path):
     assert not (tree / "pkg" / "new_test.py").exists() and treecache.quick_problems(tree.parent) == []
 
 
-def _tamper(path: Path, data: bytes, *, keep_stat: bool) -> None:
-    before = os.stat(path)
-    os.chmod(path, 0o644)
-    path.write_bytes(data)
-    if keep_stat:
-        os.chmod(path, before.st_mode)
-        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-
-
 def test_tampered_file_is_detected_and_the_entry_rebuilt(tmp_path):
     trees = TreeCache(tmp_path)
     tree, _ = trees.ensure("k", fill)
-    _tamper(tree / "pkg" / "__init__.py", b"VALUE = 666\n", keep_stat=False)
+    tamper_file(tree / "pkg" / "__init__.py", b"VALUE = 666\n", keep_stat=False)
     assert treecache.quick_problems(tree.parent)
     tree, how = trees.ensure("k", fill)
     assert how == "built" and (tree / "pkg" / "__init__.py").read_text() == "VALUE = 1\n"
@@ -73,7 +65,7 @@ def test_tampered_file_is_detected_and_the_entry_rebuilt(tmp_path):
 
 def test_tamper_that_keeps_size_and_mtime_is_found_by_cache_verify(tmp_path, monkeypatch):
     tree, _ = TreeCache(tmp_path).ensure("k", fill)
-    _tamper(tree / "pkg" / "data.txt", b"DATA\n", keep_stat=True)
+    tamper_file(tree / "pkg" / "data.txt", b"DATA\n", keep_stat=True)
     assert treecache.quick_problems(tree.parent) == []  # stat alone cannot see it ...
     assert [p.what for p in treecache.verify(tree.parent)] == ["sha256 differs from the listing"]  # ... hashing does
     monkeypatch.setenv("KVPROBE_CACHE_DIR", str(tmp_path))
