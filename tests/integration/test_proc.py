@@ -10,6 +10,17 @@ from pathlib import Path
 from kvprobe import proc
 
 
+def _alive_after_a_moment(pidfile: Path) -> bool:
+    """Whether the process whose pid the test's child wrote still runs (a zombie does not count)."""
+    child = int(pidfile.read_text())
+    time.sleep(0.2)
+    try:
+        os.kill(child, 0)
+        return Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
+    except ProcessLookupError:
+        return False
+
+
 def test_timeout_kills_the_whole_process_group(tmp_path):
     pidfile = tmp_path / "child.pid"
     script = (
@@ -28,14 +39,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     )
     assert result.timed_out and not result.ok
     assert time.monotonic() - started < 15
-    child = int(pidfile.read_text())
-    time.sleep(0.2)
-    try:
-        os.kill(child, 0)
-        alive = Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
-    except ProcessLookupError:
-        alive = False
-    assert not alive, "the grandchild survived the timeout"
+    assert not _alive_after_a_moment(pidfile), "the grandchild survived the timeout"
 
 
 def test_environment_is_allow_listed_and_home_is_scratch(tmp_path, monkeypatch):
@@ -89,11 +93,4 @@ def test_a_service_is_killed_with_its_group_when_its_lifetime_ends(tmp_path):
     while service.running() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not service.running(), "the service outlived its lifetime"
-    child = int(pidfile.read_text())
-    time.sleep(0.2)
-    try:
-        os.kill(child, 0)
-        alive = Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
-    except ProcessLookupError:
-        alive = False
-    assert not alive, "the service's child survived it"
+    assert not _alive_after_a_moment(pidfile), "the service's child survived it"
