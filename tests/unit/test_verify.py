@@ -580,6 +580,13 @@ def test_archive_gzip_bomb_is_capped(env):
 # --- step 6: rerun (the runner replaced; no subprocess here) -----------------------------
 
 
+def _verify_rerun(env, monkeypatch, *, code, **fake):
+    """``verify --rerun --trust-bundle-code`` of the env's bundle, the run replaced by ``_fake_run(**fake)``."""
+    BUNDLE_UNDER_TEST[:] = [env["bundle"]]
+    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(**fake))
+    return verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=code)
+
+
 def _fake_run(receipt_change=None, error=None):
     from kvprobe.run.runner import RunResult
 
@@ -600,9 +607,7 @@ BUNDLE_UNDER_TEST: list[Path] = []
 
 
 def test_rerun_that_reproduces(env, monkeypatch):
-    BUNDLE_UNDER_TEST[:] = [env["bundle"]]
-    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run())
-    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=0)
+    doc = _verify_rerun(env, monkeypatch, code=0)
     assert step_status(doc)[6] == "pass"
 
 
@@ -612,9 +617,7 @@ def test_rerun_that_differs_reports_each_difference(env, monkeypatch):
         row["head"] = True
         receipt["verdict"] = "not-reproduced"
 
-    BUNDLE_UNDER_TEST[:] = [env["bundle"]]
-    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(change))
-    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=1)
+    doc = _verify_rerun(env, monkeypatch, code=1, receipt_change=change)
     defect = assert_defect(doc, "rerun-differs", "raw/head/probes/doors.json", step=6)
     assert "enqueued" in defect["detail"] and "published bool:False, rerun bool:True" in defect["detail"]
     assert_defect(doc, "rerun-differs", "receipt.json")
@@ -626,9 +629,7 @@ def test_rerun_where_a_case_no_longer_reaches_its_decision_point_is_named(env, m
         case.update(observation="unobserved", reason="constructor changed")
         receipt["verdict"] = "could-not-observe"
 
-    BUNDLE_UNDER_TEST[:] = [env["bundle"]]
-    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(change))
-    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=1)
+    doc = _verify_rerun(env, monkeypatch, code=1, receipt_change=change)
     defect = assert_defect(doc, "rerun-differs", "raw/base/probes/doors.json", step=6)
     assert "'observed'), rerun ('ok', None, 'unobserved')" in defect["detail"]
 
@@ -639,9 +640,7 @@ def test_rerun_names_the_probe_that_could_not_run(env, monkeypatch):
         probe["problem"] = "probe doors exited 1 without output: ModuleNotFoundError: No module named 'helper'"
         receipt["verdict"] = "error"
 
-    BUNDLE_UNDER_TEST[:] = [env["bundle"]]
-    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(change))
-    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=1)
+    doc = _verify_rerun(env, monkeypatch, code=1, receipt_change=change)
     defect = assert_defect(doc, "rerun-differs", "raw/head/probes/doors.json", step=6)
     assert "could not run it" in defect["detail"] and "No module named 'helper'" in defect["detail"]
 
@@ -649,9 +648,7 @@ def test_rerun_names_the_probe_that_could_not_run(env, monkeypatch):
 def test_rerun_that_cannot_observe_exits_3(env, monkeypatch):
     from kvprobe.errors import FetchError
 
-    BUNDLE_UNDER_TEST[:] = [env["bundle"]]
-    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(error=FetchError("network unreachable")))
-    doc = verify(env, env["bundle"], "--rerun", "--trust-bundle-code", code=3)
+    doc = _verify_rerun(env, monkeypatch, code=3, error=FetchError("network unreachable"))
     assert doc["outcome"] == "could-not-rerun" and step_status(doc)[6] == "could-not-run"
 
 
