@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kvprobe.experiments.experiment import load_file
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "probes" / "model"
 PROBE_API = ROOT / "kvprobe" / "probe_api"
@@ -25,237 +27,20 @@ SIDES = {"base": m.BASE, "head": m.HEAD}
 MODULES = {"handoff": handoff, "admission": admission, "invariants": invariants}
 
 
-def both(**obs):
-    return {"base": obs, "head": obs}
-
-
 # ---------------------------------------------------------------- expectations
-# "<probe>/<case>" -> side -> observations that must be recorded exactly so.
 
-HANDOFF_OK = dict(
-    status=200,
-    retired_at_door=False,
-    foreign_canary_seen=False,
-    checksum_mismatch_detected=False,
-    double_frees=[],
-    leaks=[],
-)
 
-EXPECTED = {
-    "handoff/normal": both(
-        **HANDOFF_OK,
-        handoff_objects=4,
-        decode_pages_reserved=7,
-        pages_read=7,
-        pages_written_by_self=7,
-        stale_pages_read=0,
-    ),
-    "handoff/over_pool.buggy_door": {
-        "base": dict(
-            status=200,
-            rejected_by_length_check=True,
-            retired_at_door=False,
-            handoff_objects=4,
-            decode_pages_reserved=50,
-            pages_written_by_prefill=1,
-            pages_read=50,
-            pages_written_by_self=1,
-            stale_pages_read=49,
-            foreign_canary_seen=True,
-            foreign_tenants=["b", "c"],
-            checksum_mismatch_detected=False,
-            double_frees=["metadata_buffer:r2"],
-            leaks=[],
-        ),
-        "head": dict(
-            status=504,
-            rejected_by_length_check=True,
-            retired_at_door=False,
-            handoff_objects=4,
-            decode_pages_reserved=50,
-            pages_read=0,
-            foreign_canary_seen=False,
-            decode_waited_s=300,
-            double_frees=[],
-            leaks=[],
-        ),
-    },
-    "handoff/over_pool.fixed_door": both(
-        status=400,
-        rejected_by_length_check=True,
-        retired_at_door=True,
-        handoff_objects=0,
-        decode_pages_reserved=0,
-        pages_read=0,
-        foreign_canary_seen=False,
-        double_frees=[],
-        leaks=[],
-    ),
-    "handoff/pool_covers_context": both(
-        **HANDOFF_OK,
-        rejected_by_length_check=False,
-        decode_pages_reserved=50,
-        pages_read=50,
-        pages_written_by_self=50,
-        stale_pages_read=0,
-    ),
-    "handoff/over_pool.checksum_on": both(
-        status=500,
-        checksum_mismatch_detected=True,
-        foreign_canary_seen=False,
-        pages_read=0,
-        pages_written_by_prefill=1,
-        decode_pages_reserved=50,
-        double_frees=["metadata_buffer:r2"],
-    ),
-    "handoff/inflight_write.no_deferred_release": both(
-        status=200,
-        foreign_canary_seen=True,
-        foreign_tenants=["a"],
-        pages_read=19,
-        pages_written_by_self=0,
-        stale_pages_read=19,
-        aborted_request_status=499,
-        aborted_pages_reused_before_write_landed=19,
-        double_frees=[],
-        leaks=[],
-    ),
-    "handoff/inflight_write.deferred_release": both(
-        status=200,
-        foreign_canary_seen=False,
-        pages_read=19,
-        pages_written_by_self=19,
-        stale_pages_read=0,
-        aborted_request_status=499,
-        aborted_pages_reused_before_write_landed=0,
-        double_frees=[],
-        leaks=[],
-    ),
-    "handoff/late_result.after_abort": {
-        "base": dict(
-            status=200,
-            late_result="acted",
-            foreign_canary_seen=True,
-            foreign_tenants=["a"],
-            pages_written_by_self=18,
-            stale_pages_read=1,
-            double_frees=["prefill_kv:r0"],
-        ),
-        "head": dict(
-            status=200,
-            late_result="ignored",
-            foreign_canary_seen=False,
-            pages_written_by_self=19,
-            stale_pages_read=0,
-            double_frees=[],
-            leaks=[],
-        ),
-    },
-}
+def _expected() -> dict[str, dict[str, dict]]:
+    """Case ("<probe>/<case>") -> side -> observations that must be recorded exactly so: the shipped
+    experiment's [expect] tables, the ones `kvprobe run model` compares against."""
+    by_case: dict[str, dict[str, dict]] = {}
+    for side, cases in load_file(MODEL_DIR / "experiment.toml").expectations.items():
+        for case, observations in cases.items():
+            by_case.setdefault(case, {})[side] = dict(observations)
+    return by_case
 
-KEPT = dict(retired_at_door=False, enqueued=True, handoff_created=True, stub_forward_passes=0)
-RETIRED = dict(
-    retired_at_door=True,
-    enqueued=False,
-    handoff_created=False,
-    stub_forward_passes=0,
-    status=400,
-    resources_freed_count=0,
-    double_frees=[],
-    leaks=[],
-)
-EXPECTED.update(
-    {
-        "admission/prefill.rejected_new": {
-            "base": dict(
-                retired_at_door=False,
-                enqueued=True,
-                handoff_created=True,
-                stub_forward_passes=1,
-                resources_freed_count=2,
-                double_frees=["metadata_buffer:r0"],
-                leaks=[],
-            ),
-            "head": RETIRED,
-        },
-        "admission/decode.rejected_new": {
-            "base": dict(KEPT, resources_freed_count=2, double_frees=[], leaks=[]),
-            "head": RETIRED,
-        },
-        "admission/prefill.valid_new": both(
-            **KEPT, resources_freed_count=2, double_frees=[], leaks=[], finished_reason_set=False
-        ),
-        "admission/prefill.preempted_reentry": {
-            "base": dict(
-                KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=["metadata_buffer:r0"], leaks=[]
-            ),
-            "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=[], leaks=[]),
-        },
-        "admission/decode.retracted_reentry": both(**KEPT, resources_freed_count=2, double_frees=[], leaks=[]),
-        "admission/decode.rebootstrapped_reentry": both(**KEPT, resources_freed_count=2, double_frees=[], leaks=[]),
-        "admission/prefill.holding_kv": {
-            "base": dict(
-                KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=["metadata_buffer:r0"], leaks=[]
-            ),
-            "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=[], leaks=[]),
-        },
-        "admission/prefill.holding_mamba": {
-            "base": dict(
-                KEPT,
-                resources_held_at_entry=1,
-                resources_freed_count=2,
-                double_frees=["metadata_buffer:r0"],
-                leaks=["mamba:r0"],
-            ),
-            "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=3, double_frees=[], leaks=[]),
-        },
-        "admission/prefill.holding_metadata": {
-            "base": dict(
-                KEPT, resources_held_at_entry=1, resources_freed_count=2, double_frees=["metadata_buffer:r0"], leaks=[]
-            ),
-            "head": dict(KEPT, resources_held_at_entry=1, resources_freed_count=2, double_frees=[], leaks=[]),
-        },
-        "admission/null_mode.rejected": both(
-            retired_at_door=False,
-            enqueued=True,
-            handoff_created=False,
-            stub_forward_passes=1,
-            status=400,
-            resources_freed_count=0,
-        ),
-        "admission/session.streaming_detach": {
-            "base": dict(
-                retired_at_door=False,
-                enqueued=True,
-                handoff_created=True,
-                session_detached_at_door=False,
-                session_attached_after_door=True,
-                session_detached_in_the_end=True,
-            ),
-            "head": dict(
-                retired_at_door=True,
-                enqueued=False,
-                handoff_created=False,
-                status=400,
-                session_detached_at_door=True,
-                session_attached_after_door=False,
-                session_detached_in_the_end=True,
-            ),
-        },
-    }
-)
 
-BUDGET = dict(seed=invariants.SEED, max_examples=invariants.MAX_EXAMPLES, stateful_step_count=invariants.STEPS)
-FOUND, NONE = dict(counterexample_found=True, **BUDGET), dict(counterexample_found=False, **BUDGET)
-EXPECTED.update(
-    {
-        "invariants/decode_reads_own_pages": {"base": FOUND, "head": NONE},
-        "invariants/resources_freed_once": {"base": FOUND, "head": NONE},
-        "invariants/rejected_no_handoff": {"base": FOUND, "head": NONE},
-        "invariants/decode_reads_own_pages.no_deferred_release": both(**FOUND),
-        "invariants/resources_freed_once.fixed_door_pre_36988": both(**FOUND),
-    }
-)
+EXPECTED = _expected()
 
 # which invariant a case searches (for replaying its trace)
 CASE_INVARIANT = {name: name.split(".")[0] for name in invariants.CASES}
@@ -273,6 +58,12 @@ def test_every_case_has_expectations_for_both_sides():
     assert registered == set(EXPECTED)
     assert all(set(v) == {"base", "head"} for v in EXPECTED.values())
     assert len(handoff.CASES) >= 7 and len(admission.CASES) >= 9
+
+
+def test_the_invariant_cases_expect_the_search_budget_the_module_runs():
+    budget = dict(seed=invariants.SEED, max_examples=invariants.MAX_EXAMPLES, stateful_step_count=invariants.STEPS)
+    searched = [obs for case, sides in EXPECTED.items() if case.startswith("invariants/") for obs in sides.values()]
+    assert len(searched) == 10 and all(_subset(obs, budget) == budget for obs in searched)
 
 
 def test_case_names_and_docstrings():
