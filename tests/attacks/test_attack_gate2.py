@@ -9,31 +9,16 @@ exit 1. The experiment files gate 2 was held to are step 5's: the installed copi
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from tests import forge, forge_gate2
-from tests.attacks.gatelogs import CONTEXT, startup_log
 from tests.attacks.harness import assert_outcome
 
 pytestmark = pytest.mark.attack
 
 # experiment A's prefill door: a rejected request must not be enqueued
 CASE = "admission_doors/prefill.rejected_new"
-
-
-@pytest.fixture
-def made(sandbox):
-    """A real `kvprobe gates` bundle (one worker log, no --sglang), copied out of the sandbox's
-    output: gate 2 is grafted onto it by each test."""
-    log = sandbox.inputs / "prefill.log"
-    log.write_text(startup_log("prefill", CONTEXT, canary=True))
-    result = sandbox.run("gates", "--log", f"prefill={log}", "--out", sandbox.out, allow=(sandbox.out,))
-    assert result.code in (0, 1, 3), result.describe()
-    bundle = sandbox.inputs / "gates-bundle"
-    shutil.copytree(sandbox.out, bundle)
-    return bundle
 
 
 def unfixed() -> forge_gate2.Outputs:
@@ -57,48 +42,48 @@ def gate2(bundle):
     return next(g for g in receipt["gates"] if g["number"] == 2)
 
 
-def test_a_gates_bundle_whose_gate2_its_outputs_give_verifies(sandbox, made):
+def test_a_gates_bundle_whose_gate2_its_outputs_give_verifies(sandbox, gates_bundle):
     """The control: gate 2 grafted honestly (every case as fixed) passes and verifies, steps 4 and 5."""
-    forge_gate2.graft(made)
-    assert gate2(made)["status"] == "pass"
-    result = sandbox.run("verify", made, "--json")
+    forge_gate2.graft(gates_bundle)
+    assert gate2(gates_bundle)["status"] == "pass"
+    result = sandbox.run("verify", gates_bundle, "--json")
     assert result.code == 0, result.describe()
     step5 = json.loads(result.out)["steps"][4]
     assert any("probes/experiment-a/: same as" in n for n in step5["notes"]), step5
 
 
 @pytest.mark.parametrize(("outputs", "honest"), [(unfixed, "fail"), (unobserved, "unknown")])
-def test_the_honest_gate2_of_such_outputs_verifies(sandbox, made, outputs, honest):
+def test_the_honest_gate2_of_such_outputs_verifies(sandbox, gates_bundle, outputs, honest):
     """The same outputs with gate 2 stated as they give it: verified (so what fails below is the forgery)."""
-    forge_gate2.graft(made, written=outputs())
-    assert gate2(made)["status"] == honest
-    result = sandbox.run("verify", made)
+    forge_gate2.graft(gates_bundle, written=outputs())
+    assert gate2(gates_bundle)["status"] == honest
+    result = sandbox.run("verify", gates_bundle)
     assert result.code == 0, result.describe()
 
 
 @pytest.mark.parametrize("outputs", [unfixed, unobserved])
-def test_gate2_stated_pass_over_outputs_that_do_not_pass_is_refused(sandbox, made, outputs):
+def test_gate2_stated_pass_over_outputs_that_do_not_pass_is_refused(sandbox, gates_bundle, outputs):
     """Attack: the raw outputs show the door behaving as unfixed (or the case not observed); the
     receipt states every gate-2 check passed and gate 2 passed, re-hashed consistently."""
-    forge_gate2.graft(made, written=outputs(), decided=forge_gate2.as_fixed())
-    assert gate2(made)["status"] == "pass"
-    result = sandbox.run("verify", made)
+    forge_gate2.graft(gates_bundle, written=outputs(), decided=forge_gate2.as_fixed())
+    assert gate2(gates_bundle)["status"] == "pass"
+    result = sandbox.run("verify", gates_bundle)
     assert_outcome(sandbox, result, 1, "forged-verdict", "gate 2", CASE)
 
 
-def test_a_downgrade_to_schema_1_does_not_escape_the_recompute(sandbox, made):
+def test_a_downgrade_to_schema_1_does_not_escape_the_recompute(sandbox, gates_bundle):
     """Attack: the same forged pass, the receipt rewritten as /1 (which cites no experiment files)."""
-    forge_gate2.graft(made, written=unfixed(), decided=forge_gate2.as_fixed())
-    receipt = forge.load(made, "receipt.json")
+    forge_gate2.graft(gates_bundle, written=unfixed(), decided=forge_gate2.as_fixed())
+    receipt = forge.load(gates_bundle, "receipt.json")
     del receipt["gate2"]
     receipt["schema"] = "kvprobe.gates-receipt/1"
-    (made / "receipt.json").write_bytes(forge.dumps(receipt))
-    forge.rehash(made)
-    result = sandbox.run("verify", made)
+    (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    forge.rehash(gates_bundle)
+    result = sandbox.run("verify", gates_bundle)
     assert_outcome(sandbox, result, 1, "forged-verdict", "gate 2", CASE)
 
 
-def test_expectations_rewritten_to_the_unfixed_behaviour_differ_from_the_installed_copy(sandbox, made):
+def test_expectations_rewritten_to_the_unfixed_behaviour_differ_from_the_installed_copy(sandbox, gates_bundle):
     """Attack: the bundled experiment A's head expectation rewritten to what the unfixed door does,
     so step 4's recompute agrees with the forged pass; the file is cited and re-hashed."""
     expected = forge_gate2.case_of(forge_gate2.as_fixed(), "experiment-a", CASE)["observations"]
@@ -112,16 +97,16 @@ def test_expectations_rewritten_to_the_unfixed_behaviour_differ_from_the_install
                 head = head.replace(f"{key} = {str(value).lower()}", f"{key} = {str(not value).lower()}")
         return text[:block] + head + text[end:]
 
-    forge_gate2.graft(made, written=unfixed(), edit_toml=as_unfixed)
-    assert gate2(made)["status"] == "pass"
-    result = sandbox.run("verify", made)
+    forge_gate2.graft(gates_bundle, written=unfixed(), edit_toml=as_unfixed)
+    assert gate2(gates_bundle)["status"] == "pass"
+    result = sandbox.run("verify", gates_bundle)
     assert_outcome(sandbox, result, 1, "differs-from-installed", "probes/experiment-a/experiment.toml")
 
 
-def test_dropping_an_experiment_from_gate2_is_refused(sandbox, made):
+def test_dropping_an_experiment_from_gate2_is_refused(sandbox, gates_bundle):
     """Attack: experiment B's outputs show its fix missing, so the receipt drops B from gate 2
     (its probe records, its cited file, its checks) and states gate 2 passed on A alone."""
-    forge_gate2.graft(made)
+    forge_gate2.graft(gates_bundle)
 
     def drop_b(receipt: dict) -> None:
         receipt["probes"] = [p for p in receipt["probes"] if p["experiment"] != "experiment-b"]
@@ -129,7 +114,7 @@ def test_dropping_an_experiment_from_gate2_is_refused(sandbox, made):
         gate = next(g for g in receipt["gates"] if g["number"] == 2)
         gate["checks"] = [c for c in gate["checks"] if not c["name"].startswith("experiment-b")]
 
-    forge.edit_receipt(made, drop_b)
-    assert gate2(made)["status"] == "pass"
-    result = sandbox.run("verify", made)
+    forge.edit_receipt(gates_bundle, drop_b)
+    assert gate2(gates_bundle)["status"] == "pass"
+    result = sandbox.run("verify", gates_bundle)
     assert_outcome(sandbox, result, 1, "record-mismatch", "gate 2 cites experiments ['experiment-a']")

@@ -9,12 +9,10 @@ Run receipts state them in ``evidence``; gates receipts per gate-2 probe in ``pr
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from tests import forge, forge_gate2
-from tests.attacks.gatelogs import CONTEXT, startup_log
 from tests.attacks.harness import assert_outcome
 
 pytestmark = pytest.mark.attack
@@ -37,25 +35,18 @@ def test_run_receipt_stating_records_its_raw_output_lacks(sandbox, forged, key):
 
 
 @pytest.fixture
-def gates_bundle(sandbox):
-    """A real `kvprobe gates` bundle (one worker log, no --sglang), copied out of the sandbox's
-    output, with gate 2 grafted as `kvprobe gates --sglang` leaves it (tests/forge_gate2.py): its
-    first probe's output states one setting and one absorbed call."""
-    log = sandbox.inputs / "prefill.log"
-    log.write_text(startup_log("prefill", CONTEXT, canary=True))
-    made = sandbox.run("gates", "--log", f"prefill={log}", "--out", sandbox.out, allow=(sandbox.out,))
-    assert made.code in (0, 1, 3), made.describe()
-    bundle = sandbox.inputs / "gates-bundle"
-    shutil.copytree(sandbox.out, bundle)
+def grafted(gates_bundle):
+    """The real gates bundle with gate 2 grafted as `kvprobe gates --sglang` leaves it
+    (tests/forge_gate2.py): its first probe's output states one setting and one absorbed call."""
     outputs = forge_gate2.as_fixed()
     outputs["experiment-a"]["admission_doors"].update(configuration=[HICACHE], absorbed=[ABSORBED])
-    forge_gate2.graft(bundle, written=outputs)
-    return bundle
+    forge_gate2.graft(gates_bundle, written=outputs)
+    return gates_bundle
 
 
-def test_a_gates_receipt_whose_probe_records_match_verifies(sandbox, gates_bundle):
+def test_a_gates_receipt_whose_probe_records_match_verifies(sandbox, grafted):
     """The control: the same bundle, its records those of the raw output, verifies."""
-    result = sandbox.run("verify", gates_bundle)
+    result = sandbox.run("verify", grafted)
     assert result.code == 0, result.describe()
 
 
@@ -68,23 +59,23 @@ def test_a_gates_receipt_whose_probe_records_match_verifies(sandbox, gates_bundl
         ("absorbed", [ABSORBED, {**ABSORBED, "call": "sender.poll"}]),  # more than the output shows
     ],
 )
-def test_a_gates_receipt_stating_records_its_raw_output_does_not_support(sandbox, gates_bundle, key, stated):
+def test_a_gates_receipt_stating_records_its_raw_output_does_not_support(sandbox, grafted, key, stated):
     """Attack: gate 2's probe record states other settings or absorbed calls than its raw
     output; the receipt and manifest are re-hashed consistently."""
-    receipt = json.loads((gates_bundle / "receipt.json").read_bytes())
+    receipt = json.loads((grafted / "receipt.json").read_bytes())
     receipt["probes"][0][key] = stated
-    (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
-    forge.rehash(gates_bundle)
-    result = sandbox.run("verify", gates_bundle)
+    (grafted / "receipt.json").write_bytes(forge.dumps(receipt))
+    forge.rehash(grafted)
+    result = sandbox.run("verify", grafted)
     assert_outcome(sandbox, result, 1, "record-mismatch", f"{key} differs from the raw output")
 
 
-def test_a_gates_receipt_dropping_its_probe_records_is_refused(sandbox, gates_bundle):
+def test_a_gates_receipt_dropping_its_probe_records_is_refused(sandbox, grafted):
     """Attack: the keys removed outright, as if written before probes recorded them, while
     the raw output records a setting."""
-    receipt = json.loads((gates_bundle / "receipt.json").read_bytes())
+    receipt = json.loads((grafted / "receipt.json").read_bytes())
     del receipt["probes"][0]["configuration"]
-    (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
-    forge.rehash(gates_bundle)
-    result = sandbox.run("verify", gates_bundle)
+    (grafted / "receipt.json").write_bytes(forge.dumps(receipt))
+    forge.rehash(grafted)
+    result = sandbox.run("verify", grafted)
     assert_outcome(sandbox, result, 1, "record-mismatch", "configuration is missing")
