@@ -10,6 +10,18 @@ from pathlib import Path
 from kvprobe import proc
 
 
+def _leaves_a_child(pidfile: Path) -> list[str]:
+    """argv of a process that starts a child sleeping a minute, writes its pid to ``pidfile``
+    and sleeps too: what a timeout or a lifetime must kill as one group."""
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    return [sys.executable, "-c", script]
+
+
 def _alive_after_a_moment(pidfile: Path) -> bool:
     """Whether the process whose pid the test's child wrote still runs (a zombie does not count)."""
     child = int(pidfile.read_text())
@@ -23,15 +35,9 @@ def _alive_after_a_moment(pidfile: Path) -> bool:
 
 def test_timeout_kills_the_whole_process_group(tmp_path):
     pidfile = tmp_path / "child.pid"
-    script = (
-        "import subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
-        "time.sleep(60)\n"
-    )
     started = time.monotonic()
     result = proc.run(
-        [sys.executable, "-c", script],
+        _leaves_a_child(pidfile),
         timeout_s=2,
         env=proc.clean_env(),
         stdout_path=tmp_path / "o",
@@ -76,14 +82,8 @@ def test_missing_program_is_an_observe_error(tmp_path):
 
 def test_a_service_is_killed_with_its_group_when_its_lifetime_ends(tmp_path):
     pidfile = tmp_path / "child.pid"
-    script = (
-        "import subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
-        "time.sleep(60)\n"
-    )
     service = proc.start(
-        [sys.executable, "-c", script],
+        _leaves_a_child(pidfile),
         lifetime_s=2,
         env=proc.clean_env(),
         stdout_path=tmp_path / "o",
