@@ -30,6 +30,8 @@ def test_wheel_carries_data(wheel):
     for required in (
         "kvprobe/_data/schemas/receipt.schema.json",
         "kvprobe/_data/schemas/experiment.schema.json",
+        "kvprobe/_data/schemas/fix-markers.schema.json",
+        "kvprobe/gates/fixmarkers.toml",
         "kvprobe/_data/probes/experiment-a/experiment.toml",
         "kvprobe/_data/probes/experiment-b/prefill_result_cleanup.py",
         "kvprobe/_data/probes/profiles/sglang-cpu.txt",
@@ -66,3 +68,12 @@ def test_installed_tree_lists_experiments_from_anywhere(wheel, tmp_path):
         timeout=60,
     )
     assert where.stdout.strip() == str(site / "kvprobe" / "_data" / "schemas")
+    markers = subprocess.run(
+        [sys.executable, "-c", "from kvprobe.gates import fixmarkers as f; print(f.MARKERS_FILE, len(f.markers()))"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert markers.stdout.strip() == f"{site / 'kvprobe' / 'gates' / 'fixmarkers.toml'} 5", markers.stderr
