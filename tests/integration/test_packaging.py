@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,31 +50,17 @@ def test_installed_tree_lists_experiments_from_anywhere(wheel, tmp_path):
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
     env.pop("KVPROBE_PROBES_PATH", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "kvprobe", "list", "--json"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def python(*args: str) -> subprocess.CompletedProcess[str]:
+        """The installed tree's kvprobe, run from a folder with no probes/ of its own."""
+        return subprocess.run(
+            [sys.executable, *args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    result = python("-m", "kvprobe", "list", "--json")
     assert result.returncode == 0, result.stderr
-    assert {"experiment-a", "experiment-b", "model"} <= {e["id"] for e in __import__("json").loads(result.stdout)}
-    where = subprocess.run(
-        [sys.executable, "-c", "import kvprobe.resources as r; print(r.schemas_dir())"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    assert {"experiment-a", "experiment-b", "model"} <= {e["id"] for e in json.loads(result.stdout)}
+    where = python("-c", "import kvprobe.resources as r; print(r.schemas_dir())")
     assert where.stdout.strip() == str(site / "kvprobe" / "_data" / "schemas")
-    markers = subprocess.run(
-        [sys.executable, "-c", "from kvprobe.gates import fixmarkers as f; print(f.MARKERS_FILE, len(f.markers()))"],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    markers = python("-c", "from kvprobe.gates import fixmarkers as f; print(f.MARKERS_FILE, len(f.markers()))")
     assert markers.stdout.strip() == f"{site / 'kvprobe' / 'gates' / 'fixmarkers.toml'} 5", markers.stderr
