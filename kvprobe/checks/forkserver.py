@@ -7,7 +7,9 @@ exactly this: a single-threaded process that preloads modules and only forks); e
 is a child set up as ``python SCRIPT ARGS`` would be. SGLang and the sides' trees are never
 preloaded: the server's path holds only the probe API.
 
-:class:`Execution` is what the receipt says of one check: ``fresh`` or ``forked``.
+:class:`Execution` is what the receipt says of one check: ``fresh`` or ``forked``. A check
+whose exit status the server lost (it says so: ``multiprocessing`` would report 255, the
+same as a real exit 255) is run again fresh, and says why: a lost status is never a result.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from kvprobe.resources import probe_api_dir
 PRELOAD = ("torch", "transformers", "torchvision")
 SERVER_SCRIPT = "kvprobe_forkserver.py"
 FRESH, FORKED = "fresh", "forked"
+STATUS_LOST = "fork server lost the child's status"
 _START_TIMEOUT_S = 300.0
 _REPLY_GRACE_S = 30.0  # the server's own kill and reap after a check's timeout
 
@@ -41,6 +44,17 @@ class Execution:
 
     mode: str
     reason: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckResult(proc.CommandResult):
+    """A check's result from :meth:`ForkServer.run`, and how it ran (forked, or fresh again)."""
+
+    execution: Execution = Execution(FORKED)
+
+
+class StatusLost(CheckRunError):
+    """A forked check ended and the server could not say how: not a result, run it again fresh."""
 
 
 class ForkServer:
@@ -142,11 +156,12 @@ class ForkServer:
         stdout_path: Path,
         stderr_path: Path,
         timeout_s: float,
-    ) -> proc.CommandResult:
+    ) -> CheckResult:
         """``python ARGV`` in a forked child (``path`` first on sys.path, as PYTHONPATH would be).
 
         A crash, a non-zero exit or a timeout is the result's; raises CheckRunError when the
-        server dies or falls silent, after killing the check's process group itself.
+        server dies or falls silent, after killing the check's process group itself, and
+        StatusLost when the check ended but its exit status did not reach the server.
         """
         for log in (stdout_path, stderr_path):
             log.parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +193,9 @@ class ForkServer:
             if pgid is not None:
                 proc.kill_group(pgid)
             raise CheckRunError(f"the fork server failed during {Path(argv[0]).name}: {why}")
-        return proc.CommandResult(
+        if reply.get("lost"):
+            raise StatusLost(f"{Path(argv[0]).name}: {STATUS_LOST} (multiprocessing said exit {reply['exit']})")
+        return CheckResult(
             argv=("<forked>", *argv),
             returncode=reply["exit"],
             duration_s=time.monotonic() - started,
@@ -216,6 +233,44 @@ class ForkServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def run_check(
+    argv: Sequence[str],
+    *,
+    server: ForkServer | None,
+    path: Sequence[Path],
+    env: Mapping[str, str],
+    cwd: Path,
+    stdout_path: Path,
+    stderr_path: Path,
+    timeout_s: float,
+    reset: Callable[[], None] | None = None,
+) -> CheckResult:
+    """``argv`` (the env's python first) in a fresh interpreter, or forked from ``server``'s
+    preloaded one. A forked check whose status the server lost runs again fresh (after
+    ``reset`` clears what the first attempt left) and its execution says why.
+
+    Raises what :func:`proc.run` and :meth:`ForkServer.run` raise, StatusLost aside.
+    """
+    execution = Execution(FRESH)
+    if server is not None:
+        try:
+            return server.run(
+                argv[1:],
+                path=path,
+                env=env,
+                cwd=cwd,
+                timeout_s=timeout_s,
+                stdout_path=stdout_path,
+                stderr_path=stderr_path,
+            )
+        except StatusLost:
+            if reset is not None:
+                reset()
+            execution = Execution(FRESH, STATUS_LOST)
+    ran = proc.run(argv, timeout_s=timeout_s, env=env, cwd=cwd, stdout_path=stdout_path, stderr_path=stderr_path)
+    return CheckResult(**vars(ran), execution=execution)
 
 
 def _exchange(stream: Any, message: dict[str, Any]) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe import proc, schema
-from kvprobe.checks.forkserver import FORKED, FRESH, Execution, ForkServer
+from kvprobe.checks.forkserver import FORKED, FRESH, Execution, ForkServer, run_check
 from kvprobe.errors import CheckRunError, SchemaError
 from kvprobe.names import PROBE_OUTPUT_SCHEMA
 from kvprobe.resources import probe_api_dir
@@ -67,26 +67,22 @@ def run_probe(
     # Through the probe API's runner: an import the probe's module cannot make is then
     # reported per case (not-present or unobserved), not a crashed process.
     argv = [str(probe_api_dir() / "kvprobe_probe.py"), str(probe_file), "--out", str(out_json)]
-    if server is None:
-        result = proc.run(
-            [python, *argv], timeout_s=timeout_s, env=env, cwd=scratch, stdout_path=stdout, stderr_path=stderr
+    try:
+        result = run_check(
+            [python, *argv],
+            server=server,
+            path=[Path(p) for p in paths],
+            env=env,
+            cwd=scratch,
+            timeout_s=timeout_s,
+            stdout_path=stdout,
+            stderr_path=stderr,
+            reset=lambda: out_json.unlink(missing_ok=True),
         )
-    else:
-        try:
-            result = server.run(
-                argv,
-                path=[Path(p) for p in paths],
-                env=env,
-                cwd=scratch,
-                timeout_s=timeout_s,
-                stdout_path=stdout,
-                stderr_path=stderr,
-            )
-        except CheckRunError as exc:
-            return ProbeRun(name, -1, False, 0.0, None, f"probe {name}: {exc}", Execution(FORKED))
+    except CheckRunError as exc:
+        return ProbeRun(name, -1, False, 0.0, None, f"probe {name}: {exc}", Execution(FORKED))
     output, problem = _read_output(out_json, name, result)
-    execution = Execution(FRESH if server is None else FORKED)
-    return ProbeRun(name, result.returncode, result.timed_out, result.duration_s, output, problem, execution)
+    return ProbeRun(name, result.returncode, result.timed_out, result.duration_s, output, problem, result.execution)
 
 
 def _read_output(path: Path, name: str, result: proc.CommandResult) -> tuple[dict | None, str | None]:

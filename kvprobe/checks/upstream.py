@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kvprobe import proc
-from kvprobe.checks.forkserver import ForkServer
+from kvprobe.checks.forkserver import Execution, ForkServer, run_check
 from kvprobe.checks.results import check_report_schema, count_results, failure_kinds, results_from_report
 from kvprobe.errors import CheckRunError, SchemaError, UsageError
 from kvprobe.files import write_atomic
@@ -72,6 +72,7 @@ class TestFileRun:
     inifile: Path | None
     argv: tuple[str, ...]
     env_pinned: Mapping[str, str]
+    execution: Execution  # fresh or forked, and why fresh when a server was there
 
     def failure_kinds(self) -> dict[str, int]:
         """E.g. {"assertion": 0, "AttributeError": 6, "ValueError": 1}."""
@@ -123,13 +124,17 @@ def run_test_file(
             home=Path(home),
         )
         stdout, stderr = log_dir / f"{name}.stdout", log_dir / f"{name}.stderr"
-        if server is None:
-            result = proc.run(argv, timeout_s=timeout_s, env=env, cwd=rootdir, stdout_path=stdout, stderr_path=stderr)
-        else:
-            paths = [Path(p) for p in _python_path(python_path)]
-            result = server.run(
-                argv[1:], path=paths, env=env, cwd=rootdir, timeout_s=timeout_s, stdout_path=stdout, stderr_path=stderr
-            )
+        result = run_check(
+            argv,
+            server=server,
+            path=[Path(p) for p in _python_path(python_path)],
+            env=env,
+            cwd=rootdir,
+            timeout_s=timeout_s,
+            stdout_path=stdout,
+            stderr_path=stderr,
+            reset=lambda: _remove_stale(report_path, Path(f"{report_path}.journal"), junit_path),
+        )
     doc = finalize_report(report_path, result, file_nodeid=file_nodeid, timeout_s=timeout_s)
     results = tuple(results_from_report(doc))
     return TestFileRun(
@@ -149,6 +154,7 @@ def run_test_file(
         inifile=inifile,
         argv=result.argv,
         env_pinned=env_pinned,
+        execution=result.execution,
     )
 
 

@@ -16,10 +16,20 @@ connection per request, one JSON line each way:
     {"op": "hello"}  ->  {"preloaded": {module: version}, "pid": N}
     {"op": "run", "argv": [...], "env": {...}, "cwd": D, "path": [...],
      "stdout": F, "stderr": F, "timeout_s": T}
-                     ->  {"started": PID}  then  {"exit": CODE, "timed_out": B, "duration_s": S}
+                     ->  {"started": PID}  then  {"exit": CODE, "timed_out": B, "duration_s": S,
+                                                  "lost": B}
 
 ``started`` names the check's process group, so the host can kill it itself if this
-server dies mid-check.
+server dies mid-check. ``lost`` says the check's exit status did not reach this process:
+``multiprocessing`` reports such a status as 255, the same number as a real ``sys.exit(255)``,
+so each child also sends the code it exits with through a pipe of its own, and 255 without
+that record saying 255 is a lost status, never a result (the host reruns the check fresh).
+
+Why a status got lost: ``Process.start()`` polls every unjoined child of this process
+(``multiprocessing.process._cleanup``), so a check starting in one thread read the status
+pipe of a check ending in another; of two concurrent reads one gets the status and the other
+EOF, which ``popen_forkserver`` turns into 255 and may store last. ``_MP_LOCK`` keeps starts
+and polls apart (waits on a child's sentinel run outside it).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import argparse
 import io
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import runpy
 import signal
@@ -40,6 +51,8 @@ import traceback
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _GRACE_S = 3.0
+_LOST = 255  # what multiprocessing's forkserver Popen reports when it cannot read a status
+_MP_LOCK = threading.Lock()  # Process.start() and every poll of a child's status: one at a time
 
 
 def census(conn, modules):
@@ -53,8 +66,9 @@ def census(conn, modules):
     conn.close()
 
 
-def child(request):
-    """One check, set up as a fresh interpreter would be; never returns."""
+def child(request, record):
+    """One check, set up as a fresh interpreter would be; never returns. ``record`` gets the
+    code it exits with, so the server can tell a real 255 from a status it lost."""
     os.setpgid(0, 0)
     code = 1
     try:
@@ -82,6 +96,10 @@ def child(request):
                 stream.flush()
             except Exception:  # noqa: BLE001 - a closed stream cannot be flushed
                 pass
+    try:
+        record.send(code)
+    except Exception:  # noqa: BLE001 - no record: a 255 then counts as lost, and is rerun
+        pass
     os._exit(code)
 
 
@@ -147,22 +165,48 @@ class Server:
 
     def run(self, request, stream):
         started = time.monotonic()
-        check = self.context.Process(target=child, args=(request,))
-        check.start()
+        receive, send = self.context.Pipe(duplex=False)
+        check = self.context.Process(target=child, args=(request, send))
+        with _MP_LOCK:
+            check.start()
+        send.close()
         stream.write(json.dumps({"started": check.pid}).encode() + b"\n")
         stream.flush()
-        check.join(request["timeout_s"])
-        timed_out = check.exitcode is None
+        code = _wait(check, request["timeout_s"])
+        timed_out = code is None
         if timed_out:
             _kill_group(check.pid)
-            check.join(_GRACE_S)
-            if check.exitcode is None:
+            code = _wait(check, _GRACE_S)
+            if code is None:
                 check.kill()
-                check.join()
+                code = _wait(check, None)
         _kill_group(check.pid)  # whatever the check started goes with it
-        reply = {"exit": check.exitcode, "timed_out": timed_out, "duration_s": time.monotonic() - started}
+        said = _record(receive)
+        lost = code == _LOST and said != _LOST and not timed_out  # a timeout is the check's result
+        reply = {"exit": code, "timed_out": timed_out, "duration_s": time.monotonic() - started, "lost": lost}
         stream.write(json.dumps(reply).encode() + b"\n")
         stream.flush()
+
+
+def _record(receive):
+    """The exit code the check said it exits with, or None when it ended without saying."""
+    try:
+        return receive.recv() if receive.poll() else None
+    except (EOFError, OSError):
+        return None
+    finally:
+        receive.close()
+
+
+def _wait(check, timeout_s):
+    """The check's exit status once it ended, or None at ``timeout_s``: the wait itself on its
+    sentinel, the status read under ``_MP_LOCK`` (see the module's docstring)."""
+    multiprocessing.connection.wait([check.sentinel], timeout_s)
+    with _MP_LOCK:
+        code = check.exitcode
+        if code is not None:
+            check.join(0)  # reads no status (it is known): only forgets the child, as join does
+        return code
 
 
 def serve(argv=None):

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from kvprobe import __version__
 from kvprobe.checks import probes, upstream
-from kvprobe.checks.forkserver import FORKED, FRESH, PRELOAD, Execution, ForkServer
+from kvprobe.checks.forkserver import FRESH, PRELOAD, ForkServer
 from kvprobe.errors import ExperimentError, ObserveError
 from kvprobe.files import write_json
 from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord
@@ -189,7 +189,7 @@ def run_test(ctx: CheckContext, paths: CheckPaths, tree: Path, rel: str, data: b
         "raw": raw_path,
         "junit": junit if junit and junit.is_file() else None,
         "duration_s": run.duration_s,
-        "execution": Execution(FRESH if ctx.server is None else FORKED),
+        "execution": run.execution,
     }
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe import proc
-from kvprobe.checks.forkserver import ForkServer
+from kvprobe.checks.forkserver import FORKED, FRESH, STATUS_LOST, Execution, ForkServer, run_check
 from kvprobe.errors import CheckRunError, ObserveError
 
 STAND_INS = ("decimal", "xml.dom.minidom")
@@ -84,6 +84,23 @@ def _check(server: ForkServer, tmp_path: Path, source: str, *, timeout_s: float 
     )
 
 
+def _run_check(server: ForkServer, tmp_path: Path, source: str, *, name: str):
+    """A check as probes and tests run one: forked, or fresh again when its status was lost."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(source)
+    (tmp_path / "cwd").mkdir(exist_ok=True)
+    return run_check(
+        [sys.executable, str(script)],
+        server=server,
+        path=[],
+        env=proc.clean_env({}, home=tmp_path / "cwd"),
+        cwd=tmp_path / "cwd",
+        stdout_path=tmp_path / "logs" / f"{name}.stdout",
+        stderr_path=tmp_path / "logs" / f"{name}.stderr",
+        timeout_s=60,
+    )
+
+
 def test_a_check_runs_as_its_own_script_with_the_preloaded_modules(server, tmp_path):
     assert set(server.preloaded) == set(STAND_INS)
     tree = str(tmp_path / "tree")
@@ -127,6 +144,36 @@ def test_a_crashing_check_ends_only_its_own_child(server, tmp_path, source, code
     after = _check(server, tmp_path, "print('still serving')\n", name="after")
     assert after.ok and after.stdout() == "still serving\n"
     assert server.service.running()
+
+
+@pytest.mark.parametrize("source", ["import sys\nsys.exit(255)\n", "raise SystemExit(255)\n"])
+def test_a_check_that_really_exits_255_is_exit_255_forked_not_rerun(server, tmp_path, source):
+    result = _run_check(server, tmp_path, "print('once')\n" + source, name="exit255")
+    assert (result.returncode, result.timed_out, result.execution) == (255, False, Execution(FORKED))
+    assert result.stdout() == "once\n"
+
+
+def test_a_check_whose_status_the_server_lost_runs_again_fresh_and_says_so(server, tmp_path):
+    forked = tmp_path / "forked.pid"
+    result = _run_check(
+        server,
+        tmp_path,
+        "import os, signal, time\n"
+        "parent = open(f'/proc/{os.getppid()}/cmdline', 'rb').read()\n"
+        "if b'multiprocessing.forkserver' in parent:  # forked: kill the process that would report its status\n"
+        f"    open({str(forked)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+        f"    os.replace({str(forked)!r} + '.tmp', {str(forked)!r})\n"
+        "    os.kill(os.getppid(), signal.SIGKILL)\n"
+        "    time.sleep(600)\n"
+        "print('ran fresh')\n",
+        name="lost",
+    )
+    assert (result.returncode, result.timed_out) == (0, False)
+    assert result.execution == Execution(FRESH, STATUS_LOST)
+    assert result.stdout() == "ran fresh\n"  # the forked attempt's logs are not the result's
+    assert _gone([int(forked.read_text())]), "the forked attempt outlived its lost status"
+    after = _run_check(server, tmp_path, "import sys\nprint('decimal' in sys.modules)\n", name="after")
+    assert (after.stdout(), after.execution) == ("True\n", Execution(FORKED))  # a new reaper, preloaded again
 
 
 def test_a_hanging_check_and_its_grandchild_are_killed_at_its_timeout(server, tmp_path):
