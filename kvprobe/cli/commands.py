@@ -609,6 +609,12 @@ def report_cmd(
 )
 @_bundle_out
 @_torch_index("Index for torch/torchvision (gate 2 env), https:// or file://.")
+@click.option(
+    "--no-preload",
+    is_flag=True,
+    help="Run each gate-2 probe in a fresh interpreter, not forked from one that preloaded torch, "
+    "transformers and torchvision.",
+)
 @_json_document
 @guarded
 def gates_cmd(
@@ -617,6 +623,7 @@ def gates_cmd(
     server_args: tuple[str, ...],
     out: Path | None,
     torch_index: str | None,
+    no_preload: bool,
     as_json: bool,
 ) -> int:
     """Check a deployment against the four acceptance gates (exit 0 all pass, 1 a gate failed, 3 undecided)."""
@@ -625,7 +632,14 @@ def gates_cmd(
     from kvprobe.gates.pipeline import run_gates
 
     streams = _streams(as_json)
-    opts = GateOptions(logs=list(logs), server_args=list(server_args), sglang=sglang, out=out, torch_index=torch_index)
+    opts = GateOptions(
+        logs=list(logs),
+        server_args=list(server_args),
+        sglang=sglang,
+        out=out,
+        torch_index=torch_index,
+        preload=not no_preload,
+    )
     result = run_gates(opts, streams.reporter())
     if streams.verbosity > -2:
         print_gate_diagnostics(streams.err, result.receipt)

@@ -34,3 +34,4 @@ class GateOptions:
     bundles_dir: Path = field(default_factory=lambda: Path("bundles"))
     torch_index: str | None = None
     timeout_s: float = 900.0
+    preload: bool = True  # gate 2's probes fork from one preloaded interpreter; False: a fresh one each

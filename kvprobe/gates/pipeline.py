@@ -33,7 +33,7 @@ from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.evidence.bundle import host_facts, seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
-from kvprobe.gates.admission import Gate2Run, run_gate2
+from kvprobe.gates.admission import Gate2Run, run_gate2, start_server
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Finding, code_settings
 from kvprobe.gates.gate import Gate, GateOptions
 from kvprobe.gates.inputs import InputFile, read_logs, read_server_args
@@ -104,12 +104,16 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
     held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
         clock = time.monotonic()
+        # gate 2's env cached: its fork server preloads while the target is materialized
+        serving = start_server(opts, work, reporter, held)
+        timings["preload_start_s"] = time.monotonic() - clock
+        clock = time.monotonic()
         target = resolve_target(opts.sglang, work, opts.cache_root, reporter) if opts.sglang else None
         tree = CodeTree(target.code_root) if target else None
         code = code_settings(tree) if tree else None
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
-        gate2 = run_gate2(target, opts, staging, work, reporter, held)
+        gate2 = run_gate2(target, opts, staging, work, reporter, held, serving)
         timings["gate2_s"] = time.monotonic() - clock
         worker_logs = [log for _f, log in logs]
         sources = collect_sources(worker_logs, files)
@@ -168,6 +172,7 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
         host=host_facts(),
         evidence=_SCOPE,
         timings={k: round(v, 3) for k, v in run.timings.items()},
+        execution=run.gate2.execution,
     )
 
 

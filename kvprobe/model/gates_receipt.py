@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvprobe.model.receipt import OPTIONAL, EnvRecord, FileRef, Part, ReceiptHead, ScopeRecord
+from kvprobe.model.receipt import OPTIONAL, EnvRecord, ExecutionRecord, FileRef, Part, ReceiptHead, ScopeRecord
 
 
 @dataclass(frozen=True)
@@ -133,3 +133,6 @@ class GatesReceipt(ReceiptHead):
     host: Mapping[str, Any]
     evidence: DeploymentScope
     timings: Mapping[str, float]
+    # how gate 2's probes ran (the run receipt's part; names are "<experiment>/<probe>"):
+    # absent when no probe ran, and in receipts written before gate 2 forked its probes
+    execution: ExecutionRecord | None = field(default=None, metadata=OPTIONAL)
