@@ -17,7 +17,7 @@ from kvprobe.evidence.bundle import cite
 from kvprobe.evidence.gate_status import Check
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.gates.gate import Gate, GateOptions
-from kvprobe.gates.target import Target
+from kvprobe.gates.target import VERSION_RE, Target
 from kvprobe.model.gates_receipt import Gate2Basis, GateExperimentRecord, GateProbeRecord
 from kvprobe.model.receipt import EnvRecord, ExecutionRecord
 from kvprobe.model.records import Experiment, PinSet, Side
@@ -67,10 +67,11 @@ class Serving:
 
 
 def start_server(opts: GateOptions, work: Path, reporter: Reporter, held: contextlib.ExitStack) -> Serving | None:
-    """The gates run's fork server, started now when gate 2 will run and its env is already in
-    the cache (it preloads while the target is materialized), stopped with ``held``; None
-    when it can only start once :func:`run_gate2` has the env."""
-    if opts.sglang is None or not opts.preload:
+    """The gates run's fork server, started now when gate 2 will fetch a release and its env is
+    already in the cache (it preloads while the wheel is fetched and unpacked), stopped with
+    ``held``; None when it starts once :func:`run_gate2` has the env (a path or wheel file is
+    materialized in moments, and a spec that is neither is refused before any server starts)."""
+    if opts.sglang is None or not opts.preload or not VERSION_RE.match(opts.sglang) or Path(opts.sglang).exists():
         return None
     exp, pin_set = _experiments()[0]
     early = cached_environment(exp, pin_set, _run_options(opts), reporter, held)

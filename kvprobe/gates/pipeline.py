@@ -104,7 +104,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
     held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
         clock = time.monotonic()
-        # gate 2's env cached: its fork server preloads while the target is materialized
+        # gate 2's env cached: its fork server preloads while a release is fetched
         serving = start_server(opts, work, reporter, held)
         timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()

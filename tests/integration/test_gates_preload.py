@@ -34,7 +34,7 @@ PROBES = ["experiment-a/admission_doors", "experiment-b/prefill_result_cleanup"]
 
 @pytest.fixture
 def interpreter_env(monkeypatch, tmp_path):
-    """Gate 2's env is kvprobe's interpreter (as a synthetic pin set's is), found cached."""
+    """Gate 2's env is kvprobe's interpreter (as a synthetic pin set's is)."""
     import kvprobe.gates.admission as admission
 
     def env(*_args: Any, **_kw: Any) -> tuple[EnvRecord, str, dict[str, str]]:
@@ -42,7 +42,6 @@ def interpreter_env(monkeypatch, tmp_path):
         return record, sys.executable, {}
 
     monkeypatch.setattr(admission, "environment", env)
-    monkeypatch.setattr(admission, "cached_environment", env)
     monkeypatch.setenv("KVPROBE_CACHE_DIR", str(tmp_path / "cache"))
 
 

@@ -76,6 +76,12 @@ def test_gates_pass_on_0_5_22(tmp_path):
         "prefill_result_cleanup": None,
     }
     assert receipt["target"]["identity"]["version"] == "0.5.22"
+    execution = receipt["execution"]  # one preloaded server for the gates run
+    assert [(c["name"], c["mode"]) for c in execution["checks"]] == [
+        ("experiment-a/admission_doors", "forked"),
+        ("experiment-b/prefill_result_cleanup", "forked"),
+    ]
+    assert execution["preloaded"]["torch"] == receipt["env"]["torch"]["version"]
     cited = receipt["gate2"]["experiments"]  # what verify recomputes gate 2 from, besides the outputs
     assert [(e["id"], e["file"]["path"]) for e in cited] == [
         (i, f"probes/{i}/experiment.toml") for i in ("experiment-a", "experiment-b")
