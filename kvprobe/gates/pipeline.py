@@ -106,7 +106,8 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         clock = time.monotonic()
         # gate 2's env cached: its fork server preloads while a release is fetched
         serving = start_server(opts, work, reporter, held)
-        timings["preload_start_s"] = time.monotonic() - clock
+        if serving is not None:
+            timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()
         target = resolve_target(opts.sglang, work, opts.cache_root, reporter) if opts.sglang else None
         tree = CodeTree(target.code_root) if target else None
