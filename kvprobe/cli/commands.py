@@ -612,8 +612,8 @@ def report_cmd(
 @click.option(
     "--no-preload",
     is_flag=True,
-    help="Run each gate-2 probe in a fresh interpreter, not forked from one that preloaded torch, "
-    "transformers and torchvision.",
+    help="Run each gate-2 probe in a fresh interpreter, not forked from one that preloaded the "
+    "profile's third-party modules (torch, transformers, ...).",
 )
 @_json_document
 @guarded

@@ -31,6 +31,7 @@ from kvprobe.run.side import (
     environment,
     execution_record,
     fork_server,
+    preload_modules,
     run_probe,
     server_ready,
 )
@@ -79,8 +80,10 @@ def start_server(opts: GateOptions, work: Path, reporter: Reporter, held: contex
 
 
 def _serve(python: str, env_vars: dict[str, str], opts: GateOptions, work: Path, held: contextlib.ExitStack) -> Serving:
-    lifetime = opts.timeout_s * max(1, sum(len(e.probes) for e, _p in _experiments())) + 600
-    server, reason = fork_server(python, env_vars, work, lifetime, opts.preload)
+    experiments = _experiments()
+    lifetime = opts.timeout_s * max(1, sum(len(e.probes) for e, _p in experiments)) + 600
+    modules = preload_modules(*experiments[0])  # gate 2's experiments share one profile (one env)
+    server, reason = fork_server(python, env_vars, work, lifetime, opts.preload, modules)
     if server is not None:
         held.enter_context(server)
     return Serving(server, reason, python)
