@@ -20,7 +20,8 @@ connection per request, one JSON line each way:
                                                   "lost": B}
 
 ``started`` names the check's process group, so the host can kill it itself if this
-server dies mid-check. ``lost`` says the check's exit status did not reach this process:
+server dies mid-check; and when the host dies without stopping this server (SIGKILL, an
+OOM kill), the server kills every running check's group and exits. ``lost`` says the check's exit status did not reach this process:
 ``multiprocessing`` reports such a status as 255, the same number as a real ``sys.exit(255)``,
 so each child also sends the code it exits with through a pipe of its own, and 255 without
 that record saying 255 is a lost status, never a result (the host reruns the check fresh).
@@ -53,6 +54,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _GRACE_S = 3.0
 _LOST = 255  # what multiprocessing's forkserver Popen reports when it cannot read a status
 _MP_LOCK = threading.Lock()  # Process.start() and every poll of a child's status: one at a time
+_HOST_POLL_S = 0.5
 
 
 def census(conn, modules):
@@ -144,6 +146,7 @@ def _kill_group(pgid):
 
 class Server:
     def __init__(self, preload):
+        self.running = set()  # the process groups of the checks under way
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(list(preload))
         receive, send = self.context.Pipe(duplex=False)
@@ -169,6 +172,7 @@ class Server:
         check = self.context.Process(target=child, args=(request, send))
         with _MP_LOCK:
             check.start()
+            self.running.add(check.pid)
         send.close()
         stream.write(json.dumps({"started": check.pid}).encode() + b"\n")
         stream.flush()
@@ -181,6 +185,8 @@ class Server:
                 check.kill()
                 code = _wait(check, None)
         _kill_group(check.pid)  # whatever the check started goes with it
+        with _MP_LOCK:
+            self.running.discard(check.pid)
         said = _record(receive)
         lost = code == _LOST and said != _LOST and not timed_out  # a timeout is the check's result
         reply = {"exit": code, "timed_out": timed_out, "duration_s": time.monotonic() - started, "lost": lost}
@@ -209,12 +215,27 @@ def _wait(check, timeout_s):
         return code
 
 
+def _exit_with_host(server, host):
+    """The host that started this server is its only client. When it is gone (killed by a
+    signal that left it no chance to stop us), end every check's group and exit, instead of
+    idling with a preloaded interpreter until the lifetime the host set, which nothing
+    enforces once the host is gone."""
+    while os.getppid() == host:
+        time.sleep(_HOST_POLL_S)
+    with _MP_LOCK:
+        for pgid in server.running:
+            _kill_group(pgid)
+    os._exit(0)
+
+
 def serve(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
     parser.add_argument("--preload", default="")
     args = parser.parse_args(argv)
+    host = os.getppid()
     server = Server([m for m in args.preload.split(",") if m])
+    threading.Thread(target=_exit_with_host, args=(server, host), daemon=True).start()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(args.socket + ".tmp")
     listener.listen(16)

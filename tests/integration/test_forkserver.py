@@ -269,3 +269,45 @@ def test_a_background_server_that_dies_while_preloading_leaves_its_checks_fresh_
     assert _groups_gone([server.service.pid])
     with pytest.raises(CheckRunError, match=r"failed before check\.py"):
         _check(server, tmp_path, "print('never')\n")
+
+
+_HOST = """
+import sys
+from pathlib import Path
+from kvprobe import proc
+from kvprobe.checks.forkserver import ForkServer
+
+work = Path(sys.argv[1])
+(work / "cwd").mkdir()
+hang = work / "hang.py"
+pid_file = str(work / "check.pid")
+hang.write_text(f"import os, time\\nopen({pid_file!r}, 'w').write(str(os.getpid()))\\ntime.sleep(600)\\n")
+server = ForkServer(sys.executable, preload=("decimal",), env={}, work=work / "server", lifetime_s=600)
+print(server.service.pid, flush=True)
+env = proc.clean_env(home=work / "cwd")
+logs = {"stdout_path": work / "o", "stderr_path": work / "e"}
+server.run([str(hang)], path=[], env=env, cwd=work / "cwd", timeout_s=600, **logs)
+"""
+
+
+def test_a_host_killed_without_stopping_its_server_takes_the_server_and_its_checks_along(tmp_path):
+    """SIGKILL (or an OOM kill) of `kvprobe run` leaves no chance to stop the server: it must
+    not idle, preloaded, for the lifetime the host set, nor leave a running check behind."""
+    import subprocess
+
+    host = subprocess.Popen(
+        [sys.executable, "-c", _HOST, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=Path.cwd()
+    )
+    try:
+        server_pid = int(host.stdout.readline())
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "check.pid").is_file() or not (tmp_path / "check.pid").read_text():
+            assert time.monotonic() < deadline and host.poll() is None, "the check never started"
+            time.sleep(0.1)
+        check_pid = int((tmp_path / "check.pid").read_text())
+        assert _alive(server_pid) and _alive(check_pid)
+    finally:
+        host.kill()
+        host.wait()
+    assert _gone([server_pid, check_pid]), "the server or its check outlived the host"
+    assert _groups_gone([server_pid, check_pid])
