@@ -129,7 +129,8 @@ def _tampered_sweep(address: str, config: dict) -> dict:
     opts = SweepOptions(releases="1.1,2.0", out=Path(config["out_api"]), executor="ray", address=address)
     with RayExecutor(address, config["unit_timeout"]) as ray_exec:
         result = sweep_experiment(experiment.load("scrub-sweep"), opts, executor=TamperOne(ray_exec, "1.1", scratch))
-    return {"summary": result.receipt["summary"], "releases": result.receipt["releases"]}
+    receipt = result.receipt.to_json()  # the typed sweep receipt, as written
+    return {"summary": receipt["summary"], "releases": receipt["releases"]}
 
 
 if __name__ == "__main__":
