@@ -851,6 +851,12 @@ def sweep_experiment_defects(bundle: Bundle, receipt: SweepReceipt) -> list[Bund
     diffs = json_diff(receipt.expectations, expect, "expectations")
     if diffs:
         found.append(ExpectationsMismatch(rel, f"[expect] differs from receipt.expectations: {_summary(diffs)}"))
+    # the facts an export quotes (title, fix, vulnerability) are the bundled file's, as for a run
+    stated = {k: v for k, v in receipt.experiment.to_json().items() if k != "sha256"}
+    declared = {k: v for k, v in _experiment_view(data, "")["experiment"].items() if k not in ("layer", "profile")}
+    diffs = json_diff(stated, declared, "experiment")
+    if diffs:
+        found.append(ExperimentMismatch(rel, f"the receipt disagrees with the bundled experiment: {_summary(diffs)}"))
     return found + sweep_wheel_defects(receipt, data)
 
 

@@ -104,3 +104,21 @@ def test_sweep_rerun_asks_the_index_only_for_the_experiments_own_wheels(sandbox,
     _rederive(anchored_sweep, change)
     result = sandbox.run("verify", anchored_sweep, "--rerun", "--release", RELEASE, timeout=120)
     assert_outcome(sandbox, result, 1, f"release {RELEASE}", "not a wheel of")
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        # a vulnerability of the bundle's choosing, its fix a security fix: OpenVEX would name it
+        {"vulnerability": {"id": "CVE-2099-0001", "aliases": [], "fix_kind": "security"}},
+        # another upstream fix than the bundled experiment.toml's
+        {"fix": {"prs": [99999], "release": "0.5.21", "summary": "closes CVE-2099-0001"}},
+        {"title": "Remote code execution in the scheduler"},
+    ],
+)
+def test_the_experiment_a_sweep_quotes_is_the_bundled_one(sandbox, anchored_sweep, claim):
+    """Attack: the receipt's experiment facts (what OpenVEX and OSV exports quote) relabel the
+    installed experiment-a, whose file and probes step 5 finds unchanged."""
+    _rederive(anchored_sweep, lambda receipt: receipt["experiment"].update(claim))
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "experiment-mismatch", "the receipt disagrees with the bundled experiment")
