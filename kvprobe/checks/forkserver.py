@@ -5,7 +5,10 @@ A side's check used to pay interpreter start and the torch/transformers/torchvis
 once, in the target env's own python, through ``multiprocessing``'s fork server (made for
 exactly this: a single-threaded process that preloads modules and only forks); each check
 is a child set up as ``python SCRIPT ARGS`` would be. SGLang and the sides' trees are never
-preloaded: the server's path holds only the probe API.
+preloaded: the server's path holds only the probe API. Yet a preloaded module may be one a
+side's tree provides too (a git pin set of torch, or of a package a preloaded one imports):
+a forked child would keep the server's copy where a fresh interpreter imports the tree's, so
+such a check runs fresh, and says why.
 
 :class:`Execution` is what the receipt says of one check: ``fresh`` or ``forked``. A check
 whose exit status the server lost (it says so: ``multiprocessing`` would report 255, the
@@ -14,6 +17,7 @@ same as a real exit 255) is run again fresh, and says why: a lost status is neve
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import shutil
 import socket
@@ -109,7 +113,7 @@ class ForkServer:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             raise
         self._ready = threading.Lock()
-        self._hello_reply: dict[str, str | None] | None = None
+        self._hello_reply: dict[str, Any] | None = None
         if wait:
             try:
                 self.ready()
@@ -130,9 +134,16 @@ class ForkServer:
         """What the server imported, with versions (waits for it to be ready)."""
         self.ready()
         assert self._hello_reply is not None, "ready() sets it or raises"
-        return self._hello_reply
+        return dict(self._hello_reply["preloaded"])
 
-    def _hello(self) -> dict[str, str | None]:
+    def shadowed(self, path: Sequence[Path]) -> list[str]:
+        """The modules the server holds that ``path`` (a check's own tree) provides as well: a
+        fresh interpreter imports those from the tree, a forked child would keep the server's."""
+        self.ready()
+        assert self._hello_reply is not None, "ready() sets it or raises"
+        return [name for name in self._hello_reply["loaded"] if any(_provides(Path(p), name) for p in path)]
+
+    def _hello(self) -> dict[str, Any]:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not self.socket_path.exists():
             if not self.service.running():
@@ -144,7 +155,7 @@ class ForkServer:
             reply = _exchange(stream, {"op": "hello"})
         if reply is None:
             raise ObserveError(f"the fork server did not answer: {self._last_error()}")
-        return dict(reply["preloaded"])
+        return reply
 
     def run(
         self,
@@ -254,7 +265,10 @@ def run_check(
     Raises what :func:`proc.run` and :meth:`ForkServer.run` raise, StatusLost aside.
     """
     execution = Execution(FRESH)
-    if server is not None:
+    shadowed = server.shadowed(path) if server is not None else []
+    if shadowed:
+        execution = Execution(FRESH, f"its tree provides {', '.join(shadowed)}, which the fork server had imported")
+    elif server is not None:
         try:
             return server.run(
                 argv[1:],
@@ -271,6 +285,13 @@ def run_check(
             execution = Execution(FRESH, STATUS_LOST)
     ran = proc.run(argv, timeout_s=timeout_s, env=env, cwd=cwd, stdout_path=stdout_path, stderr_path=stderr_path)
     return CheckResult(**vars(ran), execution=execution)
+
+
+def _provides(directory: Path, name: str) -> bool:
+    """Whether a top-level import of ``name`` can find a module or regular package in ``directory``."""
+    if (directory / name / "__init__.py").is_file():
+        return True
+    return any((directory / f"{name}{suffix}").is_file() for suffix in importlib.machinery.all_suffixes())
 
 
 def _exchange(stream: Any, message: dict[str, Any]) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ again when it ends, so nothing it started outlives it.
 The host (``kvprobe.checks.forkserver``) talks to this process over a Unix socket, one
 connection per request, one JSON line each way:
 
-    {"op": "hello"}  ->  {"preloaded": {module: version}, "pid": N}
+    {"op": "hello"}  ->  {"preloaded": {module: version}, "loaded": [top-level name], "pid": N}
     {"op": "run", "argv": [...], "env": {...}, "cwd": D, "path": [...],
      "stdout": F, "stderr": F, "timeout_s": T}
                      ->  {"started": PID}  then  {"exit": CODE, "timed_out": B, "duration_s": S,
@@ -58,13 +58,21 @@ _HOST_POLL_S = 0.5
 
 
 def census(conn, modules):
-    """Which of ``modules`` the fork server really imported, with their versions."""
+    """Which of ``modules`` the fork server really imported, with their versions, and every
+    top-level module it holds (theirs included) but the probe API's own, which checks have on
+    their path too: a check whose path provides one of those would get this copy forked, not
+    its own."""
     found = {}
     for name in modules:
         module = sys.modules.get(name)
         if module is not None:
             found[name] = str(getattr(module, "__version__", "") or "") or None
-    conn.send(found)
+    ours = {
+        name
+        for name, module in sys.modules.items()
+        if os.path.dirname(getattr(module, "__file__", None) or "") == _HERE
+    }
+    conn.send((found, sorted({name.partition(".")[0] for name in sys.modules} - ours)))
     conn.close()
 
 
@@ -153,14 +161,14 @@ class Server:
         counter = self.context.Process(target=census, args=(send, list(preload)))
         counter.start()
         send.close()
-        self.preloaded = receive.recv()
+        self.preloaded, self.loaded = receive.recv()
         counter.join()
 
     def handle(self, conn):
         with conn, conn.makefile("rwb") as stream:
             request = json.loads(stream.readline())
             if request["op"] == "hello":
-                reply = {"preloaded": self.preloaded, "pid": os.getpid()}
+                reply = {"preloaded": self.preloaded, "loaded": self.loaded, "pid": os.getpid()}
                 stream.write(json.dumps(reply).encode() + b"\n")
                 stream.flush()
                 return

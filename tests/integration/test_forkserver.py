@@ -311,3 +311,27 @@ def test_a_host_killed_without_stopping_its_server_takes_the_server_and_its_chec
         host.wait()
     assert _gone([server_pid, check_pid]), "the server or its check outlived the host"
     assert _groups_gone([server_pid, check_pid])
+
+
+def test_a_check_whose_tree_provides_a_preloaded_module_runs_fresh_with_its_own(server, tmp_path):
+    """A forked child keeps the server's copy of a module its own tree also provides (a git pin
+    set of a preloaded package, or of a package a preloaded one imports): fresh, the tree's
+    copy is imported, as a fresh interpreter with the tree on PYTHONPATH would."""
+    tree = tmp_path / "tree" / "decimal"
+    tree.mkdir(parents=True)
+    (tree / "__init__.py").write_text("WHERE = 'tree'\n")
+    script = tmp_path / "which.py"
+    script.write_text("import decimal\nprint(getattr(decimal, 'WHERE', 'server'))\n")
+    (tmp_path / "cwd").mkdir()
+    result = run_check(
+        [sys.executable, str(script)],
+        server=server,
+        path=[tmp_path / "tree"],
+        env=proc.clean_env({"PYTHONPATH": str(tmp_path / "tree")}, home=tmp_path / "cwd"),
+        cwd=tmp_path / "cwd",
+        stdout_path=tmp_path / "logs" / "which.stdout",
+        stderr_path=tmp_path / "logs" / "which.stderr",
+        timeout_s=60,
+    )
+    assert result.stdout() == "tree\n"
+    assert result.execution == Execution(FRESH, "its tree provides decimal, which the fork server had imported")
