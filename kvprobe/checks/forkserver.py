@@ -37,7 +37,9 @@ from kvprobe.resources import probe_api_dir
 PRELOAD = ("torch", "transformers", "torchvision")
 SERVER_SCRIPT = "kvprobe_forkserver.py"
 FRESH, FORKED = "fresh", "forked"
-STATUS_LOST = "fork server lost the child's status"
+# 255 with no exit record from the check: the server lost its status, or the check left
+# through os._exit(255) or C's exit(255), which skip the record. A fresh run tells which.
+STATUS_LOST = "exit 255 without the check's own exit record (status lost, or os._exit); ran again fresh"
 _START_TIMEOUT_S = 300.0
 _REPLY_GRACE_S = 30.0  # the server's own kill and reap after a check's timeout
 
