@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvprobe import __version__
 from kvprobe.env.cache import default_cache_root
-from kvprobe.env.venv import check_index_url, load_profile
+from kvprobe.env.venv import check_index_url
 from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
 from kvprobe.evidence import compare
 from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
@@ -104,7 +104,7 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
     """Run ``exp`` and write its bundle; raises only when no honest receipt can be written."""
     reporter = reporter or Reporter()
     pin_set = _pin_set(exp, opts.pin_set)
-    check_inputs(exp, pin_set, opts)
+    modules = check_inputs(exp, pin_set, opts)
     started = datetime.now(UTC)
     run_id = f"{exp.id}-{pin_set.name}-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
     final = _final_path(opts, exp, pin_set, started)
@@ -118,7 +118,7 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         _check_sources(exp, pin_set, opts)  # bad input is refused before a server starts
         # a cached env's python is known now: its fork server preloads while the trees are made
         early = cached_environment(exp, pin_set, opts, reporter, held) if opts.preload else None
-        server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early)
+        server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early, modules)
         timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()
         sides = _materialize(exp, pin_set, opts, work, reporter, held)
@@ -131,7 +131,7 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)
         if early is None:
-            server, fresh_reason = _start_server(exp, pin_set, opts, work, held, (env, python, env_vars))
+            server, fresh_reason = _start_server(exp, pin_set, opts, work, held, (env, python, env_vars), modules)
         server, fresh_reason = server_ready(server, fresh_reason)  # what the first check waits on
         ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server)
         timings["preload_s"] = time.monotonic() - clock
@@ -160,25 +160,27 @@ def _start_server(
     work: Path,
     held: contextlib.ExitStack,
     env: tuple[EnvRecord, str, dict[str, str]] | None,
+    modules: tuple[str, ...],
 ) -> tuple[ForkServer | None, str | None]:
-    """The run's fork server started in ``env``'s python (None: not known yet), stopped with
-    ``held`` however the run ends; its lifetime covers every check of both sides."""
+    """The run's fork server started in ``env``'s python (None: not known yet), importing
+    ``modules``, stopped with ``held`` however the run ends; its lifetime covers every check
+    of both sides."""
     if env is None:
         return None, None
     checks = 2 * (len(exp.tests_for(pin_set.name)) + len(exp.probes))
     lifetime_s = opts.timeout_s * max(1, checks) + 600
-    server, reason = fork_server(env[1], env[2], work, lifetime_s, opts.preload, preload_modules(exp, pin_set))
+    server, reason = fork_server(env[1], env[2], work, lifetime_s, opts.preload, modules)
     if server is not None:
         held.enter_context(server)
     return server, reason
 
 
-def check_inputs(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> None:
-    """Bad input is refused before anything runs (no fetch, no env build, nothing written)."""
+def check_inputs(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> tuple[str, ...]:
+    """Bad input is refused before anything runs (no fetch, no env build, nothing written):
+    the index, and the profile, its lock and its preload list, checked whole. Returns what
+    the run's fork server preloads."""
     check_index_url(opts.torch_index)
-    if pin_set.kind is not SourceKind.SYNTHETIC:
-        load_profile(exp.profile)  # the profile and its lock, checked whole
-        preload_modules(exp, pin_set)
+    return preload_modules(exp, pin_set)
 
 
 def _pin_set(exp: Experiment, name: str | None) -> PinSet:

@@ -248,7 +248,7 @@ def fork_server(
     work: Path,
     lifetime_s: float,
     preload: bool,
-    modules: Sequence[str] = PRELOAD,
+    modules: Sequence[str],
 ) -> tuple[ForkServer | None, str | None]:
     """The run's fork server importing ``modules``, started (its preload runs while the caller
     goes on), or None and why its checks run in fresh interpreters. :func:`server_ready` waits.

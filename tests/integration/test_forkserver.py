@@ -260,7 +260,7 @@ def test_a_background_server_that_dies_while_preloading_leaves_its_checks_fresh_
     dies = tmp_path / "python"
     dies.write_text("#!/bin/sh\necho 'no torch here' >&2\nexit 7\n")
     dies.chmod(0o755)
-    server, reason = fork_server(str(dies), {}, tmp_path, 60, preload=True)
+    server, reason = fork_server(str(dies), {}, tmp_path, 60, preload=True, modules=("torch",))
     assert server is not None and reason is None  # started: its failure shows when it is waited for
     assert server_ready(server, reason) == (
         None,
