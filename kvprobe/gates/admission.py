@@ -74,13 +74,19 @@ def start_server(opts: GateOptions, work: Path, reporter: Reporter, held: contex
     materialized in moments, and a spec that is neither is refused before any server starts)."""
     if opts.sglang is None or not opts.preload or not VERSION_RE.match(opts.sglang) or Path(opts.sglang).exists():
         return None
-    exp, pin_set = _experiments()[0]
-    early = cached_environment(exp, pin_set, _run_options(opts), reporter, held)
-    return None if early is None else _serve(early[1], early[2], opts, work, held)
-
-
-def _serve(python: str, env_vars: dict[str, str], opts: GateOptions, work: Path, held: contextlib.ExitStack) -> Serving:
     experiments = _experiments()
+    early = cached_environment(*experiments[0], _run_options(opts), reporter, held)
+    return None if early is None else _serve(experiments, early[1], early[2], opts, work, held)
+
+
+def _serve(
+    experiments: list[tuple[Experiment, PinSet]],
+    python: str,
+    env_vars: dict[str, str],
+    opts: GateOptions,
+    work: Path,
+    held: contextlib.ExitStack,
+) -> Serving:
     lifetime = opts.timeout_s * max(1, sum(len(e.probes) for e, _p in experiments)) + 600
     modules = preload_modules(*experiments[0])  # gate 2's experiments share one profile (one env)
     server, reason = fork_server(python, env_vars, work, lifetime, opts.preload, modules)
@@ -121,9 +127,10 @@ def run_gate2(
     ran: list[dict[str, Any]] = []
     env: EnvRecord | None = None
     serving = started
-    for exp, pin_set in _experiments():
+    loaded = _experiments()
+    for exp, pin_set in loaded:
         env, python, env_vars = environment(exp, pin_set, _run_options(opts), reporter, held)
-        serving = serving or _serve(python, env_vars, opts, work, held)
+        serving = serving or _serve(loaded, python, env_vars, opts, work, held)
         serving = Serving(*server_ready(serving.server, serving.reason), serving.python)
         elsewhere = serving.server is not None and python != serving.python  # it forks only its env's python
         server = None if elsewhere else serving.server
