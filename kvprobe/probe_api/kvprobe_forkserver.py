@@ -21,10 +21,13 @@ connection per request, one JSON line each way:
 
 ``started`` names the check's process group, so the host can kill it itself if this
 server dies mid-check; and when the host dies without stopping this server (SIGKILL, an
-OOM kill), the server kills every running check's group and exits. ``lost`` says the check's exit status did not reach this process:
-``multiprocessing`` reports such a status as 255, the same number as a real ``sys.exit(255)``,
-so each child also sends the code it exits with through a pipe of its own, and 255 without
-that record saying 255 is a lost status, never a result (the host reruns the check fresh).
+OOM kill), the server kills every running check's group and exits.
+
+``lost`` says the check's exit status may not have reached this process: ``multiprocessing``
+reports a status it could not read as 255, the same number as a real ``sys.exit(255)``, so
+each child also sends the code it exits with through a pipe of its own, and 255 without that
+record saying 255 is never taken as a result (the host reruns the check fresh). A check
+that leaves through ``os._exit(255)`` sends no record either: its fresh run then says 255.
 
 Why a status got lost: ``Process.start()`` polls every unjoined child of this process
 (``multiprocessing.process._cleanup``), so a check starting in one thread read the status
