@@ -263,6 +263,41 @@ def start(
     return Service(_spawn(tuple(os.fspath(a) for a in argv), env, stdout_path, stderr_path, cwd), lifetime_s)
 
 
+class Detached:
+    """A process meant to outlive kvprobe (a kept fork server). It enforces its own end (an
+    idle limit it was given), so kvprobe only watches it come up, and stops it if it does not."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def running(self) -> bool:
+        return self._process.poll() is None
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            _kill_group(self._process)
+
+
+def start_detached(
+    argv: Sequence[str | os.PathLike],
+    *,
+    env: Mapping[str, str],
+    stdout_path: Path,
+    stderr_path: Path,
+    cwd: Path | None = None,
+) -> Detached:
+    """Start ``argv`` in its own session, to outlive this process: no lifetime timer (the
+    program must end itself), output to files, stdin closed.
+
+    Raises ObserveError when the program cannot be started at all.
+    """
+    return Detached(_spawn(tuple(os.fspath(a) for a in argv), env, stdout_path, stderr_path, cwd))
+
+
 def _spawn(
     args: tuple[str, ...], env: Mapping[str, str], stdout_path: Path, stderr_path: Path, cwd: Path | None
 ) -> subprocess.Popen[bytes]:

@@ -41,7 +41,7 @@ FRESH, FORKED = "fresh", "forked"
 # 255 with no exit record from the check: the server lost its status, or the check left
 # through os._exit(255) or C's exit(255), which skip the record. A fresh run tells which.
 STATUS_LOST = "exit 255 without the check's own exit record (status lost, or os._exit); ran again fresh"
-_START_TIMEOUT_S = 300.0
+START_TIMEOUT_S = 300.0
 _REPLY_GRACE_S = 30.0  # the server's own kill and reap after a check's timeout
 
 
@@ -68,7 +68,7 @@ class ForkServer:
     """A running fork server in ``python``'s env; stop it with :meth:`close` (or ``with``).
 
     Raises ObserveError when the server cannot start or does not answer within
-    ``_START_TIMEOUT_S`` (preloading torch takes seconds, not minutes). With ``wait=False``
+    ``START_TIMEOUT_S`` (preloading torch takes seconds, not minutes). With ``wait=False``
     the constructor only starts the process, so its preload overlaps whatever the caller
     does next; :meth:`ready` (and the first check) then waits for it.
     """
@@ -83,31 +83,17 @@ class ForkServer:
         lifetime_s: float,
         wait: bool = True,
     ) -> None:
-        for scratch in ("home", "tmp"):
-            (work / scratch).mkdir(parents=True, exist_ok=True)
         # AF_UNIX paths are limited to 107 bytes: the socket gets a short directory of its own
         self._socket_dir = Path(tempfile.mkdtemp(prefix="kvprobe-fs-"))
         self._closed = False
         self.socket_path = self._socket_dir / "server.sock"
         self.log_dir = work
-        server_env = proc.clean_env(
-            {
-                **env,
-                "PYTHONPATH": str(probe_api_dir()),
-                # children inherit both: hashing and bytecode behave as in a fresh interpreter
-                "PYTHONHASHSEED": "0",
-                "PYTHONDONTWRITEBYTECODE": "1",
-                # multiprocessing's own socket directory, which a killed server cannot remove
-                "TMPDIR": str(work / "tmp"),
-            },
-            home=work / "home",
-        )
         argv = [python, str(probe_api_dir() / SERVER_SCRIPT), "--socket", str(self.socket_path)]
         try:
             self.service = proc.start(
                 [*argv, "--preload", ",".join(preload)],
                 lifetime_s=lifetime_s,
-                env=server_env,
+                env=server_env(env, work),
                 stdout_path=work / "server.stdout",
                 stderr_path=work / "server.stderr",
                 cwd=work / "home",
@@ -148,14 +134,14 @@ class ForkServer:
         return [name for name in self._hello_reply["loaded"] if name in provided]
 
     def _hello(self) -> dict[str, Any]:
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + START_TIMEOUT_S
         while not self.socket_path.exists():
-            if not self.service.running():
+            if not self.running():
                 raise ObserveError(f"the fork server exited while preloading: {self._last_error()}")
             if time.monotonic() > deadline:
-                raise ObserveError(f"the fork server did not start within {_START_TIMEOUT_S:.0f}s")
+                raise ObserveError(f"the fork server did not start within {START_TIMEOUT_S:.0f}s")
             time.sleep(0.05)
-        with self._connect(_START_TIMEOUT_S) as conn, conn.makefile("rwb") as stream:
+        with self._connect(START_TIMEOUT_S) as conn, conn.makefile("rwb") as stream:
             reply = _exchange(stream, {"op": "hello"})
         if reply is None:
             raise ObserveError(f"the fork server did not answer: {self._last_error()}")
@@ -232,8 +218,12 @@ class ForkServer:
     def _last_error(self) -> str:
         path = self.log_dir / "server.stderr"
         lines = [ln for ln in proc.read_tail(path, 8192).splitlines() if ln.strip()] if path.exists() else []
-        state = "running" if self.service.running() else "exited"
+        state = "running" if self.running() else "exited"
         return f"server {state}" + (f"; {lines[-1].strip()}" if lines else "")
+
+    def running(self) -> bool:
+        """Whether the server process is still there."""
+        return self.service.running()
 
     def close(self) -> None:
         """Stop the server and its group (once: a later call does nothing)."""
@@ -248,6 +238,25 @@ class ForkServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def server_env(env: Mapping[str, str], work: Path) -> dict[str, str]:
+    """The server's variables (its checks set their own): ``env``, the probe API on its path,
+    and a scratch HOME and TMPDIR under ``work``, made here."""
+    for scratch in ("home", "tmp"):
+        (work / scratch).mkdir(parents=True, exist_ok=True)
+    return proc.clean_env(
+        {
+            **env,
+            "PYTHONPATH": str(probe_api_dir()),
+            # children inherit both: hashing and bytecode behave as in a fresh interpreter
+            "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # multiprocessing's own socket directory, which a killed server cannot remove
+            "TMPDIR": str(work / "tmp"),
+        },
+        home=work / "home",
+    )
 
 
 def run_check(

@@ -23,6 +23,15 @@ connection per request, one JSON line each way:
 server dies mid-check; and when the host dies without stopping this server (SIGKILL, an
 OOM kill), the server kills every running check's group and exits.
 
+Kept between runs (``--idle-s``, ``kvprobe run --keep-server``), the server belongs to no
+host: it holds ``--alive`` (a lock that says it lives) and ``--lease`` (the env's, so the
+cache is not pruned under it) for its whole life, counts each host that is ``attach``-ed,
+and exits once ``--idle-s`` seconds pass with no host attached and no check running.
+
+    {"op": "attach"} ->  the hello reply, plus "started_utc", "idle_s", "served"; the
+                         connection stays open while the host uses the server
+    {"op": "stop"}   ->  {"stopping": PID}; running checks' groups are killed
+
 ``lost`` says the check's exit status may not have reached this process: ``multiprocessing``
 reports a status it could not read as 255, the same number as a real ``sys.exit(255)``, so
 each child also sends the code it exits with through a pipe of its own, and 255 without that
@@ -39,6 +48,8 @@ and polls apart (waits on a child's sentinel run outside it).
 from __future__ import annotations
 
 import argparse
+import datetime
+import fcntl
 import io
 import json
 import multiprocessing
@@ -58,6 +69,9 @@ _GRACE_S = 3.0
 _LOST = 255  # what multiprocessing's forkserver Popen reports when it cannot read a status
 _MP_LOCK = threading.Lock()  # Process.start() and every poll of a child's status: one at a time
 _HOST_POLL_S = 0.5
+_HOLD_TRIES_S = 2.0  # a host checking whether --alive is held takes it for a moment
+_HELD = []  # the --alive and --lease descriptors: their locks last as long as this process
+_BOUND = []  # the inode of the socket path this server bound, the paths to give back at exit
 
 
 def census(conn, modules):
@@ -156,8 +170,13 @@ def _kill_group(pgid):
 
 
 class Server:
-    def __init__(self, preload):
+    def __init__(self, preload, idle_s=None):
         self.running = set()  # the process groups of the checks under way
+        self.idle_s = idle_s  # kept between runs: idle seconds before exiting; None: a run's own
+        self.attached = 0  # hosts using a kept server now
+        self.served = 0
+        self.last_active = time.monotonic()
+        self.started_utc = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(list(preload))
         receive, send = self.context.Pipe(duplex=False)
@@ -166,16 +185,59 @@ class Server:
         send.close()
         self.preloaded, self.loaded = receive.recv()
         counter.join()
+        self.last_active = time.monotonic()  # the idle clock starts once the preload is done
 
     def handle(self, conn):
         with conn, conn.makefile("rwb") as stream:
             request = json.loads(stream.readline())
             if request["op"] == "hello":
-                reply = {"preloaded": self.preloaded, "loaded": self.loaded, "pid": os.getpid()}
-                stream.write(json.dumps(reply).encode() + b"\n")
-                stream.flush()
-                return
-            self.run(request, stream)
+                _send(stream, self.hello())
+            elif request["op"] == "attach":
+                self.attach(stream)
+            elif request["op"] == "stop":
+                _send(stream, {"stopping": os.getpid()})
+                self.exit()
+            else:
+                self.run(request, stream)
+
+    def hello(self):
+        reply = {"preloaded": self.preloaded, "loaded": self.loaded, "pid": os.getpid()}
+        if self.idle_s is not None:
+            with _MP_LOCK:
+                attached, served = self.attached, self.served
+            reply.update(
+                started_utc=self.started_utc, idle_s=self.idle_s, served=served, attached=attached,
+                python=sys.executable, preload=sorted(self.preloaded),
+            )
+        return reply
+
+    def attach(self, stream):
+        """A host uses this kept server until it closes the connection (or dies)."""
+        with _MP_LOCK:
+            self.attached += 1
+        try:
+            _send(stream, self.hello())
+            while stream.read(4096):
+                pass
+        finally:
+            with _MP_LOCK:
+                self.attached -= 1
+                self.last_active = time.monotonic()
+
+    def idle_for(self):
+        """Seconds with no host attached and no check running (0 while in use)."""
+        with _MP_LOCK:
+            if self.attached or self.running:
+                return 0.0
+            return time.monotonic() - self.last_active
+
+    def exit(self):
+        """End every running check's group, give the socket path back, and exit."""
+        with _MP_LOCK:
+            for pgid in self.running:
+                _kill_group(pgid)
+        _give_back()
+        os._exit(0)
 
     def run(self, request, stream):
         started = time.monotonic()
@@ -184,9 +246,9 @@ class Server:
         with _MP_LOCK:
             check.start()
             self.running.add(check.pid)
+            self.served += 1
         send.close()
-        stream.write(json.dumps({"started": check.pid}).encode() + b"\n")
-        stream.flush()
+        _send(stream, {"started": check.pid})
         code = _wait(check, request["timeout_s"])
         timed_out = code is None
         if timed_out:
@@ -198,11 +260,15 @@ class Server:
         _kill_group(check.pid)  # whatever the check started goes with it
         with _MP_LOCK:
             self.running.discard(check.pid)
+            self.last_active = time.monotonic()
         said = _record(receive)
         lost = code == _LOST and said != _LOST and not timed_out  # a timeout is the check's result
-        reply = {"exit": code, "timed_out": timed_out, "duration_s": time.monotonic() - started, "lost": lost}
-        stream.write(json.dumps(reply).encode() + b"\n")
-        stream.flush()
+        _send(stream, {"exit": code, "timed_out": timed_out, "duration_s": time.monotonic() - started, "lost": lost})
+
+
+def _send(stream, message):
+    stream.write(json.dumps(message).encode() + b"\n")
+    stream.flush()
 
 
 def _record(receive):
@@ -239,18 +305,77 @@ def _exit_with_host(server, host):
     os._exit(0)
 
 
+def _exit_when_idle(server):
+    """A kept server's end: ``idle_s`` with no host attached and no check running."""
+    while server.idle_for() < server.idle_s:
+        time.sleep(min(_HOST_POLL_S, server.idle_s))
+    server.exit()
+
+
+def _hold(path):
+    """Take the lock on ``path`` for this process's life and write our pid in it; False when
+    another process holds it (after retrying a moment: a host's liveness check takes it
+    briefly)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + _HOLD_TRIES_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                return False
+            time.sleep(0.01)
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _HELD.append(fd)
+    return True
+
+
+def _give_back():
+    """Remove our socket path (unless it is already another server's) and our env lease."""
+    for inode, path, lease in _BOUND:
+        try:
+            if os.stat(path).st_ino == inode:
+                os.unlink(path)
+        except OSError:
+            pass
+        if lease:
+            try:
+                os.unlink(lease)
+            except OSError:
+                pass
+
+
 def serve(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
     parser.add_argument("--preload", default="")
+    parser.add_argument("--idle-s", type=float, help="kept between runs: exit after this long unused")
+    parser.add_argument("--alive", help="with --idle-s: the lock this server holds while it lives")
+    parser.add_argument("--lease", help="with --idle-s: the env's lease file, held while it lives")
     args = parser.parse_args(argv)
     host = os.getppid()
-    server = Server([m for m in args.preload.split(",") if m])
-    threading.Thread(target=_exit_with_host, args=(server, host), daemon=True).start()
+    if args.idle_s is not None:
+        if not _hold(args.alive):
+            print(f"another kept server holds {args.alive}", file=sys.stderr)
+            return
+        if args.lease and not _hold(args.lease):
+            print(f"cannot hold the env's lease {args.lease}", file=sys.stderr)
+            return
+    server = Server([m for m in args.preload.split(",") if m], args.idle_s)
+    if args.idle_s is None:
+        threading.Thread(target=_exit_with_host, args=(server, host), daemon=True).start()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if args.idle_s is not None and os.path.exists(args.socket + ".tmp"):
+        os.unlink(args.socket + ".tmp")  # a dead kept server's; we hold --alive, so none is live
     listener.bind(args.socket + ".tmp")
     listener.listen(16)
+    _BOUND.append((os.stat(args.socket + ".tmp").st_ino, args.socket, args.lease))
     os.replace(args.socket + ".tmp", args.socket)  # the path appears only once it accepts
+    if args.idle_s is not None:
+        threading.Thread(target=_exit_when_idle, args=(server,), daemon=True).start()
     while True:
         conn, _ = listener.accept()
         threading.Thread(target=server.handle, args=(conn,), daemon=True).start()

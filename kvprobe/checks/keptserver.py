@@ -1,0 +1,325 @@
+"""A fork server kept between runs (``kvprobe run --keep-server``).
+
+With two cores and two sides, a run's own server cannot make a warm run much faster than
+fresh interpreters: its preload (torch, transformers, ...: ~7 s of one core) is the longest
+link of the run, and the floor already imports the same modules on both cores at once
+(docs/architecture.md, "What the preload cannot do with two cores"). Only an interpreter
+that has preloaded *before* the run takes that link away. A kept server is that
+interpreter: the first run with ``--keep-server`` starts it, and later ones fork their
+checks from it exactly as from a run's own server.
+
+It is found again by its key: the env's python, the preload list, the variables it
+imported them under, and the server script's bytes, so a run never forks from a server that
+preloaded anything else. Its socket lives in a directory only this user may enter (refused
+otherwise, as ssh-agent and tmux refuse theirs). It holds a lease on its env, so ``kvprobe
+cache prune`` leaves the env alone while it lives, and exits after ``idle_s`` seconds with
+no run attached and no check running. ``kvprobe cache servers`` lists and stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvprobe import proc
+from kvprobe.checks.forkserver import SERVER_SCRIPT, START_TIMEOUT_S, ForkServer, server_env
+from kvprobe.errors import ObserveError
+from kvprobe.resources import probe_api_dir
+
+IDLE_S = 600.0
+_SPAWN_TIMEOUT_S = 30.0  # until the new server holds its --alive lock (an interpreter start)
+_START_LOCK_TIMEOUT_S = 60.0
+_PREFIX = "fs-"
+_ATTACH_TRIES = 3
+_SOCKET_PATH_MAX = 107  # sun_path less its terminating NUL
+
+
+@dataclass(frozen=True)
+class KeptInfo:
+    """What a kept server says of itself; the receipt records it for the run that used it."""
+
+    pid: int
+    started_utc: str
+    idle_s: float
+    served: int
+    attached: int
+    python: str
+    preload: tuple[str, ...]
+    reused: bool = False  # this run found it running (False: this run started it)
+
+    @classmethod
+    def from_hello(cls, reply: Mapping[str, Any], *, reused: bool = False) -> KeptInfo:
+        return cls(
+            pid=int(reply["pid"]),
+            started_utc=str(reply["started_utc"]),
+            idle_s=float(reply["idle_s"]),
+            served=int(reply["served"]),
+            attached=int(reply["attached"]),
+            python=str(reply["python"]),
+            preload=tuple(reply["preload"]),
+            reused=reused,
+        )
+
+
+def runtime_dir() -> Path:
+    """``$XDG_RUNTIME_DIR/kvprobe``, else ``<tmp>/kvprobe-<uid>``: created 0700.
+
+    Raises ObserveError unless it is a directory this user owns that no one else may enter:
+    whoever can reach a server's socket can run code as its user."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    root = Path(base) / "kvprobe" if base else Path(tempfile.gettempdir()) / f"kvprobe-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o700)
+    info = os.lstat(root)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise ObserveError(
+            f"{root} is not a private directory of this user (mode {stat.filemode(info.st_mode)}, "
+            f"owner {info.st_uid}): refusing to keep a fork server's socket there"
+        )
+    return root
+
+
+def server_key(python: str, preload: Sequence[str], env: Mapping[str, str]) -> str:
+    """What a kept server must match to be used: the env's python, what it preloaded, the
+    variables it imported them under, and the server and probe API it runs."""
+    script = probe_api_dir() / SERVER_SCRIPT
+    doc = {
+        "python": os.path.realpath(python),
+        "preload": list(preload),
+        "env": dict(sorted(env.items())),
+        "script": hashlib.sha256(script.read_bytes()).hexdigest(),
+        "probe_api": str(probe_api_dir()),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+class KeptServer(ForkServer):
+    """A kept server for ``python`` and ``preload``: the running one with the same key, or a
+    new one started detached. :meth:`close` lets go of it; it stays up for the next run.
+
+    Raises ObserveError when none can be found or started (the caller runs checks fresh)."""
+
+    def __init__(
+        self,
+        python: str,
+        *,
+        preload: Sequence[str],
+        env: Mapping[str, str],
+        idle_s: float = IDLE_S,
+        lease: Path | None = None,
+        wait: bool = True,
+    ) -> None:
+        self.home = runtime_dir() / f"{_PREFIX}{server_key(python, preload, env)}"
+        with contextlib.suppress(FileExistsError):
+            self.home.mkdir(mode=0o700)
+        self.socket_path = self.home / "server.sock"
+        if len(os.fsencode(self.socket_path)) + len(".tmp") > _SOCKET_PATH_MAX:
+            raise ObserveError(f"{self.socket_path} is too long for a socket path (AF_UNIX: {_SOCKET_PATH_MAX} bytes)")
+        self.log_dir = self.home
+        self._closed = False
+        self._ready = threading.Lock()
+        self._hello_reply: dict[str, Any] | None = None
+        self._attached: socket.socket | None = None
+        self.alive = _Alive(self.home / "alive.lock")
+        self._spec = (python, tuple(preload), dict(env), idle_s, lease)
+        self.reused = self._find_or_start()
+        if wait:
+            try:
+                self.ready()
+            except BaseException:
+                self.close()
+                raise
+
+    def _find_or_start(self) -> bool:
+        """True when a server with this key is running, else start one (one host at a time)."""
+        with _locked(self.home / "start.lock"):
+            if self.alive.running():
+                return True
+            self._start(*self._spec)
+            return False
+
+    def _start(
+        self, python: str, preload: Sequence[str], env: Mapping[str, str], idle_s: float, lease: Path | None
+    ) -> None:
+        """Start a detached server and wait until it holds its --alive lock (not for its preload)."""
+        self.socket_path.unlink(missing_ok=True)  # a dead server's: none holds --alive
+        argv = [
+            python,
+            str(probe_api_dir() / SERVER_SCRIPT),
+            "--socket",
+            str(self.socket_path),
+            "--preload",
+            ",".join(preload),
+            "--idle-s",
+            str(idle_s),
+            "--alive",
+            str(self.alive.path),
+            *(["--lease", str(lease)] if lease is not None else []),
+        ]
+        started = proc.start_detached(
+            argv,
+            env=server_env(env, self.home),
+            stdout_path=self.home / "server.stdout",
+            stderr_path=self.home / "server.stderr",
+            cwd=self.home / "home",
+        )
+        deadline = time.monotonic() + _SPAWN_TIMEOUT_S
+        while not self.alive.running():
+            if not started.running() or time.monotonic() > deadline:
+                started.stop()
+                raise ObserveError(f"the kept fork server did not start: {self._last_error()}")
+            time.sleep(0.02)
+
+    def _hello(self) -> dict[str, Any]:
+        """Attach: the server does not idle out while we are. A server that was ending as we
+        came (its idle limit, a kill) is replaced, up to ``_ATTACH_TRIES`` times."""
+        for _ in range(_ATTACH_TRIES - 1):
+            reply = self._attach()
+            if reply is not None:
+                return reply
+            self.reused = self._find_or_start()
+        reply = self._attach()
+        if reply is None:
+            raise ObserveError(f"the kept fork server went away as this run attached: {self._last_error()}")
+        return reply
+
+    def _attach(self) -> dict[str, Any] | None:
+        """The server's reply to ``attach`` on a connection kept open, or None when the server
+        ended before answering. Raises ObserveError when it never comes up."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                conn = self._connect(START_TIMEOUT_S)
+                break
+            except ObserveError:
+                if not self.alive.running():
+                    return None
+                if time.monotonic() > deadline:
+                    raise ObserveError(f"the kept fork server did not start within {START_TIMEOUT_S:.0f}s") from None
+                time.sleep(0.05)
+        try:
+            with conn.makefile("rwb") as stream:
+                stream.write(json.dumps({"op": "attach"}).encode() + b"\n")
+                stream.flush()
+                line = stream.readline()
+        except OSError:
+            line = b""
+        if not line.endswith(b"\n"):
+            conn.close()
+            return None
+        conn.settimeout(None)
+        self._attached = conn
+        return dict(json.loads(line))
+
+    def running(self) -> bool:
+        return self.alive.running()
+
+    @property
+    def kept(self) -> KeptInfo:
+        """What the server said of itself when this run attached (waits for it)."""
+        self.ready()
+        assert self._hello_reply is not None, "ready() sets it or raises"
+        return KeptInfo.from_hello(self._hello_reply, reused=self.reused)
+
+    def close(self) -> None:
+        """Let go of the server (it stays up, idle, for the next run)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._attached is not None:
+            self._attached.close()
+
+
+class _Alive:
+    """A kept server's ``--alive`` lock: held for exactly as long as the server lives."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def running(self) -> bool:
+        """Whether a server holds the lock (taken and given back at once when none does)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing gives the lock back
+        return False
+
+    @property
+    def pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            return int(self.path.read_text())
+        return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One host at a time decides whether to start a server for a key."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + _START_LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ObserveError(f"another run held {path} for {_START_LOCK_TIMEOUT_S:.0f}s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def kept_servers() -> list[KeptInfo]:
+    """Every kept server of this user that answers, oldest first."""
+    found = []
+    for home in sorted(runtime_dir().glob(f"{_PREFIX}*")):
+        reply = _ask(home / "server.sock", {"op": "hello"})
+        if reply is not None and "started_utc" in reply:
+            found.append(KeptInfo.from_hello(reply))
+    return sorted(found, key=lambda k: k.started_utc)
+
+
+def stop_kept_servers() -> list[KeptInfo]:
+    """Stop every kept server of this user (their running checks with them); returns them."""
+    stopped = []
+    for home in sorted(runtime_dir().glob(f"{_PREFIX}*")):
+        reply = _ask(home / "server.sock", {"op": "hello"})
+        if reply is not None and "started_utc" in reply and _ask(home / "server.sock", {"op": "stop"}) is not None:
+            stopped.append(KeptInfo.from_hello(reply))
+    return stopped
+
+
+def _ask(path: Path, message: dict[str, Any]) -> dict[str, Any] | None:
+    """One request, one reply line; None when nothing answers there."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(10)
+    try:
+        conn.connect(str(path))
+        with conn.makefile("rwb") as stream:
+            stream.write(json.dumps(message).encode() + b"\n")
+            stream.flush()
+            line = stream.readline()
+        return dict(json.loads(line)) if line.endswith(b"\n") else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        conn.close()
