@@ -309,6 +309,7 @@ def _run_options(
     jobs: int | None,
     timeout: int,
     preload: bool = True,
+    keep_server_s: float | None = None,
 ) -> RunOptions:
     from kvprobe.run.runner import RunOptions
 
@@ -319,6 +320,7 @@ def _run_options(
         torch_index=torch_index,
         timeout_s=float(timeout),
         preload=preload,
+        keep_server_s=keep_server_s,
     )
     if jobs is not None:
         opts.jobs = jobs
@@ -343,6 +345,21 @@ def _run_options(
     help="Run each check in a fresh interpreter, not forked from one that preloaded the "
     "profile's third-party modules (torch, transformers, ...).",
 )
+@click.option(
+    "--keep-server",
+    is_flag=True,
+    help="Fork the checks from a preloaded interpreter kept between runs: the one a previous "
+    "--keep-server run left running, or a new one that stays up after this run "
+    "(`kvprobe cache servers` lists and stops them).",
+)
+@click.option(
+    "--server-idle",
+    default=600,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="SECONDS",
+    help="With --keep-server: a new kept server exits after this long with no run using it.",
+)
 @_json_summary
 @click.option(
     "--record-expectations",
@@ -365,17 +382,24 @@ def run_cmd(
     record: bool = False,
     yes: bool = False,
     no_preload: bool = False,
+    keep_server: bool = False,
+    server_idle: int = 600,
 ) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not, 3 could not observe)."""
     from kvprobe.cli.console import print_run_diagnostics, print_run_summary
     from kvprobe.experiments import experiment
     from kvprobe.run.runner import run_experiment
 
+    if keep_server and no_preload:
+        from kvprobe.errors import UsageError
+
+        raise UsageError("--keep-server keeps a preloaded interpreter: it cannot go with --no-preload")
     exp = experiment.load(experiment_id)
     streams = _streams(as_json)
     _warn_shadowing(streams, exp.id)
+    keep_s = float(server_idle) if keep_server else None
     result = run_experiment(
-        exp, _run_options(pins, out, repo, torch_index, jobs, timeout, not no_preload), streams.reporter()
+        exp, _run_options(pins, out, repo, torch_index, jobs, timeout, not no_preload, keep_s), streams.reporter()
     )
     if streams.verbosity > -2:
         print_run_diagnostics(streams.err, result.receipt)
@@ -915,6 +939,30 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
         from kvprobe.cli.console import print_prune, stdout_console
 
         print_prune(stdout_console(), outcomes, dry_run)
+    return EXIT_OK
+
+
+@cache_group.command("servers")
+@click.option("--stop", is_flag=True, help="Stop them (a check one of them is running is killed).")
+@_json_document
+@guarded
+def cache_servers_cmd(stop: bool, as_json: bool) -> int:
+    """List the preloaded fork servers kept between runs (`kvprobe run --keep-server`), or stop them."""
+    import dataclasses
+
+    from kvprobe.checks.keptserver import kept_servers, stop_kept_servers
+
+    servers = stop_kept_servers() if stop else kept_servers()
+    if as_json:
+        emit_json({"stopped": stop, "servers": [dataclasses.asdict(s) for s in servers]})
+    elif _results(as_json):
+        for s in servers:
+            click.echo(
+                f"{'stopped' if stop else 'running'}  pid {s.pid}  since {s.started_utc}  idle limit {s.idle_s:.0f}s"
+                f"  checks {s.served}  runs attached {s.attached}  {for_terminal(s.python)}"
+            )
+        if not servers:
+            click.echo("no kept fork server is running", err=True)
     return EXIT_OK
 
 

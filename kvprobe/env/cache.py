@@ -239,7 +239,7 @@ def _inside(root: Path, path: Path) -> bool:
 
 
 _LEASED = {
-    "env": "in use by a run in progress",
+    "env": "in use by a run in progress or a kept fork server (kvprobe cache servers)",
     "tree": "in use by a run in progress",
     "uv": "in use by an env build in progress",
 }
@@ -249,9 +249,7 @@ _LEASED = {
 def lease(path: Path) -> Iterator[None]:
     """Hold ``<name>.users/<unique>.lock`` beside ``path`` while using it: prune skips a
     leased env, tree or uv cache. Take it under the entry's lock, as prune checks under it."""
-    users = path.parent / f"{path.name}.users"
-    users.mkdir(exist_ok=True)
-    held = users / f"{os.getpid()}-{uuid.uuid4().hex[:12]}.lock"
+    held = lease_file(path)
     lock = FileLock(str(held))
     lock.acquire()
     try:
@@ -259,6 +257,14 @@ def lease(path: Path) -> Iterator[None]:
     finally:
         lock.release()
         held.unlink(missing_ok=True)
+
+
+def lease_file(path: Path) -> Path:
+    """A new lease's file beside ``path``: whoever holds a lock on it (flock) holds the lease,
+    as a kept fork server does on its env for as long as it lives."""
+    users = path.parent / f"{path.name}.users"
+    users.mkdir(exist_ok=True)
+    return users / f"{os.getpid()}-{uuid.uuid4().hex[:12]}.lock"
 
 
 def _leased(path: Path) -> bool:

@@ -271,10 +271,21 @@ class Preloaded(Part):
 
 
 @dataclass(frozen=True)
+class KeptServerRecord(Part):
+    """The fork server kept between runs that the checks forked from (``--keep-server``):
+    when it started, whether this run found it running, how long it stays up unused."""
+
+    started_utc: str
+    reused: bool
+    idle_s: float
+
+
+@dataclass(frozen=True)
 class ExecutionRecord(Preloaded):
     """How each of a run's checks ran."""
 
     checks: tuple[CheckExecution, ...]
+    server: KeptServerRecord | None = field(default=None, metadata=OPTIONAL)  # absent: the run's own server
 
 
 @dataclass(frozen=True)

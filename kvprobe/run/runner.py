@@ -67,6 +67,7 @@ class RunOptions:
     jobs: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))  # sides in parallel where there are cores
     timeout_s: float = 1800.0
     preload: bool = True  # checks fork from one preloaded interpreter; False: a fresh one each
+    keep_server_s: float | None = None  # that interpreter kept between runs, exiting after this long unused
     bundles_dir: Path = field(default_factory=lambda: Path("bundles"))
 
 
@@ -169,7 +170,7 @@ def _start_server(
         return None, None
     checks = 2 * (len(exp.tests_for(pin_set.name)) + len(exp.probes))
     lifetime_s = opts.timeout_s * max(1, checks) + 600
-    server, reason = fork_server(env[1], env[2], work, lifetime_s, opts.preload, modules)
+    server, reason = fork_server(env[1], env[2], work, lifetime_s, opts.preload, modules, opts.keep_server_s)
     if server is not None:
         held.enter_context(server)
     return server, reason

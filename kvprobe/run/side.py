@@ -19,9 +19,10 @@ from typing import Any, Protocol
 from kvprobe import __version__
 from kvprobe.checks import probes, upstream
 from kvprobe.checks.forkserver import FRESH, PRELOAD, ForkServer
+from kvprobe.checks.keptserver import KeptServer
 from kvprobe.errors import ExperimentError, ObserveError
 from kvprobe.files import write_json
-from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord
+from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord, KeptServerRecord
 from kvprobe.model.records import EnvInfo, Experiment, ModelPin, PinSet, ProbeCheck, Side, SourceKind, WheelPin
 from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
 from kvprobe.progress import Reporter
@@ -249,19 +250,35 @@ def fork_server(
     lifetime_s: float,
     preload: bool,
     modules: Sequence[str],
+    keep_s: float | None = None,
 ) -> tuple[ForkServer | None, str | None]:
     """The run's fork server importing ``modules``, started (its preload runs while the caller
     goes on), or None and why its checks run in fresh interpreters. :func:`server_ready` waits.
+    With ``keep_s``, the server kept between runs (found running, or started to stay up
+    ``keep_s`` seconds unused), holding a lease on its env when the env is a cache entry.
     """
     if not preload:
         return None, "--no-preload"
     try:
+        if keep_s is not None:
+            return KeptServer(
+                python, preload=modules, env=env_vars, idle_s=keep_s, lease=_env_lease(python), wait=False
+            ), None
         server = ForkServer(
             python, preload=modules, env=env_vars, work=work / "forkserver", lifetime_s=lifetime_s, wait=False
         )
     except ObserveError as exc:
         return None, f"the fork server did not start: {exc}"
     return server, None
+
+
+def _env_lease(python: str) -> Path | None:
+    """A lease file on the cache env ``python`` belongs to (its runs hold leases beside it);
+    None for an interpreter outside the cache (a synthetic experiment's, kvprobe's own)."""
+    from kvprobe.env.cache import lease_file
+
+    env_dir = Path(python).parent.parent
+    return lease_file(env_dir) if (env_dir.parent / f"{env_dir.name}.users").is_dir() else None
 
 
 def server_ready(server: ForkServer | None, reason: str | None) -> tuple[ForkServer | None, str | None]:
@@ -288,4 +305,9 @@ def execution_record(
         for kind, name, how in named:
             reason = how.reason or (fresh_reason if how.mode == FRESH else None)
             rows.append(CheckExecution(name=name, mode=how.mode, reason=reason, side=side.value, check=kind))
-    return ExecutionRecord(dict(sorted(server.preloaded.items())) if server else {}, tuple(rows))
+    kept = server.kept if isinstance(server, KeptServer) else None
+    return ExecutionRecord(
+        dict(sorted(server.preloaded.items())) if server else {},
+        tuple(rows),
+        None if kept is None else KeptServerRecord(kept.started_utc, kept.reused, kept.idle_s),
+    )

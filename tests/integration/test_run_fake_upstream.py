@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
+import tempfile
 from dataclasses import replace
 
 import pytest
@@ -353,6 +355,40 @@ def test_pytest_files_forked_from_the_server_give_the_results_fresh_ones_give(cl
         runs[out.name] = (json.loads(result.stdout)["tests"], receipt["comparison"])
     assert runs["forked"] == runs["fresh"]
     assert runs["forked"][0]  # there were tests to compare
+
+
+def test_a_kept_server_serves_the_next_run_with_the_results_fresh_interpreters_give(cli, tmp_path, monkeypatch):
+    """--keep-server: the first run starts the server and leaves it up, the second forks from
+    it (the receipt says so), and both observe what --no-preload observes."""
+    from kvprobe.checks.keptserver import kept_servers, stop_kept_servers
+
+    runtime = tempfile.mkdtemp(prefix="kvrt-")  # short: a socket path has 107 bytes
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    try:
+        runs = {}
+        for name, flags in (
+            ("first", ("--keep-server",)),
+            ("second", ("--keep-server",)),
+            ("fresh", ("--no-preload",)),
+        ):
+            out = tmp_path / name
+            result = cli("run", "fake-fix", "--out", str(out), "--json", *flags)
+            assert result.exit_code == 0, result.output
+            runs[name] = (json.loads((out / "receipt.json").read_text()), json.loads(result.stdout)["tests"])
+        (server,) = kept_servers()  # still up after both runs, one for both
+        first, second = (runs[n][0]["execution"] for n in ("first", "second"))
+        assert first["server"]["reused"] is False and second["server"]["reused"] is True
+        assert first["server"]["started_utc"] == second["server"]["started_utc"] == server.started_utc
+        assert {c["mode"] for c in first["checks"] + second["checks"]} == {"forked"}
+        assert "server" not in runs["fresh"][0]["execution"]
+        assert server.served == len(first["checks"]) + len(second["checks"]) and server.attached == 0
+        for name in ("first", "second"):
+            assert runs[name][1] == runs["fresh"][1] and runs[name][1]
+            assert runs[name][0]["comparison"] == runs["fresh"][0]["comparison"]
+        assert cli("run", "fake-fix", "--keep-server", "--no-preload").exit_code == 2
+    finally:
+        stop_kept_servers()
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def test_the_profile_names_what_the_fork_server_preloads(world, cli, tmp_path):
