@@ -832,10 +832,27 @@ def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
     """Goals 1 and 3 of #15, each against its own floor (fresh interpreters, sides as --jobs):
 
     - goal 1, ``today's floor``: the trees as every run had them when #15 was filed, source
-      without bytecode (PYTHONDONTWRITEBYTECODE=1): a preloaded run at <= 0.6x of it;
+      without bytecode (PYTHONDONTWRITEBYTECODE=1): a preloaded run at <= 0.6x of it, with
+      the run's own fork server and with one kept between runs (``--keep-server``: the
+      server a first, unmeasured run left up; the bench's own runtime dir, stopped at the end);
     - goal 3, the floor with the same caches as the run (byte-compiled trees): <= 1.05x with
       --jobs 2, <= 1.1x with --jobs 1; --no-preload is reported against it too (<= 1.3x).
     """
+    runtime = Path(tempfile.mkdtemp(prefix="kvb-"))  # short: a socket path has 107 bytes
+    saved = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # the kept servers are the bench's own
+    try:
+        return _bench_warm(figs, work, reps)
+    finally:
+        subprocess.run([*kvprobe_argv(), "cache", "servers", "--stop"], capture_output=True, timeout=120)
+        if saved is None:
+            os.environ.pop("XDG_RUNTIME_DIR")
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = saved
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
     from kvprobe.env.cache import default_cache_root
     from kvprobe.env.venv import EnvManager, load_profile
     from kvprobe.experiments import experiment
@@ -845,6 +862,7 @@ def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
     _log(f"preparing: one warm-up `kvprobe run {EXPERIMENT}` (builds the env if it is missing)")
     bundles: list[Path] = []
     kvprobe_run(work, 2, bundles)
+    kvprobe_run(work, 2, bundles, "--keep-server")  # starts the kept server the samples fork from
     profile = load_profile(exp.profile)
     info = EnvManager(default_cache_root()).ensure(profile)
     python, env_vars = str(info.path / "bin" / "python"), dict(profile.env)
@@ -852,7 +870,7 @@ def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
     for kind_trees in trees.values():  # warm the page cache for the floors too
         floor_run(exp, pin_set, python, env_vars, kind_trees, work, 2)
     for jobs in (2, 1):
-        runs: dict[str, list[float]] = {"": [], "--no-preload": []}
+        runs: dict[str, list[float]] = {"": [], "--keep-server": [], "--no-preload": []}
         floors: dict[str, list[float]] = {"cached": [], "today": []}
         receipts = {}
         for _ in range(reps):  # interleaved, so drift hits all alike
@@ -864,6 +882,7 @@ def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
         name = f"kvprobe run {EXPERIMENT} --jobs {jobs}"
         goals = (
             ("", "today", 0.6, "goal 1, vs today's floor (source trees)"),
+            ("--keep-server", "today", 0.6, "goal 1 with a server kept from an earlier run, vs today's floor"),
             ("", "cached", 1.05 if jobs == 2 else 1.1, "goal 3, vs the floor with the same caches"),
             ("--no-preload", "cached", 1.3, "vs the floor with the same caches"),
         )
