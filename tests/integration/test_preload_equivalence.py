@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,8 @@ from kvprobe.env.venv import load_profile
 _RUN_DIR = re.compile(r"kvprobe-run-[A-Za-z0-9_]+")
 
 
-def _run(tmp_path: Path, exp_id: str, *flags: str) -> dict[str, Any]:
-    out = tmp_path / f"{exp_id}{''.join(flags)}"
+def _run(tmp_path: Path, exp_id: str, *flags: str, name: str = "") -> dict[str, Any]:
+    out = tmp_path / f"{exp_id}{''.join(flags)}{name}"
     result = CliRunner().invoke(main, ["run", exp_id, "--out", str(out), "--json", *flags], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     receipt = json.loads((out / "receipt.json").read_text())
@@ -63,3 +65,26 @@ def test_sglang_experiments_observe_the_same_forked_and_fresh(tmp_path, exp_id):
     preloaded = receipt["execution"]["preloaded"]
     assert {"torch", "transformers", "torchvision"} <= set(preloaded) <= set(load_profile("sglang-cpu").preload or ())
     assert preloaded["torch"] == receipt["env"]["torch"]["version"]
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b"])
+def test_sglang_experiments_observe_the_same_from_a_kept_server(tmp_path, exp_id, monkeypatch):
+    """The run that starts a kept server and the run that finds it observe what fresh
+    interpreters observe, and their receipts say which run started it."""
+    from kvprobe.checks.keptserver import stop_kept_servers
+
+    runtime = tempfile.mkdtemp(prefix="kvrt-")  # short: a socket path has 107 bytes
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    try:
+        kept = [_run(tmp_path, exp_id, "--keep-server", name=str(i)) for i in (1, 2)]
+    finally:
+        stop_kept_servers()
+        shutil.rmtree(runtime, ignore_errors=True)
+    fresh = _run(tmp_path, exp_id, "--no-preload")
+    assert [k["receipt"]["execution"]["server"]["reused"] for k in kept] == [False, True]
+    for run in kept:
+        assert {c["mode"] for c in run["receipt"]["execution"]["checks"]} == {"forked"}
+        assert run["docs"] == fresh["docs"] and run["docs"]
+        assert run["receipt"]["comparison"] == fresh["receipt"]["comparison"]
