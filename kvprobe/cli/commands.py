@@ -354,11 +354,9 @@ def _run_options(
 )
 @click.option(
     "--server-idle",
-    default=600,
-    show_default=True,
     type=click.IntRange(1),
     metavar="SECONDS",
-    help="With --keep-server: a new kept server exits after this long with no run using it.",
+    help="With --keep-server: a new kept server exits after this long with no run using it [default: 600].",
 )
 @_json_summary
 @click.option(
@@ -383,21 +381,22 @@ def run_cmd(
     yes: bool = False,
     no_preload: bool = False,
     keep_server: bool = False,
-    server_idle: int = 600,
+    server_idle: int | None = None,
 ) -> int:
     """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not, 3 could not observe)."""
     from kvprobe.cli.console import print_run_diagnostics, print_run_summary
+    from kvprobe.errors import UsageError
     from kvprobe.experiments import experiment
     from kvprobe.run.runner import run_experiment
 
     if keep_server and no_preload:
-        from kvprobe.errors import UsageError
-
         raise UsageError("--keep-server keeps a preloaded interpreter: it cannot go with --no-preload")
+    if server_idle is not None and not keep_server:
+        raise UsageError("--server-idle is the idle limit of a kept server: it needs --keep-server")
     exp = experiment.load(experiment_id)
     streams = _streams(as_json)
     _warn_shadowing(streams, exp.id)
-    keep_s = float(server_idle) if keep_server else None
+    keep_s = float(server_idle or 600) if keep_server else None
     result = run_experiment(
         exp, _run_options(pins, out, repo, torch_index, jobs, timeout, not no_preload, keep_s), streams.reporter()
     )

@@ -386,6 +386,7 @@ def test_a_kept_server_serves_the_next_run_with_the_results_fresh_interpreters_g
             assert runs[name][1] == runs["fresh"][1] and runs[name][1]
             assert runs[name][0]["comparison"] == runs["fresh"][0]["comparison"]
         assert cli("run", "fake-fix", "--keep-server", "--no-preload").exit_code == 2
+        assert cli("run", "fake-fix", "--server-idle", "60").exit_code == 2
     finally:
         stop_kept_servers()
         shutil.rmtree(runtime, ignore_errors=True)
