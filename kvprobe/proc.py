@@ -215,15 +215,12 @@ def _kill_group(process: subprocess.Popen) -> None:
             return
 
 
-class Service:
-    """A long-lived process (the preloaded fork server): started in its own session, stopped
-    by killing its whole group, and killed anyway once ``lifetime_s`` has passed."""
+class Detached:
+    """A process meant to outlive kvprobe (a kept fork server). It enforces its own end (an
+    idle limit it was given), so kvprobe only watches it come up, and stops it if it does not."""
 
-    def __init__(self, process: subprocess.Popen, lifetime_s: float) -> None:
+    def __init__(self, process: subprocess.Popen) -> None:
         self._process = process
-        self._timer = threading.Timer(lifetime_s, self.stop)
-        self._timer.daemon = True
-        self._timer.start()
 
     @property
     def pid(self) -> int:
@@ -231,6 +228,21 @@ class Service:
 
     def running(self) -> bool:
         return self._process.poll() is None
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            _kill_group(self._process)
+
+
+class Service(Detached):
+    """A long-lived process (the preloaded fork server): started in its own session, stopped
+    by killing its whole group, and killed anyway once ``lifetime_s`` has passed."""
+
+    def __init__(self, process: subprocess.Popen, lifetime_s: float) -> None:
+        super().__init__(process)
+        self._timer = threading.Timer(lifetime_s, self.stop)
+        self._timer.daemon = True
+        self._timer.start()
 
     def stop(self) -> None:
         """SIGTERM the group, SIGKILL what is left: nothing it started outlives it."""
@@ -261,25 +273,6 @@ def start(
     Raises ObserveError when the program cannot be started at all.
     """
     return Service(_spawn(tuple(os.fspath(a) for a in argv), env, stdout_path, stderr_path, cwd), lifetime_s)
-
-
-class Detached:
-    """A process meant to outlive kvprobe (a kept fork server). It enforces its own end (an
-    idle limit it was given), so kvprobe only watches it come up, and stops it if it does not."""
-
-    def __init__(self, process: subprocess.Popen) -> None:
-        self._process = process
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
-    def running(self) -> bool:
-        return self._process.poll() is None
-
-    def stop(self) -> None:
-        if self._process.poll() is None:
-            _kill_group(self._process)
 
 
 def start_detached(

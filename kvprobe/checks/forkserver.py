@@ -103,12 +103,17 @@ class ForkServer:
             raise
         self._ready = threading.Lock()
         self._hello_reply: dict[str, Any] | None = None
-        if wait:
-            try:
-                self.ready()
-            except BaseException:
-                self.close()
-                raise
+        self._wait_ready(wait)
+
+    def _wait_ready(self, wait: bool) -> None:
+        """The constructor's wait for the preload (with ``wait``); a server failing it is closed."""
+        if not wait:
+            return
+        try:
+            self.ready()
+        except BaseException:
+            self.close()
+            raise
 
     def ready(self) -> None:
         """Wait until the server has preloaded and answered (once; later calls return at once).

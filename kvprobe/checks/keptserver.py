@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from kvprobe import proc
 from kvprobe.checks.forkserver import SERVER_SCRIPT, START_TIMEOUT_S, ForkServer, server_env
 from kvprobe.errors import ObserveError
@@ -135,12 +137,7 @@ class KeptServer(ForkServer):
         self.alive = _Alive(self.home / "alive.lock")
         self._spec = (python, tuple(preload), dict(env), idle_s, lease)
         self.reused = self._find_or_start()
-        if wait:
-            try:
-                self.ready()
-            except BaseException:
-                self.close()
-                raise
+        self._wait_ready(wait)
 
     def _find_or_start(self) -> bool:
         """True when a server with this key is running, else start one (one host at a time)."""
@@ -272,20 +269,15 @@ class _Alive:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """One host at a time decides whether to start a server for a key."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    lock = FileLock(str(path), timeout=_START_LOCK_TIMEOUT_S)
     try:
-        deadline = time.monotonic() + _START_LOCK_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ObserveError(f"another run held {path} for {_START_LOCK_TIMEOUT_S:.0f}s") from None
-                time.sleep(0.05)
+        lock.acquire()
+    except Timeout:
+        raise ObserveError(f"another run held {path} for {_START_LOCK_TIMEOUT_S:.0f}s") from None
+    try:
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def kept_servers() -> list[KeptInfo]:
