@@ -391,6 +391,122 @@ def _classify(obs: Observations, exc: Exception | None) -> tuple[str, str | None
                         f"{obs.decision_point}: {str(exc)[:500]}"), []
 
 
+# --- autospec, made lazily: what create_autospec makes, each child when first read ----------
+def _presets_method_returns() -> bool:
+    """Whether this interpreter's create_autospec gives each method child a return value at once.
+
+    3.12 and later do (``new.return_value = child_klass()``); 3.10 and 3.11 make it on first
+    read. Asked of create_autospec itself, so a patch release that changes it is followed.
+    """
+
+    class Probe:
+        def method(self) -> None:
+            """A method create_autospec makes a child for."""
+
+    child = _mock.create_autospec(Probe, instance=True).method
+    return child.__dict__["_mock_return_value"] is not _mock.DEFAULT
+
+
+_PRESETS_METHOD_RETURNS = _presets_method_returns()
+
+
+class _PendingMethod(_mock._SpecState):
+    """A method child not made yet: what create_autospec's loop would have made for it.
+
+    A ``_SpecState`` so that ``reset_mock`` and ``seal`` pass over it as they pass over
+    create_autospec's own pending children; only :func:`_lazy_getattr` makes it.
+    """
+
+    def __init__(self, original: Any, parent: Any, name: str, skipfirst: bool) -> None:
+        super().__init__(original, False, parent, name)
+        self.skipfirst = skipfirst
+
+
+def _lazy_eligible(spec: Any) -> bool:
+    """A spec ``lazy_autospec`` makes itself; the others go to create_autospec as they are.
+
+    The others (a function, a list, a mock, a data descriptor such as a property, None, an
+    object with ``__code__``) take branches of create_autospec this file does not copy.
+    """
+    return not (spec is None or isinstance(spec, _mock.FunctionTypes) or _mock._is_list(spec)
+                or _mock._is_instance_mock(spec) or inspect.isdatadescriptor(spec)
+                or getattr(spec, "__code__", None))
+
+
+def lazy_autospec(spec: Any, *, instance: bool = False, name: str | None = None, parent: Any = None) -> Any:
+    """``create_autospec(spec, instance=instance, name=name)``, each child made when first read.
+
+    create_autospec makes a MagicMock (with its own class, spec and signature) for every
+    method in ``dir(spec)`` at once: thousands for SGLang's Scheduler, of which a probe reads
+    a handful. Here the walk over ``dir(spec)`` still happens at once (every attribute is
+    fetched when create_autospec would fetch it, and a class changed later changes nothing),
+    but what it finds is kept as a pending child, made on first read by the steps
+    create_autospec takes for it.
+
+    It copies create_autospec of CPython 3.10-3.13 for spec_set False and no extra keywords,
+    and so uses unittest.mock's internals: ``_SpecState`` (a pending child, as create_autospec
+    keeps non-method attributes; passed the same positional arguments, ``instance`` landing in
+    ``ids`` as there), ``_check_signature`` (the signature check a mock gets), ``_must_skip``
+    (whether a method eats ``self``), ``_is_magic``, ``_callable``, ``_instance_callable``,
+    ``_is_list``, ``_is_instance_mock``, ``FunctionTypes`` and ``iscoroutinefunction`` (the
+    tests create_autospec makes), ``NonCallableMock._lock`` (an RLock guarding children) and
+    ``NonCallableMock.__getattr__`` (the checks every read goes through, handed the made
+    child). tests/unit/test_lazy_autospec.py holds it against create_autospec.
+    """
+    if not _lazy_eligible(spec):
+        return _mock.create_autospec(spec, instance=instance, _parent=parent, _name=name)
+    is_type = isinstance(spec, type)
+    klass: type = _mock.MagicMock
+    if not _mock._callable(spec) or (is_type and instance and not _mock._instance_callable(spec)):
+        klass = _mock.NonCallableMagicMock
+    kwargs: dict[str, Any] = {"spec": spec, "_spec_as_instance": True} if instance else {"spec": spec}
+    made = klass(parent=parent, _new_parent=parent, _new_name=name if parent is not None else "",
+                 name=name, **kwargs)
+    _mock._check_signature(spec, made, is_type, instance)
+    if parent is not None and not instance:
+        parent._mock_children[name] = made
+    if is_type and not instance:
+        made.return_value = lazy_autospec(spec, instance=True, name="()", parent=made)
+    for entry in dir(spec):
+        if _mock._is_magic(entry):
+            continue
+        try:
+            original = getattr(spec, entry)
+        except AttributeError:
+            continue
+        if isinstance(original, _mock.FunctionTypes):
+            pending = _PendingMethod(original, made, entry, _mock._must_skip(spec, entry, is_type))
+        else:
+            pending = _mock._SpecState(original, False, made, entry, instance)
+        made._mock_children[entry] = pending
+    type(made).__getattr__ = _lazy_getattr  # unittest.mock makes each mock a class of its own
+    return made
+
+
+def _lazy_getattr(self: Any, name: str) -> Any:
+    """Make the pending child ``name`` (if it is one), then read as NonCallableMock does."""
+    with _mock.NonCallableMock._lock:  # an RLock: the read below takes it again, as it always does
+        children = self.__dict__.get("_mock_children", {})
+        pending = children.get(name)
+        if isinstance(pending, _PendingMethod):
+            children[name] = _method_child(pending)
+        elif type(pending) is _mock._SpecState and _lazy_eligible(pending.spec):
+            children[name] = lazy_autospec(pending.spec, instance=pending.instance, name=name, parent=self)
+        return _mock.NonCallableMock.__getattr__(self, name)
+
+
+def _method_child(pending: _PendingMethod) -> Any:
+    """The method child create_autospec's loop makes, with its signature check."""
+    original, parent, name = pending.spec, pending.parent, pending.name
+    klass = _mock.AsyncMock if _mock.iscoroutinefunction(original) else _mock.MagicMock
+    child = klass(parent=parent, name=name, _new_name=name, _new_parent=parent,
+                  spec=original, _eat_self=pending.skipfirst)
+    if _PRESETS_METHOD_RETURNS:
+        child.return_value = klass()
+    _mock._check_signature(original, child, skipfirst=pending.skipfirst)
+    return child
+
+
 class Probe:
     """A named set of cases plus the declaration of what the probe mocks."""
 
@@ -461,8 +577,11 @@ class Probe:
 
     def mock(self, name: str, spec: Any, *, instance: bool = True, absorbs: tuple[str, ...] = (),
              **attrs: Any) -> Any:
-        """A tracked autospec of ``spec``: unknown attributes and wrong signatures raise."""
-        made = _mock.create_autospec(spec, instance=instance, name=name)
+        """A tracked autospec of ``spec``: unknown attributes and wrong signatures raise.
+
+        What ``create_autospec`` makes, each attribute made when first read (:func:`lazy_autospec`).
+        """
+        made = lazy_autospec(spec, instance=instance, name=name)
         for key, value in attrs.items():
             setattr(made, key, value)
         return self.track(name, made, absorbs=absorbs)

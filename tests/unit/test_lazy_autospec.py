@@ -1,0 +1,309 @@
+"""``kvprobe_probe.lazy_autospec`` against ``unittest.mock.create_autospec``: the same script
+of reads, calls, sets and deletes on both must be accepted or refused alike and leave equal
+``mock_calls``. Stdlib only (no pytest import), so the same checks run on any CPython:
+``python tests/unit/test_lazy_autospec.py`` runs them with that interpreter."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import re
+import sys
+from pathlib import Path
+from typing import ClassVar
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "kvprobe" / "probe_api"))
+
+import kvprobe_probe as kp  # noqa: E402
+
+
+class Mixin:
+    tag = "mixin"
+
+    def mixed(self, a, *, flag=False):
+        return a
+
+    async def fetch(self, key):
+        return key
+
+
+class Queue:
+    """A class attribute holding an instance: autospecced as that instance."""
+
+    depth = 0
+
+    def push(self, item):
+        return item
+
+
+class Store(dict):
+    """Builtin methods (method descriptors) beside Python ones."""
+
+    def put(self, key, value):
+        self[key] = value
+
+
+class Base(Mixin):
+    limit = 3
+    items: ClassVar[list[int]] = [1, 2]
+    nothing = None
+    queue = Queue()
+
+    def __init__(self, size, name="x"):
+        self.size_ = size
+
+    def add(self, req):
+        return req
+
+    @staticmethod
+    def helper(x, y=1):
+        return x + y
+
+    @classmethod
+    def make(cls, n):
+        return cls(n)
+
+    @property
+    def size(self):
+        return self.size_
+
+    def assert_ready(self):
+        return True
+
+    partial_add = functools.partialmethod(add, "fixed")
+
+    class Nested:
+        kind = "nested"
+
+        def __init__(self, v):
+            self.v = v
+
+        def inner(self, a):
+            return a
+
+        async def ainner(self):
+            return 1
+
+
+class Child(Base):
+    def add(self, req, extra=None):
+        return req
+
+    async def drain(self, *, timeout):
+        return timeout
+
+
+class Called(Child):
+    def __call__(self, x):
+        return x
+
+
+SPECS = [Base, Child, Called, Store, Queue, Base.Nested, Queue()]
+
+_IDS = re.compile(r"id='\d+'|0x[0-9a-f]+")
+
+
+def _text(value: object) -> str:
+    return _IDS.sub("ID", str(value))
+
+
+def _describe(value: object) -> str:
+    """What a probe can see of a value read off a mock (ids aside)."""
+    try:
+        signature = str(inspect.signature(value)) if callable(value) else "-"
+    except (TypeError, ValueError) as exc:
+        signature = f"no signature: {type(exc).__name__}"
+    return (
+        f"{type(value).__name__} async={isinstance(value, mock.AsyncMock)} callable={callable(value)} "
+        f"sig={signature} repr={_text(repr(value))}"
+    )
+
+
+def _attempt(step):
+    try:
+        result = step()
+    except Exception as exc:  # the outcome under comparison: accepted or refused, and how
+        return f"raised {type(exc).__name__}: {_text(exc)}"
+    return "ok " + _describe(result)
+
+
+def _reads(made, spec):
+    """Read every attribute of the spec (and some it lacks), in an order, then again."""
+    names = sorted(n for n in dir(spec) if not (n.startswith("__") and n.endswith("__")))
+    names += ["missing", "assert_missing", "assret_ready", "__missing__", "__len__"]
+    return [(f"read {n}", functools.partial(getattr, made, n)) for n in names + names[::2]]
+
+
+def _await(made, name, *args, **kwargs):
+    return asyncio.run(getattr(made, name)(*args, **kwargs))
+
+
+def _calls(made):
+    """Calls right and wrong for each kind of attribute, on the mock and on what calls return."""
+    steps = {
+        "mock()": lambda: made(),
+        "mock(1)": lambda: made(1),
+        "mock(1, name=y)": lambda: made(1, name="y"),
+        "mock(1).add(r)": lambda: made(1).add("r"),
+        "mock(1).add()": lambda: made(1).add(),
+        "return_value.make(1)": lambda: made.return_value.make(1),
+        "add(r)": lambda: made.add("r"),
+        "add()": lambda: made.add(),
+        "add(r, x)": lambda: made.add("r", "x"),
+        "add(req=r)": lambda: made.add(req="r"),
+        "add(r).send(1)": lambda: made.add("r").send(1),
+        "bool(add(r))": lambda: bool(made.add("r")),
+        "add.return_value": lambda: made.add.return_value,
+        "helper(1)": lambda: made.helper(1),
+        "helper()": lambda: made.helper(),
+        "make(2)": lambda: made.make(2),
+        "make()": lambda: made.make(),
+        "mixed(1, flag=True)": lambda: made.mixed(1, flag=True),
+        "mixed(1, 2)": lambda: made.mixed(1, 2),
+        "await fetch(k)": lambda: _await(made, "fetch", "k"),
+        "await fetch()": lambda: _await(made, "fetch"),
+        "fetch(k) unawaited": lambda: made.fetch("k").close(),
+        "await drain(timeout=1)": lambda: _await(made, "drain", timeout=1),
+        "await drain(1)": lambda: _await(made, "drain", 1),
+        "partial_add()": lambda: made.partial_add(),
+        "assert_ready()": lambda: made.assert_ready(),
+        "Nested(1)": lambda: made.Nested(1),
+        "Nested()": lambda: made.Nested(),
+        "Nested(1).inner(2)": lambda: made.Nested(1).inner(2),
+        "Nested.inner(1)": lambda: made.Nested.inner(1),
+        "Nested.inner(1, 2)": lambda: made.Nested.inner(1, 2),
+        "await Nested(1).ainner()": lambda: _await(made.Nested(1), "ainner"),
+        "Nested.kind.upper()": lambda: made.Nested.kind.upper(),
+        "queue.push(1)": lambda: made.queue.push(1),
+        "queue.push()": lambda: made.queue.push(),
+        "queue.depth + 1": lambda: made.queue.depth + 1,
+        "items.append(1)": lambda: made.items.append(1),
+        "items.nope": lambda: made.items.nope,
+        "limit.bit_length()": lambda: made.limit.bit_length(),
+        "size": lambda: made.size,
+        "size.fget(1)": lambda: made.size.fget(1),
+        "nothing": lambda: made.nothing,
+        "tag.upper()": lambda: made.tag.upper(),
+        "put(k, v)": lambda: made.put("k", "v"),
+        "get(k)": lambda: made.get("k"),
+        "keys(1)": lambda: made.keys(1),
+        "push(1)": lambda: made.push(1),
+        "inner(1)": lambda: made.inner(1),
+        "len(mock)": lambda: len(made),
+        "mock == mock": lambda: made == made,
+    }
+    return list(steps.items())
+
+
+def _sets(made):
+    """Attributes the probe sets: they stick, a set mock records into the parent, a delete holds."""
+
+    def set_attr(name, value):
+        setattr(made, name, value)
+        return getattr(made, name)
+
+    def delete(name):
+        delattr(made, name)
+        return getattr(made, name)
+
+    sub = mock.MagicMock()
+    return [
+        ("set limit=7", lambda: set_attr("limit", 7)),
+        ("set custom=5", lambda: set_attr("custom", 5)),
+        ("set sub mock", lambda: set_attr("sub", sub)),
+        ("sub.go(1)", lambda: made.sub.go(1)),
+        ("set add=fn", lambda: set_attr("add", len)),
+        ("add(abc)", lambda: made.add("abc")),
+        ("del helper", lambda: delete("helper")),
+        ("helper(1) deleted", lambda: made.helper(1)),
+        ("del fetch unread", lambda: delete("fetch")),
+        ("del make", lambda: delete("make")),
+        ("del make again", lambda: delete("make")),
+        ("set queue mock", lambda: set_attr("queue", mock.MagicMock(name="q"))),
+        ("queue.push(2)", lambda: made.queue.push(2)),
+    ]
+
+
+def _script(made, spec):
+    steps = _reads(made, spec) + _calls(made) + _sets(made) + [("dir", lambda: sorted(dir(made)))]
+    return steps + _calls(made)[:12]
+
+
+def _recorded(made):
+    """The calls recorded, as text (an argument can be the mock itself: ids aside)."""
+    return {
+        key: [_text(tuple(c)) for c in getattr(made, key)] for key in ("mock_calls", "method_calls", "call_args_list")
+    }
+
+
+def _run(make, spec, instance):
+    """Each step's outcome and the calls recorded (then again after ``reset_mock``)."""
+    made = make(spec, instance=instance, name="m")
+    outcomes = [(label, _attempt(step)) for label, step in _script(made, spec)]
+    outcomes.append(("dir after", sorted(dir(made))))
+    recorded = _recorded(made)
+    made.reset_mock()
+    outcomes += [(label, _attempt(step)) for label, step in _calls(made)[:8]]
+    recorded.update({f"{key} after reset": value for key, value in _recorded(made).items()})
+    return outcomes, recorded
+
+
+def _differences(spec, instance):
+    eager = _run(mock.create_autospec, spec, instance)
+    lazy = _run(kp.lazy_autospec, spec, instance)
+    steps = [f"{label}: eager {a!r} lazy {b!r}" for (label, a), (_, b) in zip(eager[0], lazy[0], strict=True) if a != b]
+    recorded = [
+        f"{key}: eager {eager[1][key]} lazy {lazy[1][key]}" for key in eager[1] if eager[1][key] != lazy[1][key]
+    ]
+    return steps + recorded
+
+
+def test_lazy_autospec_accepts_refuses_and_records_what_create_autospec_does():
+    compared = 0
+    for spec in SPECS:
+        for instance in (True, False):
+            assert _differences(spec, instance) == [], (spec, instance)
+            compared += 1
+    assert compared == 2 * len(SPECS)
+
+
+def test_the_script_sees_refusals_and_records_calls():
+    """The comparison is not vacuous: the script meets refusals, async mocks and recorded calls."""
+    outcomes, recorded = _run(kp.lazy_autospec, Child, False)
+    seen: dict[str, object] = {}
+    for label, outcome in outcomes:
+        seen.setdefault(label, outcome)  # the first time: the script repeats some steps later
+    assert seen["read missing"].startswith("raised AttributeError")
+    assert seen["add()"].startswith("raised TypeError: missing a required argument: 'req'")
+    assert seen["mock()"].startswith("raised TypeError")
+    assert "async=True" in seen["read drain"]
+    assert seen["set custom=5"] == "ok " + _describe(5)
+    assert seen["helper(1) deleted"].startswith("raised AttributeError")
+    assert "('().add', ('r',), {})" in recorded["mock_calls"]
+    assert "('sub.go', (1,), {})" in recorded["mock_calls"]
+
+
+def test_children_are_made_when_first_read():
+    made = kp.lazy_autospec(Child, instance=True, name="m")
+    pending = [n for n, c in made._mock_children.items() if not isinstance(c, mock.NonCallableMock)]
+    assert "add" in pending and "fetch" in pending and "Nested" in pending
+    made.add("r")
+    child = made._mock_children["add"]
+    assert isinstance(child, mock.MagicMock) and child is made.add
+    assert not isinstance(made._mock_children["fetch"], mock.NonCallableMock)
+
+
+def test_probe_mock_is_the_lazy_autospec():
+    probe = kp.Probe("p", mocks={"sender": "autospec of Child"})
+    made = probe.mock("sender", Child, limit=9)
+    assert not isinstance(made._mock_children["add"], mock.NonCallableMock)
+    assert made.limit == 9
+
+
+if __name__ == "__main__":
+    for test in [value for key, value in sorted(globals().items()) if key.startswith("test_")]:
+        test()
+    print(f"{sys.version.split()[0]}: the lazy autospec matched create_autospec")
