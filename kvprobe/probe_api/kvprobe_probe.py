@@ -449,9 +449,13 @@ def lazy_autospec(spec: Any, *, instance: bool = False, name: str | None = None,
     ``ids`` as there), ``_check_signature`` (the signature check a mock gets), ``_must_skip``
     (whether a method eats ``self``), ``_is_magic``, ``_callable``, ``_instance_callable``,
     ``_is_list``, ``_is_instance_mock``, ``FunctionTypes`` and ``iscoroutinefunction`` (the
-    tests create_autospec makes), ``NonCallableMock._lock`` (an RLock guarding children) and
+    tests create_autospec makes), ``NonCallableMock._lock`` (an RLock guarding children),
     ``NonCallableMock.__getattr__`` (the checks every read goes through, handed the made
-    child). tests/unit/test_lazy_autospec.py holds it against create_autospec.
+    child) and ``NonCallableMock._get_call_signature_from_name`` with ``_extract_mock`` (the
+    assertion helpers' walk over children, handed the made method children). Left as it is:
+    a plain mock with a lazy one attached (``parent.x = lazy``) walks into the lazy one's
+    pending children, so its assertions match calls on unread methods without their signature.
+    tests/unit/test_lazy_autospec.py holds it against create_autospec.
     """
     if not _lazy_eligible(spec):
         return _mock.create_autospec(spec, instance=instance, _parent=parent, _name=name)
@@ -463,8 +467,6 @@ def lazy_autospec(spec: Any, *, instance: bool = False, name: str | None = None,
     made = klass(parent=parent, _new_parent=parent, _new_name=name if parent is not None else "",
                  name=name, **kwargs)
     _mock._check_signature(spec, made, is_type, instance)
-    if parent is not None and not instance:
-        parent._mock_children[name] = made
     if is_type and not instance:
         made.return_value = lazy_autospec(spec, instance=True, name="()", parent=made)
     for entry in dir(spec):
@@ -479,7 +481,9 @@ def lazy_autospec(spec: Any, *, instance: bool = False, name: str | None = None,
         else:
             pending = _mock._SpecState(original, False, made, entry, instance)
         made._mock_children[entry] = pending
-    type(made).__getattr__ = _lazy_getattr  # unittest.mock makes each mock a class of its own
+    # unittest.mock makes each mock a class of its own: these reach only this one.
+    type(made).__getattr__ = _lazy_getattr
+    type(made)._get_call_signature_from_name = _lazy_call_signature
     return made
 
 
@@ -493,6 +497,25 @@ def _lazy_getattr(self: Any, name: str) -> Any:
         elif type(pending) is _mock._SpecState and _lazy_eligible(pending.spec):
             children[name] = lazy_autospec(pending.spec, instance=pending.instance, name=name, parent=self)
         return _mock.NonCallableMock.__getattr__(self, name)
+
+
+def _lazy_call_signature(self: Any, name: str) -> Any:
+    """Make the pending method children on ``name``'s path, then look up as NonCallableMock does.
+
+    The assertion helpers match a call through its child's signature, and that lookup stops
+    at a pending child (taken for an attribute never read); create_autospec has made every
+    method child, so here it is made first.
+    """
+    with _mock.NonCallableMock._lock:
+        children = self._mock_children
+        for part in name.replace("()", "").split(".") if name else []:
+            child = children.get(part)
+            if isinstance(child, _PendingMethod):
+                child = children[part] = _method_child(child)
+            if child is None or isinstance(child, _mock._SpecState):
+                break
+            children = _mock._extract_mock(child)._mock_children
+        return _mock.NonCallableMock._get_call_signature_from_name(self, name)
 
 
 def _method_child(pending: _PendingMethod) -> Any:

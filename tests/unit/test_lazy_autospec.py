@@ -227,9 +227,26 @@ def _sets(made):
     ]
 
 
-def _script(made, spec):
-    steps = _reads(made, spec) + _calls(made) + _sets(made) + [("dir", lambda: sorted(dir(made)))]
-    return steps + _calls(made)[:12]
+def _asserts(made):
+    """unittest.mock's assertions: they match calls through the signatures of the children."""
+    return [
+        ("add.assert_any_call(req=r)", lambda: made.add.assert_any_call(req="r")),
+        ("add.assert_called_with(r, x)", lambda: made.add.assert_called_with("r", "x")),
+        ("make.assert_called_with(n=2)", lambda: made.make.assert_called_with(n=2)),
+        ("helper.assert_any_call(x=1)", lambda: made.helper.assert_any_call(x=1)),
+        ("assert_has_calls add(req=r)", lambda: made.assert_has_calls([mock.call.add(req="r")])),
+        ("assert_has_calls mixed(a=9)", lambda: made.assert_has_calls([mock.call.mixed(a=9)])),
+        ("assert_any_call push(item=1)", lambda: made.assert_any_call.push(item=1)),
+        ("assert_has_calls push(item=1)", lambda: made.assert_has_calls([mock.call.queue.push(item=1)])),
+        ("assert_has_calls Nested().inner(a=2)", lambda: made.assert_has_calls([mock.call.Nested().inner(a=2)])),
+    ]
+
+
+def _script(made, spec, reads_first):
+    """Reads of every attribute first, or calls and assertions on children never read before."""
+    calls = _asserts(made) + _calls(made) + _asserts(made)
+    steps = _reads(made, spec) + calls if reads_first else calls + _reads(made, spec)
+    return steps + _sets(made) + [("dir", lambda: sorted(dir(made)))] + _calls(made)[:12]
 
 
 def _recorded(made):
@@ -240,14 +257,20 @@ def _recorded(made):
 
 
 def _run(make, spec, instance):
-    """Each step's outcome and the calls recorded (then again after ``reset_mock``)."""
-    made = make(spec, instance=instance, name="m")
-    outcomes = [(label, _attempt(step)) for label, step in _script(made, spec)]
-    outcomes.append(("dir after", sorted(dir(made))))
-    recorded = _recorded(made)
+    """Each step's outcome and the calls recorded: in both orders, after ``reset_mock`` and ``seal``."""
+    outcomes, recorded = [], {}
+    for reads_first in (True, False):
+        made = make(spec, instance=instance, name="m")
+        outcomes += [(label, _attempt(step)) for label, step in _script(made, spec, reads_first)]
+        outcomes.append(("dir after", sorted(dir(made))))
+        recorded.update({f"{key} reads first={reads_first}": value for key, value in _recorded(made).items()})
     made.reset_mock()
     outcomes += [(label, _attempt(step)) for label, step in _calls(made)[:8]]
     recorded.update({f"{key} after reset": value for key, value in _recorded(made).items()})
+    sealed = make(spec, instance=instance, name="m")
+    mock.seal(sealed)
+    outcomes += [(f"sealed {label}", _attempt(step)) for label, step in _calls(sealed)]
+    recorded.update({f"{key} sealed": value for key, value in _recorded(sealed).items()})
     return outcomes, recorded
 
 
@@ -282,8 +305,8 @@ def test_the_script_sees_refusals_and_records_calls():
     assert "async=True" in seen["read drain"]
     assert seen["set custom=5"] == "ok " + _describe(5)
     assert seen["helper(1) deleted"].startswith("raised AttributeError")
-    assert "('().add', ('r',), {})" in recorded["mock_calls"]
-    assert "('sub.go', (1,), {})" in recorded["mock_calls"]
+    assert "('().add', ('r',), {})" in recorded["mock_calls reads first=True"]
+    assert "('sub.go', (1,), {})" in recorded["mock_calls reads first=True"]
 
 
 def test_children_are_made_when_first_read():
