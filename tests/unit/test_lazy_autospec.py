@@ -10,6 +10,7 @@ import functools
 import inspect
 import re
 import sys
+import traceback
 from pathlib import Path
 from typing import ClassVar
 from unittest import mock
@@ -236,6 +237,7 @@ def _asserts(made):
         ("helper.assert_any_call(x=1)", lambda: made.helper.assert_any_call(x=1)),
         ("assert_has_calls add(req=r)", lambda: made.assert_has_calls([mock.call.add(req="r")])),
         ("assert_has_calls mixed(a=9)", lambda: made.assert_has_calls([mock.call.mixed(a=9)])),
+        ("assert_has_calls mixed(1, 2)", lambda: made.assert_has_calls([mock.call.mixed(1, 2)])),
         ("assert_any_call push(item=1)", lambda: made.assert_any_call.push(item=1)),
         ("assert_has_calls push(item=1)", lambda: made.assert_has_calls([mock.call.queue.push(item=1)])),
         ("assert_has_calls Nested().inner(a=2)", lambda: made.assert_has_calls([mock.call.Nested().inner(a=2)])),
@@ -317,6 +319,16 @@ def test_children_are_made_when_first_read():
     child = made._mock_children["add"]
     assert isinstance(child, mock.MagicMock) and child is made.add
     assert not isinstance(made._mock_children["fetch"], mock.NonCallableMock)
+
+
+def test_a_refused_read_raises_from_unittest_mock_alone():
+    """As from create_autospec: the probe's classifier reads the innermost frame, and outputs quote tracebacks."""
+    made = kp.lazy_autospec(Child, instance=True, name="m")
+    try:
+        made.send_kv_chunk  # noqa: B018 - not an attribute of the class
+    except AttributeError as exc:
+        files = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    assert files[-1] == mock.__file__ and kp.__file__ not in files
 
 
 def test_probe_mock_is_the_lazy_autospec():
