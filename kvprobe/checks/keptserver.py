@@ -95,10 +95,15 @@ def runtime_dir() -> Path:
 
 def server_key(python: str, preload: Sequence[str], env: Mapping[str, str]) -> str:
     """What a kept server must match to be used: the env's python, what it preloaded, the
-    variables it imported them under, and the server and probe API it runs."""
+    variables it imported them under, and the server and probe API it runs.
+
+    The python by its own path, not only its real one: a venv's python is a symlink to its
+    base interpreter, so every env made from one base resolves to the same file, while each
+    has its own site-packages (its own torch)."""
     script = probe_api_dir() / SERVER_SCRIPT
     doc = {
-        "python": os.path.realpath(python),
+        "python": os.path.abspath(python),
+        "interpreter": os.path.realpath(python),
         "preload": list(preload),
         "env": dict(sorted(env.items())),
         "script": hashlib.sha256(script.read_bytes()).hexdigest(),

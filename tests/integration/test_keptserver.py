@@ -201,3 +201,27 @@ def test_cache_servers_lists_the_kept_servers_and_stops_them():
     assert _gone(pid)
     empty = CliRunner().invoke(main, ["cache", "servers"], catch_exceptions=False)
     assert empty.exit_code == 0 and "no kept fork server is running" in empty.stderr
+
+
+def test_two_envs_of_one_base_interpreter_get_a_server_each(tmp_path):
+    """A venv's python is a symlink to its base interpreter: two envs (two locks, two torch
+    versions) resolve to one real path, yet each must fork from a server that imported its own."""
+    pythons = []
+    for name in ("env-a", "env-b"):
+        made = proc.run(
+            [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / name)],
+            timeout_s=60,
+            env=proc.clean_env(),
+            stdout_path=tmp_path / f"{name}.out",
+            stderr_path=tmp_path / f"{name}.err",
+        )
+        assert made.returncode == 0, made.stderr()
+        pythons.append(str(tmp_path / name / "bin" / "python"))
+    assert os.path.realpath(pythons[0]) == os.path.realpath(pythons[1])
+    servers = [KeptServer(p, preload=STAND_INS, env={}) for p in pythons]
+    try:
+        assert [s.kept.python for s in servers] == pythons
+        assert servers[0].kept.pid != servers[1].kept.pid
+    finally:
+        for server in servers:
+            server.close()
