@@ -21,7 +21,9 @@ connection per request, one JSON line each way:
 
 ``started`` names the check's process group, so the host can kill it itself if this
 server dies mid-check; and when the host dies without stopping this server (SIGKILL, an
-OOM kill), the server kills every running check's group and exits.
+OOM kill), the server kills every running check's group and exits. A connection the host
+closes before the reply (it died, or gave up) ends its check's group at once: a kept
+server outlives its hosts, and would otherwise run that check on to its timeout.
 
 Kept between runs (``--idle-s``, ``kvprobe run --keep-server``), the server belongs to no
 host: it holds ``--alive`` (a lock that says it lives) and ``--lease`` (the env's, so the
@@ -198,7 +200,7 @@ class Server:
                 _send(stream, {"stopping": os.getpid()})
                 self.exit()
             else:
-                self.run(request, stream)
+                self.run(request, stream, conn)
 
     def hello(self):
         reply = {"preloaded": self.preloaded, "loaded": self.loaded, "pid": os.getpid()}
@@ -239,7 +241,8 @@ class Server:
         _give_back()
         os._exit(0)
 
-    def run(self, request, stream):
+    def run(self, request, stream, host):
+        """One check; ended early when ``host`` hangs up (the run was killed, or gave up on it)."""
         started = time.monotonic()
         receive, send = self.context.Pipe(duplex=False)
         check = self.context.Process(target=child, args=(request, send))
@@ -249,9 +252,10 @@ class Server:
             self.served += 1
         send.close()
         _send(stream, {"started": check.pid})
-        code = _wait(check, request["timeout_s"])
-        timed_out = code is None
-        if timed_out:
+        code = _wait(check, request["timeout_s"], host)
+        hung_up = code is None and _hung_up(host)
+        timed_out = code is None and not hung_up
+        if code is None:  # its timeout, or its host is gone: its group goes, it is reaped
             _kill_group(check.pid)
             code = _wait(check, _GRACE_S)
             if code is None:
@@ -262,6 +266,8 @@ class Server:
             self.running.discard(check.pid)
             self.last_active = time.monotonic()
         said = _record(receive)
+        if hung_up:
+            return
         lost = code == _LOST and said != _LOST and not timed_out  # a timeout is the check's result
         _send(stream, {"exit": code, "timed_out": timed_out, "duration_s": time.monotonic() - started, "lost": lost})
 
@@ -281,15 +287,23 @@ def _record(receive):
         receive.close()
 
 
-def _wait(check, timeout_s):
-    """The check's exit status once it ended, or None at ``timeout_s``: the wait itself on its
-    sentinel, the status read under ``_MP_LOCK`` (see the module's docstring)."""
-    multiprocessing.connection.wait([check.sentinel], timeout_s)
+def _wait(check, timeout_s, host=None):
+    """The check's exit status once it ended, or None at ``timeout_s`` or when ``host`` hangs
+    up: the wait itself on its sentinel, the status read under ``_MP_LOCK`` (see the module's
+    docstring)."""
+    multiprocessing.connection.wait([check.sentinel, *([host] if host else [])], timeout_s)
     with _MP_LOCK:
         code = check.exitcode
         if code is not None:
             check.join(0)  # reads no status (it is known): only forgets the child, as join does
         return code
+
+
+def _hung_up(host):
+    """Whether the host closed its connection: it sends nothing after its request, so the
+    connection turns readable only at its end (a kept server's host may die while others
+    still use the server, so _exit_with_host cannot be its end)."""
+    return bool(multiprocessing.connection.wait([host], 0))
 
 
 def _exit_with_host(server, host):

@@ -225,3 +225,41 @@ def test_two_envs_of_one_base_interpreter_get_a_server_each(tmp_path):
     finally:
         for server in servers:
             server.close()
+
+
+_HOST = """
+import sys
+from pathlib import Path
+from kvprobe import proc
+from kvprobe.checks.keptserver import KeptServer
+
+work = Path(sys.argv[1])
+server = KeptServer(sys.executable, preload=("decimal",), env={})
+server.run(
+    [sys.argv[2]], path=[], env=proc.clean_env({}, home=work), cwd=work,
+    stdout_path=work / "check.stdout", stderr_path=work / "check.stderr", timeout_s=600,
+)
+"""
+
+
+def test_a_run_killed_outright_takes_its_running_check_with_it(tmp_path):
+    """A run SIGKILLed while its check runs on the kept server: the check goes too, as with a
+    run's own server, instead of running on to its timeout (minutes) with no one to read it."""
+    check = tmp_path / "check.py"
+    pid_file = str(tmp_path / "pid")
+    check.write_text(f"import os, time\nopen({pid_file!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    host = proc.start(
+        [sys.executable, "-c", _HOST, str(tmp_path), str(check)],
+        lifetime_s=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        stdout_path=tmp_path / "host.stdout",
+        stderr_path=tmp_path / "host.stderr",
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "pid").is_file() or not (tmp_path / "pid").read_text():
+        assert host.running() and time.monotonic() < deadline, (tmp_path / "host.stderr").read_text()
+        time.sleep(0.05)
+    check_pid = int((tmp_path / "pid").read_text())
+    os.kill(host.pid, signal.SIGKILL)
+    host.stop()
+    assert _gone(check_pid), "the check of a killed run kept running on the kept server"
