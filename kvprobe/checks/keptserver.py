@@ -45,6 +45,7 @@ _SPAWN_TIMEOUT_S = 30.0  # until the new server holds its --alive lock (an inter
 _START_LOCK_TIMEOUT_S = 60.0
 _PREFIX = "fs-"
 _ATTACH_TRIES = 3
+_DETACH_TIMEOUT_S = 5.0
 _SOCKET_PATH_MAX = 107  # sun_path less its terminating NUL
 
 
@@ -236,11 +237,17 @@ class KeptServer(ForkServer):
         return KeptInfo.from_hello(self._hello_reply, reused=self.reused)
 
     def close(self) -> None:
-        """Let go of the server (it stays up, idle, for the next run)."""
+        """Let go of the server (it stays up, idle, for the next run), once it has counted this
+        run out: it closes its end only then, so what ``cache servers`` says next is true."""
         if self._closed:
             return
         self._closed = True
         if self._attached is not None:
+            with contextlib.suppress(OSError):
+                self._attached.shutdown(socket.SHUT_WR)
+                self._attached.settimeout(_DETACH_TIMEOUT_S)
+                while self._attached.recv(4096):
+                    pass
             self._attached.close()
 
 
