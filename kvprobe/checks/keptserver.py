@@ -77,21 +77,31 @@ class KeptInfo:
 
 
 def runtime_dir() -> Path:
-    """``$XDG_RUNTIME_DIR/kvprobe``, else ``<tmp>/kvprobe-<uid>``: created 0700.
+    """``$XDG_RUNTIME_DIR/kvprobe``, else ``<tmp>/kvprobe-<uid>``: created 0700 (a relative
+    XDG_RUNTIME_DIR is ignored, as the XDG spec says: the server starts in another directory).
 
     Raises ObserveError unless it is a directory this user owns that no one else may enter:
     whoever can reach a server's socket can run code as its user."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    root = Path(base) / "kvprobe" if base else Path(tempfile.gettempdir()) / f"kvprobe-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        root.mkdir(mode=0o700)
-    info = os.lstat(root)
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    root = Path(base) / "kvprobe" if os.path.isabs(base) else Path(tempfile.gettempdir()) / f"kvprobe-{os.getuid()}"
+    return _private(root)
+
+
+def _private(path: Path) -> Path:
+    """``path``, made 0700 if it is not there. Raises ObserveError when it cannot be made, or
+    is not a directory (a symlink included) this user owns that no one else may enter."""
+    try:
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ObserveError(f"cannot make {path} for a kept fork server's socket: {exc.strerror}") from exc
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise ObserveError(
-            f"{root} is not a private directory of this user (mode {stat.filemode(info.st_mode)}, "
+            f"{path} is not a private directory of this user (mode {stat.filemode(info.st_mode)}, "
             f"owner {info.st_uid}): refusing to keep a fork server's socket there"
         )
-    return root
+    return path
 
 
 def server_key(python: str, preload: Sequence[str], env: Mapping[str, str]) -> str:
@@ -129,9 +139,7 @@ class KeptServer(ForkServer):
         lease: Path | None = None,
         wait: bool = True,
     ) -> None:
-        self.home = runtime_dir() / f"{_PREFIX}{server_key(python, preload, env)}"
-        with contextlib.suppress(FileExistsError):
-            self.home.mkdir(mode=0o700)
+        self.home = _private(runtime_dir() / f"{_PREFIX}{server_key(python, preload, env)}")
         self.socket_path = self.home / "server.sock"
         if len(os.fsencode(self.socket_path)) + len(".tmp") > _SOCKET_PATH_MAX:
             raise ObserveError(f"{self.socket_path} is too long for a socket path (AF_UNIX: {_SOCKET_PATH_MAX} bytes)")

@@ -55,6 +55,7 @@ def runtime(monkeypatch):
     root = Path(tempfile.mkdtemp(prefix="kvrt-"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(root))
     yield root / "kvprobe"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(root))  # a test may have pointed it elsewhere
     if (root / "kvprobe").is_dir():
         (root / "kvprobe").chmod(0o700)  # a test made it unsafe on purpose
     for server in stop_kept_servers():
@@ -263,3 +264,45 @@ def test_a_run_killed_outright_takes_its_running_check_with_it(tmp_path):
     os.kill(host.pid, signal.SIGKILL)
     host.stop()
     assert _gone(check_pid), "the check of a killed run kept running on the kept server"
+
+
+def test_a_runtime_directory_that_cannot_be_made_is_an_observe_error(monkeypatch, tmp_path):
+    """XDG_RUNTIME_DIR naming a directory that is gone (a session's, after `su`): the run's
+    checks run fresh and say why, and `cache servers` says why, not a crash."""
+    root = tmp_path / "gone"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(root))
+    server, reason = fork_server(sys.executable, {}, tmp_path, 60, True, STAND_INS, 300)
+    assert server is None and reason is not None and str(root) in reason
+    listed = CliRunner().invoke(main, ["cache", "servers"], catch_exceptions=False)
+    assert listed.exit_code == 3 and str(root) in listed.stderr
+
+
+def test_a_relative_runtime_directory_is_ignored(monkeypatch, tmp_path):
+    """The XDG spec: a relative XDG_RUNTIME_DIR is invalid and ignored. Used as it was, it named
+    one place for this process and another for the server, which starts in its own directory."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "relative")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert runtime_dir() == tmp_path / f"kvprobe-{os.getuid()}"
+
+
+@pytest.mark.parametrize("entry", ["file", "symlink"])
+def test_a_server_entry_that_is_not_a_private_directory_is_refused(runtime, tmp_path, entry):
+    """An ``fs-<key>`` entry that is a file, or a symlink to a directory anyone may enter: the
+    checks run fresh and say why; no socket is made through it."""
+    server = _kept()
+    home = server.home
+    server.close()
+    (stopped,) = stop_kept_servers()
+    assert _gone(stopped.pid)
+    shutil.rmtree(home)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o777)
+    elsewhere.chmod(0o777)
+    if entry == "file":
+        home.write_text("")
+    else:
+        home.symlink_to(elsewhere)
+    server, reason = fork_server(sys.executable, {}, tmp_path, 60, True, STAND_INS, 300)
+    assert server is None and reason is not None and str(home) in reason
+    assert list(elsewhere.iterdir()) == []
