@@ -116,7 +116,8 @@ def server_key(python: str, preload: Sequence[str], env: Mapping[str, str]) -> s
         "python": os.path.abspath(python),
         "interpreter": os.path.realpath(python),
         "preload": list(preload),
-        "env": dict(sorted(env.items())),
+        # what the server inherits from this process too (PATH, locale, TZ): it imports under them
+        "env": dict(sorted(proc.clean_env(env).items())),
         "script": hashlib.sha256(script.read_bytes()).hexdigest(),
         "probe_api": str(probe_api_dir()),
     }

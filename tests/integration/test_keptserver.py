@@ -306,3 +306,17 @@ def test_a_server_entry_that_is_not_a_private_directory_is_refused(runtime, tmp_
     server, reason = fork_server(sys.executable, {}, tmp_path, 60, True, STAND_INS, 300)
     assert server is None and reason is not None and str(home) in reason
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_run_under_other_host_variables_gets_a_server_of_its_own(monkeypatch, tmp_path):
+    """The server inherits PATH, the locale and TZ from the run that started it, and a forked
+    check keeps what the preload made of them (``time.tzname``, set once at import): a run
+    from a shell with other ones must not fork from it."""
+    monkeypatch.setenv("TZ", "UTC")
+    first = _kept()
+    assert _check(first, tmp_path, "import time\nprint(time.tzname[0])\n") == "UTC\n"
+    first.close()
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    second = _kept()
+    assert _check(second, tmp_path, "import time\nprint(time.tzname[0])\n") == "JST\n"
+    second.close()
