@@ -219,7 +219,10 @@ class KeptServer(ForkServer):
                 if not self.alive.running():
                     return None
                 if time.monotonic() > deadline:
-                    raise ObserveError(f"the kept fork server did not start within {START_TIMEOUT_S:.0f}s") from None
+                    self._stop_stuck()
+                    raise ObserveError(
+                        f"the kept fork server did not start within {START_TIMEOUT_S:.0f}s (stopped it)"
+                    ) from None
                 time.sleep(0.05)
         try:
             with conn.makefile("rwb") as stream:
@@ -234,6 +237,14 @@ class KeptServer(ForkServer):
         conn.settimeout(None)
         self._attached = conn
         return dict(json.loads(line))
+
+    def _stop_stuck(self) -> None:
+        """Kill a server that holds its key but never answered (a preload that hangs): it would
+        not idle out, its clock starts once the preload is done, and `cache servers` cannot
+        reach it; every later run would wait for it as long as this one did."""
+        pid = self.alive.pid
+        if pid is not None and self.alive.running():
+            proc.kill_group(pid)  # its own session: its group is it and its multiprocessing helper
 
     def running(self) -> bool:
         return self.alive.running()

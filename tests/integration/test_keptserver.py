@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe import proc
+from kvprobe.checks import keptserver
 from kvprobe.checks.keptserver import KeptServer, kept_servers, runtime_dir, stop_kept_servers
 from kvprobe.cli import main
 from kvprobe.env import cache
@@ -320,3 +321,25 @@ def test_a_run_under_other_host_variables_gets_a_server_of_its_own(monkeypatch, 
     second = _kept()
     assert _check(second, tmp_path, "import time\nprint(time.tzname[0])\n") == "JST\n"
     second.close()
+
+
+def test_a_server_that_never_answers_is_stopped_by_the_run_that_gave_up_on_it(monkeypatch, tmp_path):
+    """A kept server stuck in its preload holds its key and never idles out (its clock starts
+    once the preload is done); the run that gave up on it stops it, or every later run would
+    wait for it as long again, and `cache servers` cannot see or stop what does not answer."""
+    made = proc.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "env")],
+        timeout_s=60,
+        env=proc.clean_env(),
+        stdout_path=tmp_path / "venv.out",
+        stderr_path=tmp_path / "venv.err",
+    )
+    assert made.returncode == 0, made.stderr()
+    (site,) = (tmp_path / "env" / "lib").glob("python*/site-packages")
+    (site / "stuck_on_import.py").write_text("import time\ntime.sleep(3600)\n")
+    monkeypatch.setattr(keptserver, "START_TIMEOUT_S", 3.0)
+    with pytest.raises(ObserveError, match="did not start within"):
+        KeptServer(str(tmp_path / "env" / "bin" / "python"), preload=("stuck_on_import",), env={})
+    (home,) = runtime_dir().glob("fs-*")
+    pid = int((home / "alive.lock").read_text())
+    assert _gone(pid), "a kept server that never answered was left running"
