@@ -106,14 +106,22 @@ def _private(path: Path) -> Path:
 
 def server_key(python: str, preload: Sequence[str], env: Mapping[str, str]) -> str:
     """What a kept server must match to be used: the env's python, what it preloaded, the
-    variables it imported them under, and the server and probe API it runs.
+    variables it imported them under, and the server and probe API it runs. Raises
+    ObserveError when there is no ``python``.
 
     The python by its own path, not only its real one: a venv's python is a symlink to its
     base interpreter, so every env made from one base resolves to the same file, while each
-    has its own site-packages (its own torch)."""
+    has its own site-packages (its own torch). And by that path's file itself, which an env
+    removed and built again at the same path makes anew: the old env's server holds modules
+    whose files are gone."""
     script = probe_api_dir() / SERVER_SCRIPT
+    try:
+        made = os.lstat(python)
+    except OSError as exc:
+        raise ObserveError(f"cannot start {python}: {exc.strerror}") from exc
     doc = {
         "python": os.path.abspath(python),
+        "python_file": [made.st_dev, made.st_ino, made.st_mtime_ns],
         "interpreter": os.path.realpath(python),
         "preload": list(preload),
         # what the server inherits from this process too (PATH, locale, TZ): it imports under them

@@ -205,20 +205,23 @@ def test_cache_servers_lists_the_kept_servers_and_stops_them():
     assert empty.exit_code == 0 and "no kept fork server is running" in empty.stderr
 
 
+def _venv(where: Path) -> str:
+    """A real venv of kvprobe's interpreter (no pip: seconds); its python."""
+    made = proc.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(where)],
+        timeout_s=60,
+        env=proc.clean_env(),
+        stdout_path=where.parent / f"{where.name}.out",
+        stderr_path=where.parent / f"{where.name}.err",
+    )
+    assert made.returncode == 0, made.stderr()
+    return str(where / "bin" / "python")
+
+
 def test_two_envs_of_one_base_interpreter_get_a_server_each(tmp_path):
     """A venv's python is a symlink to its base interpreter: two envs (two locks, two torch
     versions) resolve to one real path, yet each must fork from a server that imported its own."""
-    pythons = []
-    for name in ("env-a", "env-b"):
-        made = proc.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / name)],
-            timeout_s=60,
-            env=proc.clean_env(),
-            stdout_path=tmp_path / f"{name}.out",
-            stderr_path=tmp_path / f"{name}.err",
-        )
-        assert made.returncode == 0, made.stderr()
-        pythons.append(str(tmp_path / name / "bin" / "python"))
+    pythons = [_venv(tmp_path / name) for name in ("env-a", "env-b")]
     assert os.path.realpath(pythons[0]) == os.path.realpath(pythons[1])
     servers = [KeptServer(p, preload=STAND_INS, env={}) for p in pythons]
     try:
@@ -327,14 +330,7 @@ def test_a_server_that_never_answers_is_stopped_by_the_run_that_gave_up_on_it(mo
     """A kept server stuck in its preload holds its key and never idles out (its clock starts
     once the preload is done); the run that gave up on it stops it, or every later run would
     wait for it as long again, and `cache servers` cannot see or stop what does not answer."""
-    made = proc.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "env")],
-        timeout_s=60,
-        env=proc.clean_env(),
-        stdout_path=tmp_path / "venv.out",
-        stderr_path=tmp_path / "venv.err",
-    )
-    assert made.returncode == 0, made.stderr()
+    _venv(tmp_path / "env")
     (site,) = (tmp_path / "env" / "lib").glob("python*/site-packages")
     (site / "stuck_on_import.py").write_text("import time\ntime.sleep(3600)\n")
     monkeypatch.setattr(keptserver, "START_TIMEOUT_S", 3.0)
@@ -343,3 +339,19 @@ def test_a_server_that_never_answers_is_stopped_by_the_run_that_gave_up_on_it(mo
     (home,) = runtime_dir().glob("fs-*")
     pid = int((home / "alive.lock").read_text())
     assert _gone(pid), "a kept server that never answered was left running"
+
+
+def test_an_env_removed_and_built_again_gets_a_new_server(tmp_path):
+    """An env deleted by hand (damaged, or to rebuild it) and built again at the same path: the
+    server that preloaded from the old one holds modules whose files are gone; the new env's
+    runs must not fork from it."""
+    python = _venv(tmp_path / "env")
+    first = KeptServer(python, preload=STAND_INS, env={})
+    started = first.kept
+    first.close()
+    shutil.rmtree(tmp_path / "env")
+    assert _venv(tmp_path / "env") == python
+    second = KeptServer(python, preload=STAND_INS, env={})
+    again = second.kept
+    second.close()
+    assert not again.reused and again.pid != started.pid
