@@ -226,20 +226,17 @@ class Server:
                 self.attached -= 1
                 self.last_active = time.monotonic()
 
-    def idle_for(self):
-        """Seconds with no host attached and no check running (0 while in use)."""
+    def exit(self, idle=False):
+        """End every running check's group, give the socket path back, and exit; with ``idle``,
+        only when ``idle_s`` has passed with no host attached and no check running. All under
+        the lock an attach takes, so a host attaching now is counted in or finds us gone."""
         with _MP_LOCK:
-            if self.attached or self.running:
-                return 0.0
-            return time.monotonic() - self.last_active
-
-    def exit(self):
-        """End every running check's group, give the socket path back, and exit."""
-        with _MP_LOCK:
+            if idle and (self.attached or self.running or time.monotonic() - self.last_active < self.idle_s):
+                return
             for pgid in self.running:
                 _kill_group(pgid)
-        _give_back()
-        os._exit(0)
+            _give_back()
+            os._exit(0)
 
     def run(self, request, stream, host):
         """One check; ended early when ``host`` hangs up (the run was killed, or gave up on it)."""
@@ -321,9 +318,9 @@ def _exit_with_host(server, host):
 
 def _exit_when_idle(server):
     """A kept server's end: ``idle_s`` with no host attached and no check running."""
-    while server.idle_for() < server.idle_s:
+    while True:
         time.sleep(min(_HOST_POLL_S, server.idle_s))
-    server.exit()
+        server.exit(idle=True)
 
 
 def _hold(path):
