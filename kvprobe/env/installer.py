@@ -6,6 +6,8 @@ is shared by every profile's lock. uv does not read pip's configuration, so the 
 pip is configured with (``pip config list``: index-url, extra-index-url, find-links,
 cert) are handed to it explicitly, with ``unsafe-best-match`` (pip's rule: any index may
 serve a version; the pinned hashes, not the index order, decide which file is trusted).
+Asking pip costs a python start and pip's import (about half a second), so it is skipped
+when pip has nothing to say: no ``PIP_*`` variable and none of its configuration files.
 
 uv takes all files of one version from the first index that has it (astral-sh/uv#14000),
 so a lock file can be unsatisfiable through uv where pip, which pools the files of all
@@ -80,13 +82,32 @@ def parse_lock(text: str) -> list[Requirement]:
     return reqs
 
 
-def pip_config(python: str) -> IndexConfig:
-    """pip's effective index settings as ``pip config list`` shows them (env vars win)."""
-    result = proc.capture(
-        [python, "-m", "pip", "config", "list"],
-        timeout_s=60,
-        env=proc.clean_env(network=True, passthrough_prefixes=("PIP_",)),
-    )
+def pip_config_files(prefix: Path, home: Path, system: Path = Path("/etc")) -> list[Path]:
+    """The files pip reads its configuration from on Linux, for an env at ``prefix``.
+
+    Global (XDG's default and /etc), the env's own, the user's (legacy and XDG): the list
+    ``pip config debug`` shows when no XDG_* variable is set, and kvprobe passes pip none.
+    """
+    return [
+        system / "xdg" / "pip" / "pip.conf",
+        system / "pip.conf",
+        prefix / "pip.conf",
+        home / ".pip" / "pip.conf",
+        home / ".config" / "pip" / "pip.conf",
+    ]
+
+
+def pip_config(env_dir: Path, *, system: Path = Path("/etc")) -> IndexConfig:
+    """pip's effective index settings as ``pip config list`` shows them (env vars win).
+
+    pip is not asked when it has no configuration (Linux, no ``PIP_*`` variable, none of
+    :func:`pip_config_files`): its answer would be empty, which means PyPI. pip runs
+    without writing bytecode: asking leaves the new env as it was.
+    """
+    env = proc.clean_env({"PYTHONDONTWRITEBYTECODE": "1"}, network=True, passthrough_prefixes=("PIP_",))
+    if not _pip_configured(env_dir, env, system):
+        return IndexConfig()
+    result = proc.capture([str(env_dir / "bin" / "python"), "-m", "pip", "config", "list"], timeout_s=60, env=env)
     found: dict[str, str] = {}
     for line in result.stdout.splitlines() if result.ok else []:
         key, sep, value = line.partition("=")
@@ -102,6 +123,13 @@ def pip_config(python: str) -> IndexConfig:
         no_index=found.get("no-index", "").lower() in ("1", "true", "yes", "on"),
         cert=found.get("cert"),
     )
+
+
+def _pip_configured(env_dir: Path, env: dict[str, str], system: Path) -> bool:
+    """Whether pip might have settings: anywhere but Linux, pip's own rules are not spelled out here."""
+    if sys.platform != "linux" or any(key.startswith("PIP_") for key in env):
+        return True
+    return any(path.exists() for path in pip_config_files(env_dir, Path(env["HOME"]), system))
 
 
 def local_files(reqs: list[Requirement], config: IndexConfig) -> dict[str, str]:

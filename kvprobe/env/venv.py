@@ -349,7 +349,7 @@ class EnvManager:
 
     def _install_uv(self, uv: str, profile: Profile, env_dir: Path, tmp: Path, torch_index: str | None) -> None:
         lock_text, index_reqs = split_lock(profile, torch_index)
-        config = installer.pip_config(str(env_dir / "bin" / "python"))
+        config = installer.pip_config(env_dir)
         reqs = installer.parse_lock(lock_text)
         lock_file = tmp / "uv-lock.txt"
         lock_file.write_text(installer.uv_requirements(reqs, installer.local_files(reqs, config)))
@@ -446,6 +446,9 @@ def uv_cache_lease(uv_cache: Path) -> Iterator[None]:
 
 
 def _python_identity(python: str) -> str:
+    """The interpreter part of an env's key; kvprobe's own is known without starting it again."""
+    if python == sys.executable:
+        return f"{sys.version} {platform.machine()}".strip()
     result = proc.capture(
         [python, "-c", "import sys,platform;print(sys.version, platform.machine())"], timeout_s=60, env=proc.clean_env()
     )

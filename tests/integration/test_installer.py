@@ -9,6 +9,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -150,3 +151,12 @@ def test_cache_prune_leaves_uv_cache_alone_while_an_env_build_uses_it(two_indexe
     assert info.build["installer"]["tool"] == "uv" and origin(info.path / "bin" / "python") == "pinned"
     after = {o.entry.kind: o.action for o in cache.prune(root, everything=True)}
     assert after == {"uv": "deleted", "env": "deleted"} and not (root / "uv").exists()
+
+
+def test_env_key_for_kvprobes_own_python_is_the_key_its_process_reports(tmp_path):
+    """kvprobe's own interpreter is identified without starting it; another path to the same
+    binary is started and asked, and both give the same key (cached envs keep their names)."""
+    other = tmp_path / "python"
+    other.symlink_to(sys.executable)
+    manager, profile = EnvManager(tmp_path / "cache"), load_profile("pytest-minimal")
+    assert manager.key(profile, sys.executable, None) == manager.key(profile, str(other), None)
