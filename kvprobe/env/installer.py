@@ -7,7 +7,8 @@ pip is configured with (``pip config list``: index-url, extra-index-url, find-li
 cert) are handed to it explicitly, with ``unsafe-best-match`` (pip's rule: any index may
 serve a version; the pinned hashes, not the index order, decide which file is trusted).
 Asking pip costs a python start and pip's import (about half a second), so it is skipped
-when pip has nothing to say: no ``PIP_*`` variable and none of its configuration files.
+when pip has nothing to say: none of its configuration files, and no ``PIP_*`` variable
+for those settings.
 
 uv takes all files of one version from the first index that has it (astral-sh/uv#14000),
 so a lock file can be unsatisfiable through uv where pip, which pools the files of all
@@ -29,6 +30,7 @@ from urllib.parse import unquote, urljoin, urlparse
 from kvprobe import proc
 
 INSTALLER_VAR = "KVPROBE_INSTALLER"  # "pip" forces pip; "uv" or unset: uv when found
+_SETTINGS = ("index-url", "extra-index-url", "find-links", "no-index", "cert")  # the ones uv is handed
 _HREF = re.compile(r'href="([^"]+)"', re.IGNORECASE)
 
 
@@ -100,9 +102,10 @@ def pip_config_files(prefix: Path, home: Path, system: Path = Path("/etc")) -> l
 def pip_config(env_dir: Path, *, system: Path = Path("/etc")) -> IndexConfig:
     """pip's effective index settings as ``pip config list`` shows them (env vars win).
 
-    pip is not asked when it has no configuration (Linux, no ``PIP_*`` variable, none of
-    :func:`pip_config_files`): its answer would be empty, which means PyPI. pip runs
-    without writing bytecode: asking leaves the new env as it was.
+    pip is not asked when it has nothing to say (Linux, none of :func:`pip_config_files`,
+    no ``PIP_*`` variable for a setting read here or for a config file): the answer would
+    be no setting, which means PyPI. pip runs without writing bytecode: asking leaves the
+    new env as it was.
     """
     env = proc.clean_env({"PYTHONDONTWRITEBYTECODE": "1"}, network=True, passthrough_prefixes=("PIP_",))
     if not _pip_configured(env_dir, env, system):
@@ -126,8 +129,12 @@ def pip_config(env_dir: Path, *, system: Path = Path("/etc")) -> IndexConfig:
 
 
 def _pip_configured(env_dir: Path, env: dict[str, str], system: Path) -> bool:
-    """Whether pip might have settings: anywhere but Linux, pip's own rules are not spelled out here."""
-    if sys.platform != "linux" or any(key.startswith("PIP_") for key in env):
+    """Whether pip might have settings: anywhere but Linux, pip's own rules are not spelled out here.
+
+    A variable is named as pip names it (``PIP_`` dropped, lower case, ``_`` as ``-``).
+    """
+    named = {key[4:].lower().replace("_", "-") for key in env if key.startswith("PIP_")}
+    if sys.platform != "linux" or named & {*_SETTINGS, "config-file"}:
         return True
     return any(path.exists() for path in pip_config_files(env_dir, Path(env["HOME"]), system))
 

@@ -63,10 +63,40 @@ def test_the_files_checked_are_the_files_pip_reads(venv, bare):
     assert sorted(listed) == sorted(str(p) for p in installer.pip_config_files(venv, home))
 
 
-def test_no_configuration_means_pypi_without_starting_pip(tmp_path, bare):
+def test_no_configuration_means_pypi_without_starting_pip(tmp_path, bare, monkeypatch):
     _, system = bare
+    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))  # settings uv is not handed
+    monkeypatch.setenv("PIP_DEFAULT_TIMEOUT", "60")
     no_python = tmp_path / "no-env"  # starting pip here would raise ObserveError
     assert installer.pip_config(no_python, system=system) == installer.IndexConfig()
+
+
+@pytest.mark.parametrize(
+    "var",
+    [
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+        "PIP_FIND_LINKS",
+        "PIP_NO_INDEX",
+        "PIP_CERT",
+        "PIP_CONFIG_FILE",
+        "PIP_Index_Url",
+    ],
+)
+def test_a_pip_variable_for_an_index_setting_makes_kvprobe_ask_pip(tmp_path, bare, monkeypatch, var):
+    monkeypatch.setenv(var, str(tmp_path / "x"))
+    with pytest.raises(ObserveError, match="cannot start"):
+        installer.pip_config(tmp_path / "no-env", system=bare[1])
+
+
+def test_pip_itself_reads_nothing_from_the_other_variables(venv, bare, tmp_path, monkeypatch):
+    """Real pip, its files switched off (PIP_CONFIG_FILE=/dev/null, which makes kvprobe ask):
+    the variables the fast path disregards give no setting uv is handed."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
+    monkeypatch.setenv("PIP_DEFAULT_TIMEOUT", "60")
+    monkeypatch.setenv("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    assert installer.pip_config(venv, system=bare[1]) == installer.IndexConfig()
 
 
 @pytest.mark.parametrize("which", range(5))
