@@ -50,6 +50,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -677,22 +678,31 @@ def bench_reuse(figs: Figures, work: Path, reps: int) -> None:
 
 
 def timed_build(profile, cache_root: Path, installer: str) -> tuple[float, dict]:
-    """Seconds for EnvManager.ensure() of ``profile`` in ``cache_root`` with one installer."""
+    """Seconds for EnvManager.ensure() of ``profile`` in ``cache_root`` with one installer, and
+    the CPU seconds it used, its processes included (what the build costs when every core is busy)."""
     from kvprobe.env.venv import EnvManager
 
     saved = {k: os.environ.get(k) for k in ("KVPROBE_INSTALLER", "PIP_CACHE_DIR")}
     os.environ["KVPROBE_INSTALLER"] = installer
     os.environ["PIP_CACHE_DIR"] = str(cache_root / "pip-cache")  # pip's own cache starts empty too
     try:
-        started = time.perf_counter()
+        cpu, started = _cpu(), time.perf_counter()
         info = EnvManager(cache_root).ensure(profile)
-        return time.perf_counter() - started, {"packages": info.packages, "installer": info.build["installer"]}
+        seconds, cpu = time.perf_counter() - started, _cpu() - cpu
+        return seconds, {"packages": info.packages, "installer": info.build["installer"], "cpu": cpu}
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and the children it waited for, user and system."""
+    return sum(
+        u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
 
 
 def bench_env(figs: Figures, work: Path, full: bool, pairs: int) -> None:
@@ -711,13 +721,16 @@ def bench_env(figs: Figures, work: Path, full: bool, pairs: int) -> None:
         _log(f"building the {name} env cold with pip, then with uv (empty caches), {n}x")
         pip_s: list[float] = []
         uv_s: list[float] = []
+        cpu: dict[str, list[float]] = {"pip": [], "uv": []}
         for _ in range(n):
             seconds, pip_env = timed_build(profile, roots["pip"], "pip")
             pip_s.append(seconds)
+            cpu["pip"].append(pip_env["cpu"])
             shutil.rmtree(roots["pip"], ignore_errors=True)
             shutil.rmtree(roots["uv"], ignore_errors=True)
             seconds, uv_env = timed_build(profile, roots["uv"], "uv")
             uv_s.append(seconds)
+            cpu["uv"].append(uv_env["cpu"])
         shutil.rmtree(roots["uv"] / "envs")  # keep uv's download cache: the next lock's view
         again_s, _ = timed_build(profile, roots["uv"], "uv")
         shutil.rmtree(roots["uv"], ignore_errors=True)
@@ -733,6 +746,7 @@ def bench_env(figs: Figures, work: Path, full: bool, pairs: int) -> None:
             and same
             and uv_env["installer"]["tool"] == "uv",
             note=f"same packages and versions: {same} ({len(uv_env['packages'])}); built by {uv_env['installer']}; "
+            f"CPU s (median) uv {statistics.median(cpu['uv']):.2f}, pip {statistics.median(cpu['pip']):.2f}; "
             f"load average after: {load}",
         )
         figs.add(
