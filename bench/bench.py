@@ -32,9 +32,10 @@ Sections (each figure: min / median / max over repetitions, and the ratio to its
   env      a cold env build with uv against the same lock built with pip (the floor), each
            into an empty temp cache: the small pytest-minimal lock (pairs, pip then uv, 3 with
            --quick, else 5; medians compared), and with --full the sglang-cpu lock (~6 GB,
-           one pair). Target <= 0.5x. Also: a rebuild whose downloads are in
-           uv's cache (what another profile's lock sharing those files pays), and whether
-           both installers gave the same package set and versions.
+           one pair). Target <= 0.5x. Each build's CPU seconds are noted (what it costs
+           when every core is busy; wall time moves with other load). Also: a rebuild whose
+           downloads are in uv's cache (what another profile's lock sharing those files
+           pays), and whether both installers gave the same package set and versions.
   hostile  peak RSS of `kvprobe verify` and `kvprobe report` on hostile bundles built by
            tests/forge.py (documents just under the old caps, a 1 GiB archive header): each
            refused or read within tens of MiB (issue #11). Needs nothing cached.
