@@ -31,6 +31,8 @@ from kvprobe import proc
 
 INSTALLER_VAR = "KVPROBE_INSTALLER"  # "pip" forces pip; "uv" or unset: uv when found
 _SETTINGS = ("index-url", "extra-index-url", "find-links", "no-index", "cert")  # the ones uv is handed
+# What `pip install` reads, weakest first: [global], then [install], then PIP_* variables.
+_SCOPE_RANK = {"global": 0, "install": 1, ":env:": 2}
 _HREF = re.compile(r'href="([^"]+)"', re.IGNORECASE)
 
 
@@ -100,7 +102,8 @@ def pip_config_files(prefix: Path, home: Path, system: Path = Path("/etc")) -> l
 
 
 def pip_config(env_dir: Path, *, system: Path = Path("/etc")) -> IndexConfig:
-    """pip's effective index settings as ``pip config list`` shows them (env vars win).
+    """pip's index settings as ``pip install`` reads them from ``pip config list``: ``[install]``
+    over ``[global]``, ``PIP_*`` variables over both (another command's section is not read).
 
     pip is not asked when it has nothing to say (Linux, none of :func:`pip_config_files`,
     no ``PIP_*`` variable for a setting read here or for a config file): the answer would
@@ -111,14 +114,18 @@ def pip_config(env_dir: Path, *, system: Path = Path("/etc")) -> IndexConfig:
     if not _pip_configured(env_dir, env, system):
         return IndexConfig()
     result = proc.capture([str(env_dir / "bin" / "python"), "-m", "pip", "config", "list"], timeout_s=60, env=env)
-    found: dict[str, str] = {}
+    found: dict[str, tuple[int, str]] = {}
     for line in result.stdout.splitlines() if result.ok else []:
         key, sep, value = line.partition("=")
-        if not sep:
-            continue
         scope, _, name = key.rpartition(".")
-        if name not in found or scope == ":env:":
-            found[name] = value.strip().strip("'\"")
+        rank = _SCOPE_RANK.get(scope)
+        if sep and rank is not None and rank >= found.get(name, (-1, ""))[0]:
+            found[name] = (rank, value.strip().strip("'\""))
+    return _index_config({name: value for name, (_, value) in found.items()})
+
+
+def _index_config(found: dict[str, str]) -> IndexConfig:
+    """pip's settings by name, as the installer's record."""
     return IndexConfig(
         index_url=found.get("index-url"),
         extra_index_urls=tuple(found.get("extra-index-url", "").split()),

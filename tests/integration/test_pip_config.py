@@ -131,3 +131,21 @@ def test_pip_reads_the_user_and_env_files_and_leaves_the_env_unchanged(venv, bar
         cert=config.cert,  # this machine's /etc/pip.conf may set one
     )
     assert not list((venv / "lib").glob("python3*/site-packages/pip/**/*.pyc"))
+
+
+def test_the_install_section_overrides_global_and_variables_override_both(venv, bare, monkeypatch):
+    """What `pip install` uses: [install] over [global] whatever the order the keys are listed
+    in (`pip config list` sorts them), PIP_* over both, another command's section ignored."""
+    home, _ = bare
+    conf = home / ".config" / "pip" / "pip.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(
+        "[download]\nindex-url = https://download.invalid/simple\n"
+        "[global]\nindex-url = https://global.invalid/simple\nfind-links = https://links.invalid/\n"
+        "[install]\nindex-url = https://install.invalid/simple\n"
+    )
+    found = installer.pip_config(venv)
+    assert found.index_url == "https://install.invalid/simple"
+    assert found.find_links == ("https://links.invalid/",)
+    monkeypatch.setenv("PIP_INDEX_URL", "https://env.invalid/simple")
+    assert installer.pip_config(venv).index_url == "https://env.invalid/simple"
