@@ -221,10 +221,10 @@ def list_cmd(as_json: bool) -> int:
     from kvprobe.experiments import experiment
 
     exps = [experiment.load(i, validate=False) for i in experiment.list_ids()]  # fast start
-    out = _streams(as_json)
+    out = None if as_json else _streams(as_json)  # --json: rich is imported only to warn
     for exp in exps:
         _warn_shadowing(out, exp.id)
-    if as_json:
+    if out is None:
         emit_json(
             [
                 {
@@ -246,13 +246,18 @@ def list_cmd(as_json: bool) -> int:
     return EXIT_OK
 
 
-def _warn_shadowing(out: Output, experiment_id: str) -> None:
+def _warn_shadowing(out: Output | None, experiment_id: str) -> None:
     """Say so on stderr when the experiment used hides another of the same id (a project's
-    ./probes or KVPROBE_PROBES_PATH over kvprobe's built-in one)."""
-    from kvprobe.cli.console import data
+    ./probes or KVPROBE_PROBES_PATH over kvprobe's built-in one); ``out`` None: this
+    command's streams, made only then."""
     from kvprobe.experiments import experiment
 
     found = experiment.sources(experiment_id)
+    if len(found) < 2:
+        return
+    from kvprobe.cli.console import data
+
+    out = out or _streams(as_json=True)
     for folder, source in found[1:]:
         used, used_source = found[0]
         out.warn(
