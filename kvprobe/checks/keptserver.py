@@ -60,10 +60,9 @@ class KeptInfo:
     attached: int
     python: str
     preload: tuple[str, ...]
-    reused: bool = False  # this run found it running (False: this run started it)
 
     @classmethod
-    def from_hello(cls, reply: Mapping[str, Any], *, reused: bool = False) -> KeptInfo:
+    def from_hello(cls, reply: Mapping[str, Any]) -> KeptInfo:
         return cls(
             pid=int(reply["pid"]),
             started_utc=str(reply["started_utc"]),
@@ -72,7 +71,6 @@ class KeptInfo:
             attached=int(reply["attached"]),
             python=str(reply["python"]),
             preload=tuple(reply["preload"]),
-            reused=reused,
         )
 
 
@@ -262,7 +260,7 @@ class KeptServer(ForkServer):
         """What the server said of itself when this run attached (waits for it)."""
         self.ready()
         assert self._hello_reply is not None, "ready() sets it or raises"
-        return KeptInfo.from_hello(self._hello_reply, reused=self.reused)
+        return KeptInfo.from_hello(self._hello_reply)
 
     def close(self) -> None:
         """Let go of the server (it stays up, idle, for the next run), once it has counted this

@@ -305,9 +305,7 @@ def execution_record(
         for kind, name, how in named:
             reason = how.reason or (fresh_reason if how.mode == FRESH else None)
             rows.append(CheckExecution(name=name, mode=how.mode, reason=reason, side=side.value, check=kind))
-    kept = server.kept if isinstance(server, KeptServer) else None
-    return ExecutionRecord(
-        dict(sorted(server.preloaded.items())) if server else {},
-        tuple(rows),
-        None if kept is None else KeptServerRecord(kept.started_utc, kept.reused, kept.idle_s),
-    )
+    kept = None
+    if isinstance(server, KeptServer):
+        kept = KeptServerRecord(server.kept.started_utc, server.reused, server.kept.idle_s)
+    return ExecutionRecord(dict(sorted(server.preloaded.items())) if server else {}, tuple(rows), kept)

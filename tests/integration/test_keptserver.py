@@ -90,10 +90,10 @@ def test_a_second_run_forks_from_the_server_the_first_left_running(tmp_path):
     assert _check(first, tmp_path, "import sys\nprint('decimal' in sys.modules)\n") == "True\n"
     started = first.kept
     first.close()
-    assert not started.reused and _alive(started.pid), "closing let go of the server, it did not stop it"
+    assert not first.reused and _alive(started.pid), "closing let go of the server, it did not stop it"
     second = _kept()
     again = second.kept
-    assert again.reused and (again.pid, again.started_utc) == (started.pid, started.started_utc)
+    assert second.reused and (again.pid, again.started_utc) == (started.pid, started.started_utc)
     assert again.served == 1 and again.attached == 1
     assert _check(second, tmp_path, "import os\nprint(os.getppid() != 1)\n") == "True\n"
     second.close()
@@ -115,7 +115,7 @@ def test_runs_starting_at_once_share_one_server():
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert len({s.kept.pid for s in found}) == 1
-    assert sorted(s.kept.reused for s in found) == [False, True, True, True]
+    assert sorted(s.reused for s in found) == [False, True, True, True]
     for server in found:
         server.close()
 
@@ -141,7 +141,7 @@ def test_a_server_killed_outright_is_replaced_by_the_next_run(tmp_path):
     assert _gone(pid)
     assert server.socket_path.exists()  # left behind by the kill
     replaced = _kept()
-    assert not replaced.kept.reused and replaced.kept.pid != pid
+    assert not replaced.reused and replaced.kept.pid != pid
     assert _check(replaced, tmp_path, "print(1)\n") == "1\n"
     replaced.close()
 
@@ -354,4 +354,4 @@ def test_an_env_removed_and_built_again_gets_a_new_server(tmp_path):
     second = KeptServer(python, preload=STAND_INS, env={})
     again = second.kept
     second.close()
-    assert not again.reused and again.pid != started.pid
+    assert not second.reused and again.pid != started.pid
