@@ -36,14 +36,18 @@ def check_report_schema(doc: Any) -> None:
 # --------------------------------------------------------------------------- results
 
 
-def results_from_report(doc: dict[str, Any]) -> list[TestResult]:
+def results_from_report(doc: dict[str, Any], *, failed_subtests_fail: bool = True) -> list[TestResult]:
     """Per-test (and per-subtest) results from a report document. Pure.
 
+    A test whose own phases passed but one of whose subtests failed has not passed: it is
+    FAILED with no kind of its own (its subtests carry the kinds), as pytest's unittest
+    integration reports such a test passed. ``failed_subtests_fail=False`` keeps the rule of
+    kvprobe.compare/4 and earlier (the test as pytest reported it), so their bundles verify.
     Raises SchemaError for a document that is not ``kvprobe.pytest-report/1``.
     """
     check_report_schema(doc)
     results = [_collection_result(entry) for entry in doc.get("collection_errors", [])]
-    results += _test_results(doc.get("tests", []))
+    results += _test_results(doc.get("tests", []), failed_subtests_fail)
     return _apply_run_state(doc, results)
 
 
@@ -53,7 +57,7 @@ def _collection_result(entry: Mapping[str, Any]) -> TestResult:
     return TestResult(entry["nodeid"], Outcome.ERROR, FailureKind.COLLECTION, exc.get("root_type"), _clip(message))
 
 
-def _test_results(entries: Iterable[Mapping[str, Any]]) -> list[TestResult]:
+def _test_results(entries: Iterable[Mapping[str, Any]], failed_subtests_fail: bool) -> list[TestResult]:
     phases: dict[str, list[Mapping[str, Any]]] = {}
     subtests: dict[str, list[TestResult]] = {}
     labels: Counter[tuple[str, str]] = Counter()
@@ -72,7 +76,8 @@ def _test_results(entries: Iterable[Mapping[str, Any]]) -> list[TestResult]:
     for nodeid, entries_of_test in phases.items():
         subs = subtests.get(nodeid, [])
         if entries_of_test:
-            results.append(_merge_phases(nodeid, entries_of_test, subs))
+            merged = _merge_phases(nodeid, entries_of_test, subs)
+            results.append(_failed_through_subtests(merged, subs) if failed_subtests_fail else merged)
         results += subs
     return results
 
@@ -105,6 +110,14 @@ def _merge_phases(nodeid: str, entries: list[Mapping[str, Any]], subs: list[Test
     ):
         result = _from_entry(teardown, phase_error=True)
     return result
+
+
+def _failed_through_subtests(result: TestResult, subs: list[TestResult]) -> TestResult:
+    """A passed test with a failed subtest, as FAILED (kind None: the subtests carry the kinds)."""
+    failed = sum(1 for s in subs if s.outcome in (Outcome.FAILED, Outcome.ERROR))
+    if not failed or result.outcome not in (Outcome.PASSED, Outcome.XPASSED):
+        return result
+    return TestResult(result.nodeid, Outcome.FAILED, message=f"passed itself, but {failed} of its subtests failed")
 
 
 def _from_entry(

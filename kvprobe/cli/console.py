@@ -273,6 +273,25 @@ def _pin_text(identity: dict[str, Any]) -> str:
     return data(", ".join(f"{k}={v}" for k, v in identity["switches"].items()))
 
 
+def observation_headline(c: dict[str, Any]) -> str:
+    """What was checked, kind by kind: the fix's flips apart from the controls that must hold
+    (compare/5 counts them apart; an older receipt has only the totals)."""
+    if "flips_expected" not in c:
+        return (
+            f"observations: {c['observations_matched']}/{c['observations_expected']} expected matched, "
+            f"{c['observations_changed']} changed from base to head"
+        )
+    parts = [
+        f"{c['flips_held']}/{c['flips_expected']} changed as expected",
+        f"{c['controls_held']}/{c['controls_expected']} controls held",
+    ]
+    if c["one_sided_expected"]:
+        parts.append(f"{c['one_sided_held']}/{c['one_sided_expected']} expected on one side only")
+    if c["unchecked"]:
+        parts.append(f"{c['unchecked']} recorded unchecked")
+    return "observations: " + ", ".join(parts)
+
+
 def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str, verbosity: int) -> None:
     """The verdict, its reasons, the bundle and its digest. The observation table too on a
     terminal or with -v; on a pipe by default only the rows that did not match."""
@@ -282,27 +301,18 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
     for col in ("case", "observation", "base", "head", "expected", "ok"):
         table.add_column(col, overflow="fold")
     for row in comp["observations"]:
-        if not (row["expected_base_declared"] or row["expected_head_declared"] or row["changed"]):
+        checked = row["expected_base_declared"] or row["expected_head_declared"]
+        if not (checked or row["changed"]):
             continue
         good = row["base_ok"] and row["head_ok"]
-        if not full and good:
+        if not full and good and checked:
             continue
         expected = f"{_exp(row, 'base')} → {_exp(row, 'head')}"
-        table.add_row(
-            data(row["case"]),
-            data(row["observation"]),
-            _obs(row, "base"),
-            _obs(row, "head"),
-            expected,
-            "✓" if good else "✗",
-        )
+        mark = ("✓" if good else "✗") if checked else "unchecked"
+        table.add_row(data(row["case"]), data(row["observation"]), _obs(row, "base"), _obs(row, "head"), expected, mark)
     if table.row_count:
         emit(console, table)
-    c = comp["counts"]
-    console.print(
-        f"observations: {c['observations_matched']}/{c['observations_expected']} expected matched, "
-        f"{c['observations_changed']} changed from base to head"
-    )
+    console.print(observation_headline(comp["counts"]))
     for path, summary in comp["test_summary"].items():
         console.print(
             f"upstream {data(path)}: {data(summary['transitions'])}; "

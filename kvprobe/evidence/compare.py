@@ -23,7 +23,7 @@ from kvprobe.names import SIDES
 
 # Names what compare() computes; change it whenever its output for the same inputs changes,
 # so a verifier can tell a bundle made by another comparison from a forged one.
-ALGORITHM = "kvprobe.compare/4"
+ALGORITHM = "kvprobe.compare/5"
 # Earlier comparisons and how their output differs from this one's for the same inputs. A
 # bundle made by one is recomputed with its rules (compare/1 and /2: compare/2's test rules;
 # all three read every probe case as observed) and verifies when that gives the same block.
@@ -34,8 +34,23 @@ PREDECESSORS = {
     "every head test as NOT_RUN, and had no FAIL_TO_PASS/PASS_TO_PASS expectations",
     "kvprobe.compare/3": "read every probe case as observed (a case that never reached its "
     "decision point counted as behaviour)",
+    "kvprobe.compare/4": "counted a test that passed itself but had a failed subtest as passed (a "
+    "PASS_TO_PASS where the base failed a subtest), and did not count expected flips apart from "
+    "controls",
 }
 _COMPARE_2_TEST_RULES = ("kvprobe.compare/1", "kvprobe.compare/2")
+# Comparisons that read every case as observed and whose receipts do not state the probes'
+# configuration and absorbed calls (compare/4 introduced both).
+_BEFORE_OBSERVATION = ("kvprobe.compare/1", "kvprobe.compare/2", "kvprobe.compare/3")
+# Comparisons that took a test with a failed subtest as pytest reported it.
+_SUBTESTS_AS_REPORTED = (*_BEFORE_OBSERVATION, "kvprobe.compare/4")
+
+
+def states_probe_records(algorithm: str) -> bool:
+    """Whether a receipt of ``algorithm`` must state evidence.configuration and .absorbed."""
+    return algorithm not in _BEFORE_OBSERVATION
+
+
 _PASSING = (Outcome.PASSED.value, Outcome.SKIPPED.value, Outcome.XFAILED.value)
 # The SWE-bench set each transition belongs to: ERROR_TO_PASS is a fail-to-pass by exception.
 _TO_PASS = {
@@ -143,16 +158,17 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def test_rows(
-    test_runs: Mapping[str, Mapping[str, Any]], *, legacy: bool = False
+    test_runs: Mapping[str, Mapping[str, Any]], *, legacy: bool = False, subtests_fail: bool = True
 ) -> tuple[list[dict], dict[str, dict]]:
     """Per-test transitions and per-file summaries from the two sides' test-run records.
 
     A module one side could not collect is stated per test the other side ran
-    (``spread_collection_errors``); ``legacy`` keeps compare/2's rows (one ERROR row).
+    (``spread_collection_errors``); ``legacy`` keeps compare/2's rows (one ERROR row);
+    ``subtests_fail=False`` keeps compare/4's reading of a test with a failed subtest.
     """
     rows, summary = [], {}
     for path, sides in sorted(test_runs.items()):
-        ran = {side: _results(sides.get(side)) for side in SIDES}
+        ran = {side: _results(sides.get(side), subtests_fail) for side in SIDES}
         results = dict(ran)
         if not legacy:
             results = {
@@ -176,10 +192,33 @@ def test_rows(
     return rows, summary
 
 
-def _results(run: Mapping[str, Any] | None) -> list[TestResult]:
+def _results(run: Mapping[str, Any] | None, subtests_fail: bool) -> list[TestResult]:
     if not run or run.get("report") is None:
         return []
-    return results_from_report(run["report"])
+    return results_from_report(run["report"], failed_subtests_fail=subtests_fail)
+
+
+def observation_kinds(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """The declared observations by what they check, each with how many held.
+
+    ``flips``: expected on both sides, with different values (the fix's behaviour);
+    ``controls``: expected on both sides with the same value (what must not change);
+    ``one_sided``: expected on one side only (e.g. a symbol the base lacks);
+    ``unchecked``: recorded with no expectation on either side (shown, never a tick).
+    """
+    kinds = ("flips", "controls", "one_sided")
+    counts = {f"{k}_{n}": 0 for k in kinds for n in ("expected", "held")} | {"unchecked": 0}
+    for r in rows:
+        declared = (r["expected_base_declared"], r["expected_head_declared"])
+        if not any(declared):
+            counts["unchecked"] += 1
+            continue
+        kind = "one_sided"
+        if all(declared):
+            kind = "controls" if _same(r["expected_base"], r["expected_head"]) else "flips"
+        counts[f"{kind}_expected"] += 1
+        counts[f"{kind}_held"] += bool(r["base_ok"] and r["head_ok"])
+    return counts
 
 
 def _side_summary(run: Mapping[str, Any] | None, results: list[TestResult], legacy: bool) -> dict[str, Any]:
@@ -210,10 +249,10 @@ def compare(
     (see PREDECESSORS for their rules; their blocks name the algorithm they were made by).
     """
     legacy = algorithm in _COMPARE_2_TEST_RULES
-    observing = algorithm == ALGORITHM
+    observing = algorithm not in _BEFORE_OBSERVATION
     tables = {side: case_table(probe_docs.get(side, {}), observation=observing) for side in SIDES}
     rows = observation_rows(expect, tables)
-    trows, tsummary = test_rows(test_runs, legacy=legacy)
+    trows, tsummary = test_rows(test_runs, legacy=legacy, subtests_fail=algorithm not in _SUBTESTS_AS_REPORTED)
     declared_tests = {} if legacy else {p: e for p, e in (expect.get("tests") or {}).items() if p in tsummary}
     verdict, reasons = _verdict(expect, rows, trows, tsummary, probe_problems, tables, declared_tests, legacy)
     declared = [r for r in rows if r["expected_base_declared"] or r["expected_head_declared"]]
@@ -226,6 +265,8 @@ def compare(
     }
     if not legacy:
         counts["error_to_pass"] = sum(1 for r in trows if r["transition"] == Transition.ERROR_TO_PASS.value)
+    if algorithm not in _SUBTESTS_AS_REPORTED:
+        counts.update(observation_kinds(rows))
     return {
         "algorithm": algorithm,
         "verdict": verdict.value,

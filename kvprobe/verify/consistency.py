@@ -334,13 +334,13 @@ def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
 
 def _probe_record_defects(receipt: dict[str, Any], docs: dict[str, dict], made_by: str) -> list[BundleDefect]:
     """evidence.configuration and evidence.absorbed are the raw outputs'. Receipts of the
-    comparisons before compare/4 were written without them; one of compare/4 must state them."""
+    comparisons before compare/4 were written without them; one of compare/4 or later must state them."""
     found: list[BundleDefect] = []
     for key, derived in compare.probe_records(docs).items():
-        if key not in receipt["evidence"] and made_by != compare.ALGORITHM:
+        if key not in receipt["evidence"] and not compare.states_probe_records(made_by):
             continue
         if key not in receipt["evidence"]:
-            found.append(RecordMismatch(RECEIPT, f"evidence.{key} is missing: {compare.ALGORITHM} receipts state it"))
+            found.append(RecordMismatch(RECEIPT, f"evidence.{key} is missing: {made_by} receipts state it"))
             continue
         diffs = json_diff(receipt["evidence"][key], derived, f"evidence.{key}")
         if diffs:

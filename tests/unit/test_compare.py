@@ -323,3 +323,42 @@ def test_old_documents_without_observation_keep_their_verdict():
     result = run(EXPECT, doc("p", {"c": {}}, raised={"c": "AttributeError"}), doc("p", {"c": {"enqueued": False}}))
     assert result["verdict"] == "not-reproduced"
     assert result["reasons"] == ["base: p/c: enqueued expected True, got nothing (case raised AttributeError)"]
+
+
+# --- compare/5: a test with a failed subtest has not passed; flips apart from controls ----
+
+
+def _sub(name, label, failure=None):
+    entry = _test(name, failure)
+    entry["subtest"] = {"msg": label, "kwargs": {}}
+    return entry
+
+
+def test_a_test_that_passed_itself_with_a_failed_subtest_is_not_pass_to_pass():
+    """pytest's unittest integration reports the function passed; compare/5 reads it failed."""
+    base = _report([_sub("a", "x", "AssertionError"), _test("a")], exitstatus=1)
+    head = _report([_sub("a", "x"), _test("a")])
+    current = {r["test"]: r["transition"] for r in _tests_only({}, base, head)["tests"]}
+    assert current == {f"{TF}::a": "FAIL_TO_PASS", f"{TF}::a [x]": "FAIL_TO_PASS"}
+    old = _tests_only({}, base, head, algorithm="kvprobe.compare/4")
+    assert {r["test"]: r["transition"] for r in old["tests"]}[f"{TF}::a"] == "PASS_TO_PASS"
+
+
+def test_counts_tell_flips_from_controls_and_unchecked_rows():
+    expect = {
+        "base": {"p/c": {"enqueued": True, "valid": True}},
+        "head": {"p/c": {"enqueued": False, "valid": True, "retired": True}},
+    }
+    base = doc("p", {"c": {"enqueued": True, "valid": True, "extra": 1}})
+    head = doc("p", {"c": {"enqueued": False, "valid": False, "retired": True, "extra": 2}})
+    counts = run(expect, base, head)["counts"]
+    assert {k: counts[k] for k in counts if k.endswith(("_expected", "_held")) or k == "unchecked"} == {
+        "observations_expected": 3,
+        "flips_expected": 1,
+        "flips_held": 1,
+        "controls_expected": 1,
+        "controls_held": 0,  # head's valid is False: a control that did not hold
+        "one_sided_expected": 1,
+        "one_sided_held": 1,
+        "unchecked": 1,
+    }

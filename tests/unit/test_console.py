@@ -61,3 +61,35 @@ def test_a_piped_table_is_one_line_per_row():
     lines = buffer.getvalue().splitlines()
     assert any("later-release" in line and digest in line for line in lines), lines
     assert all(line == line.rstrip() for line in lines)
+
+
+def _comparison():
+    from kvprobe.evidence.compare import compare
+
+    def doc(obs):
+        return {"probe": "p", "cases": [{"name": "c", "status": "ok", "observations": obs, "error": None}]}
+
+    expect = {"base": {"p/c": {"enqueued": True, "valid": True}}, "head": {"p/c": {"enqueued": False, "valid": True}}}
+    return compare(
+        expect=expect,
+        probe_docs={
+            "base": {"p": doc({"enqueued": True, "valid": True, "extra": 1})},
+            "head": {"p": doc({"enqueued": False, "valid": True, "extra": 2})},
+        },
+        probe_problems={},
+        test_runs={},
+    )
+
+
+def test_the_headline_counts_flips_and_controls_apart_and_no_row_without_expectation_gets_a_tick():
+    from kvprobe.cli.console import print_run_summary
+
+    buffer = io.StringIO()
+    comp = _comparison()
+    print_run_summary(
+        make_console(buffer), {"comparison": comp, "verdict": comp["verdict"]}, "b", "0" * 64, verbosity=1
+    )
+    out = buffer.getvalue()
+    assert "observations: 1/1 changed as expected, 1/1 controls held, 1 recorded unchecked" in out
+    [extra] = [line for line in out.splitlines() if "extra" in line]
+    assert "unchecked" in extra and "✓" not in extra

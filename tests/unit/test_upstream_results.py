@@ -405,3 +405,21 @@ def test_subtests_have_their_own_transitions():
         f"{FILE}::t": Transition.PASS_TO_PASS,
         f"{FILE}::t [i=1]": Transition.FAIL_TO_PASS,
     }
+
+
+def test_a_passed_test_with_a_failed_subtest_has_not_passed():
+    sub = {"msg": "case", "kwargs": {"i": "1"}, "report_type": "SubtestReport"}
+    report = doc(
+        [
+            entry("T::test_s", "setup"),
+            entry("T::test_s", "call", "failed", subtest=sub, exception=exc("AssertionError")),
+            entry("T::test_s", "call", "passed"),
+            entry("T::test_s", "teardown"),
+        ],
+        exitstatus=1,
+    )
+    parent = by_key(results_from_report(report))[f"{FILE}::T::test_s"]
+    assert (parent.outcome, parent.kind) == (Outcome.FAILED, None)
+    assert "1 of its subtests failed" in parent.message
+    as_reported = by_key(results_from_report(report, failed_subtests_fail=False))[f"{FILE}::T::test_s"]
+    assert as_reported.outcome is Outcome.PASSED  # compare/4's reading, for its bundles
