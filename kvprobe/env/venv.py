@@ -410,7 +410,7 @@ class EnvManager:
         out = tmp / f"{label}.out"
 
         def poll() -> None:
-            self.reporter.update(_last_pip_action(out))
+            self.reporter.update(_last_action(out, what))
 
         result = proc.run(
             argv, timeout_s=self.timeout_s, stdout_path=out, stderr_path=tmp / f"{label}.err", env=env, poll=poll
@@ -457,12 +457,13 @@ def _python_identity(python: str) -> str:
     return result.stdout.strip()
 
 
-def _last_pip_action(path: Path) -> str:
+def _last_action(path: Path, what: str) -> str:
+    """The installer's last line of output, or that ``what`` (uv's or pip's step) is starting."""
     try:
         lines = [ln for ln in proc.read_tail(path, 4096).splitlines() if ln.strip()]
     except OSError:
-        return "starting pip"
-    return lines[-1][:100] if lines else "starting pip"
+        return f"starting {what}"
+    return lines[-1][:100] if lines else f"starting {what}"
 
 
 def _use(final: Path, hold: contextlib.ExitStack | None) -> EnvInfo:
