@@ -1,4 +1,4 @@
-"""Experiments A and B end to end on the real SGLang wheels (slow: first run builds the env).
+"""Experiments A, B and C end to end on the real SGLang wheels (slow: first run builds the env).
 
 They share the user's kvprobe cache (the sglang-cpu env is several GB and built once per lock),
 so a warm CI machine reuses it; a fresh one builds it here.
@@ -77,6 +77,35 @@ def test_experiment_b_release_reproduces_on_real_sglang(tmp_path):
     raised = receipt["comparison"]["cases"]["base"]["prefill_result_cleanup/inflight.poll_after_late_result"]
     assert raised["status"] == "raised" and raised["error_type"] == "kvprobe_probe.RejectedCall"
     assert raised["observation"] == "observed"  # the refusal is behaviour: it came after the decision point
+
+
+def test_experiment_c_release_reproduces_on_real_sglang(tmp_path):
+    code, summary, bundle = run(tmp_path, "experiment-c")
+    assert code == 0, summary["reasons"]
+    assert summary["verdict"] == "reproduced"
+    # #40645: the scheduler clears the Failed room before the in-flight write drains
+    cleared = observed(summary, "drain_acks/ack.clear_while_inflight")
+    assert cleared["ack_target_kept_after_clear"] == (False, True)
+    assert cleared["acks_after_drain"] == (0, 1)
+    assert cleared["acks_while_write_in_flight"] == (0, 0)  # the safety half: never before the drain
+    # #41402: two decode ranks share the room; before, only the last ABORT sender is ACKed
+    fanout = observed(summary, "drain_acks/fanout.two_decode_ranks")
+    assert fanout["decode_ranks_acked_after_drain"] == (1, 2)
+    assert fanout["first_aborter_acked"] == (False, True)
+    assert fanout["acks_while_write_in_flight"] == (0, 0)
+    both = observed(summary, "drain_acks/fanout.clear_before_drain")
+    assert both["decode_ranks_acked_after_drain"] == (0, 2)
+    # controls: a quiescent room is ACKed at once, one decode rank whose write drained first once
+    assert observed(summary, "drain_acks/ack.quiescent_abort")["acks_after_abort"] == (1, 1)
+    assert observed(summary, "drain_acks/fanout.one_decode_rank")["decode_ranks_acked_after_drain"] == (1, 1)
+    receipt = json.loads((bundle / "receipt.json").read_text())
+    assert receipt["sides"]["base"]["source"]["version"] == "0.5.20"
+    assert receipt["sides"]["head"]["source"]["version"] == "0.5.21"
+    assert receipt["experiment"]["vulnerability"]["fix_kind"] == "correctness"
+    assert set(receipt["evidence"]["mocks"]["drain_acks"]) >= {"wire", "transfer_worker", "nixl_manager_init"}
+    for side in ("base", "head"):
+        cases = receipt["comparison"]["cases"][side]
+        assert {c["observation"] for c in cases.values()} == {"observed"}, side
 
 
 @pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b"])

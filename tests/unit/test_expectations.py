@@ -20,7 +20,7 @@ def _recording(values, tests=None) -> Recording:
     return Recording("x", Path("experiment.toml"), "0" * 64, "run-1", values, tests=tests or {})
 
 
-@pytest.mark.parametrize("name", ["experiment-a", "experiment-b"])
+@pytest.mark.parametrize("name", ["experiment-a", "experiment-b", "experiment-c"])
 def test_replacing_keeps_the_rest_of_a_real_experiment(name):
     text = (PROBES / name / "experiment.toml").read_text()
     values = {"base": {"p/c.one": {"x": 1}}, "head": {"p/c.one": {"x": 2}}}

@@ -128,6 +128,10 @@ def test_builtin_pins_match_domain_table():
     assert a.pin_sets["commits"].head.commit == "8f3d6944b76c428d884582cb6c82a39db1465360"
     assert b.pin_sets["commits"].base.commit == "9c254df8cdbe99ef5f58e7fcd932da052f258538"
     assert a.default_pin_set == b.default_pin_set == "release"
+    c = experiment.load("experiment-c")  # #40645 + #41402: 0.5.20 -> 0.5.21, 0.5.22 as the later release
+    assert c.pin_sets["release"].base.version == "0.5.20" and c.pin_sets["release"].head.version == "0.5.21"
+    assert c.pin_sets["later-release"].head.version == "0.5.22"
+    assert c.default_pin_set == "release" and set(c.pin_sets) == {"release", "later-release"}
 
 
 VULNERABILITY = """
@@ -163,8 +167,10 @@ def test_bad_vulnerability_names_the_field(tmp_path, old, new, field):
 
 
 def test_shipped_experiments_declare_their_vulnerability():
-    kinds = {i: experiment.load(i).vulnerability for i in ("experiment-a", "experiment-b", "model")}
+    kinds = {i: experiment.load(i).vulnerability for i in ("experiment-a", "experiment-b", "experiment-c", "model")}
     assert {v.id for v in kinds.values()} == {"KVPROBE-2026-0001"}
     # upstream calls #38935 a waste/latency fix; #36988 is the correctness (security) fix
     assert kinds["experiment-a"].fix_kind.value == "performance"
     assert kinds["experiment-b"].fix_kind.value == "security"
+    # #40645 + #41402 fix ACK delivery (robustness of the page-lifetime protocol), not the vulnerability
+    assert kinds["experiment-c"].fix_kind.value == "correctness"
