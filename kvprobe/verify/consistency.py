@@ -334,10 +334,10 @@ def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
 
 def _probe_record_defects(receipt: dict[str, Any], docs: dict[str, dict], made_by: str) -> list[BundleDefect]:
     """evidence.configuration and evidence.absorbed are the raw outputs'. Receipts of the
-    comparisons before compare/4 were written without them; one of compare/4 must state them."""
+    comparisons before compare/4 were written without them; one of compare/4 or later must state them."""
     found: list[BundleDefect] = []
     for key, derived in compare.probe_records(docs).items():
-        if key not in receipt["evidence"] and made_by != compare.ALGORITHM:
+        if key not in receipt["evidence"] and made_by not in compare.STATES_PROBE_RECORDS:
             continue
         if key not in receipt["evidence"]:
             found.append(RecordMismatch(RECEIPT, f"evidence.{key} is missing: {compare.ALGORITHM} receipts state it"))
