@@ -136,7 +136,7 @@ def observation_rows(
                 row[f"expected_{side}_declared"] = name in expected
                 if presence and name == NOT_PRESENT and name in expected:
                     absent = case is not None and case.get("observation") == "not-present"
-                    row[side] = list(case["missing"]) if absent else None
+                    row[side] = list(case["missing"]) if case is not None and absent else None
                     row[f"{side}_recorded"] = absent
                     row[f"{side}_ok"] = _absent_ok(case, expected[name])
                     continue
@@ -314,7 +314,8 @@ def _verdict(
     for r in rows:
         for side in SIDES:
             if not r[f"{side}_ok"]:
-                got = repr(r[side]) if r[f"{side}_recorded"] else _missing(tables[side].get(r["case"]), r["observation"])
+                case = tables[side].get(r["case"])
+                got = repr(r[side]) if r[f"{side}_recorded"] else _missing(case, r["observation"])
                 reasons.append(f"{side}: {r['case']}: {r['observation']} expected {r[f'expected_{side}']!r}, got {got}")
     reasons += _test_reasons(trows) if legacy else _test_reasons_v3(trows, tsummary, declared_tests)
     if reasons:

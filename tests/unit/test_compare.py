@@ -331,14 +331,39 @@ FEATURE = {"base": {"p/c": {"not_present": ABSENT}}, "head": {"p/c": {"aborted":
 
 
 def _absent(missing: list[str]) -> dict:
-    return {"probe": "p", "cases": [{"name": "c", "status": "raised", "observations": {}, "observation": "not-present",
-                                     "reason": "gone", "missing": missing, "decision_point": "Q.run",
-                                     "error": {"type": "NotPresent", "root_type": "NotPresent"}}]}
+    return {
+        "probe": "p",
+        "cases": [
+            {
+                "name": "c",
+                "status": "raised",
+                "observations": {},
+                "observation": "not-present",
+                "reason": "gone",
+                "missing": missing,
+                "decision_point": "Q.run",
+                "error": {"type": "NotPresent", "root_type": "NotPresent"},
+            }
+        ],
+    }
 
 
 def _seen(observations: dict) -> dict:
-    return {"probe": "p", "cases": [{"name": "c", "status": "ok", "observations": observations, "observation": "observed",
-                                     "reason": None, "missing": [], "decision_point": "Q.run", "error": None}]}
+    return {
+        "probe": "p",
+        "cases": [
+            {
+                "name": "c",
+                "status": "ok",
+                "observations": observations,
+                "observation": "observed",
+                "reason": None,
+                "missing": [],
+                "decision_point": "Q.run",
+                "error": None,
+            }
+        ],
+    }
 
 
 def test_a_base_expected_not_present_is_checked_and_reproduces():
