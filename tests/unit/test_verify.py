@@ -684,8 +684,10 @@ def test_bundle_from_another_comparison_algorithm_is_named_not_called_forged(env
 def test_bundle_from_a_predecessor_comparison_verifies_where_its_output_is_the_same(env, tmp_path, algorithm):
     bundle = forge.build(tmp_path / "older", algorithm=algorithm)
     comparison = forge.load(bundle, "receipt.json")["comparison"]
-    assert ("error_to_pass" in comparison["counts"]) == (algorithm == "kvprobe.compare/3")  # compare/2's block
-    assert "observation" not in comparison["cases"]["base"][f"{forge.PROBE}/reject"]  # before decision points
+    # compare/1 and /2 wrote compare/2's block; compare/4 read decision points, as compare/5 does
+    assert ("error_to_pass" in comparison["counts"]) == (algorithm in ("kvprobe.compare/3", "kvprobe.compare/4"))
+    observing = "observation" in comparison["cases"]["base"][f"{forge.PROBE}/reject"]
+    assert observing == (algorithm == "kvprobe.compare/4")
     verify(env, bundle, code=0)
 
 
