@@ -89,6 +89,10 @@ MOCKS = {
     "output_streamer": "autospec of SGLang's SchedulerOutputStreamer: stream_output carrying the request counts as the abort sent to the client",
     "metrics_reporter": "autospec of SGLang's SchedulerMetricsReporter with enable_metrics=False",
     "ngram_embedding_manager": "autospec of SGLang's NgramEmbeddingManager: prepare_for_forward recorded",
+    "grammar_manager": (
+        "autospec of SGLang's GrammarManager: has_waiting_grammars() is False (no grammar pending); with the "
+        "scheduler's empty waiting_queue, a batch builder that forms the batch itself finds nothing"
+    ),
     "collectives": (
         "all_reduce_flags (0.5.23) patched in the decode module: one rank, the flags unchanged "
         "(SGLang's own single-rank rule)"

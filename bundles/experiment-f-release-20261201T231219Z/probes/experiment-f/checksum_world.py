@@ -263,6 +263,13 @@ class World:
         sched.rust_server = None
         sched.random_seed = 0
         sched.sliding_window_size = None
+        # Nothing waits to be batched but the transferred request, which _get_new_prebuilt_batch hands in;
+        # a get_new_prebuilt_batch that still forms the batch itself (0.5.20's) finds nothing to build.
+        sched.waiting_queue = []
+        sched.grammar_manager = probe.mock(
+            "grammar_manager", kp.require(kp.require_module("sglang.srt.constrained.grammar_manager"), "GrammarManager"),
+            absorbs=("has_waiting_grammars",))
+        sched.grammar_manager.has_waiting_grammars.side_effect = lambda: False
         sched.chunked_req = None
         sched.future_map = None
         sched.attn_tp_cpu_group = None
