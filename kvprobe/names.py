@@ -11,6 +11,9 @@ RAW_DIR, LOGS_DIR, PROBES_DIR = "raw", "logs", "probes"
 
 # A two-sided experiment: the pin before the fix and the pin with it.
 SIDES = ("base", "head")
+# The reserved expectation of a case whose code path is absent on a side (compare/5 on): its value
+# is the list of symbols the probe names as missing there.
+NOT_PRESENT = "not_present"
 
 # Default caps on reading a bundle (evidence.safetree.Limits), here so that the CLI states
 # them in --help without importing the bundle reader.

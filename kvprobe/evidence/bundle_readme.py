@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvprobe.names import SIDES
+from kvprobe.names import NOT_PRESENT, SIDES
 from kvprobe.text import for_markdown
 
 
@@ -84,6 +84,7 @@ def render_readme(receipt: dict[str, Any]) -> str:
         *_pins(receipt),
         "",
         *_collection_errors(comp),
+        *_absent_sides(receipt),
         f"What this shows: {receipt['evidence']['shows']}",
         "",
         "What this does not show:",
@@ -100,6 +101,21 @@ def render_readme(receipt: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _absent_sides(receipt: dict[str, Any]) -> list[str]:
+    """A side whose cases are expected not-present: what a reproduced verdict then means."""
+    lines = []
+    for side in SIDES:
+        absent = sorted(k for k, v in receipt["expectations"].get(side, {}).items() if NOT_PRESENT in v)
+        if absent:
+            other = "head" if side == "base" else "base"
+            lines.append(
+                f"The {side} is expected to lack the code of {len(absent)} case(s) (not present there, by the "
+                f"symbols the probe names): what the {other} shows for them is a feature it adds, not a changed "
+                "behaviour of code both sides share."
+            )
+    return [*lines, ""] if lines else []
 
 
 def _collection_errors(comp: dict[str, Any]) -> list[str]:

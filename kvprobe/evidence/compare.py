@@ -19,7 +19,7 @@ from kvprobe.checks.results import (
     transitions,
 )
 from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition, Verdict
-from kvprobe.names import SIDES
+from kvprobe.names import NOT_PRESENT, SIDES
 
 # Names what compare() computes; change it whenever its output for the same inputs changes,
 # so a verifier can tell a bundle made by another comparison from a forged one.
@@ -35,8 +35,9 @@ PREDECESSORS = {
     "kvprobe.compare/3": "read every probe case as observed (a case that never reached its "
     "decision point counted as behaviour)",
     "kvprobe.compare/4": "counted a test that passed itself but had a failed subtest as passed (a "
-    "PASS_TO_PASS where the base failed a subtest), and did not count expected flips apart from "
-    "controls",
+    "PASS_TO_PASS where the base failed a subtest), did not count expected flips apart from "
+    "controls, and had no `not_present` expectation (a case declared absent on a side was read as "
+    "an observation named not_present, which no probe records, so that side was unknown)",
 }
 _COMPARE_2_TEST_RULES = ("kvprobe.compare/1", "kvprobe.compare/2")
 # Comparisons that read every case as observed and whose receipts do not state the probes'
@@ -60,6 +61,10 @@ _TO_PASS = {
 }
 RAISED = "raised"  # reserved observation: the exception type a case raised, or False
 OBSERVED = "observed"  # a case reached its decision point: what it recorded is behaviour
+# NOT_PRESENT (names.py) is a reserved expectation (compare/5 on): the case's code path is absent on
+# that side, its value the symbols the probe names as missing. A feature a PR adds is not-present on
+# its base: declaring it checks the absence (the base must not have the code) instead of leaving
+# that side unexpected.
 
 
 def case_table(docs: Mapping[str, Mapping[str, Any] | None], *, observation: bool = True) -> dict[str, dict[str, Any]]:
@@ -112,8 +117,14 @@ def probe_records(probe_docs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict
     }
 
 
-def observation_rows(expect: Mapping[str, Any], tables: Mapping[str, dict]) -> list[dict[str, Any]]:
-    """One row per (case, observation) that is expected on a side or recorded on one."""
+def observation_rows(
+    expect: Mapping[str, Any], tables: Mapping[str, dict], *, presence: bool = True
+) -> list[dict[str, Any]]:
+    """One row per (case, observation) that is expected on a side or recorded on one.
+
+    A declared ``not_present`` row holds, on its side, the missing symbols of a not-present case
+    (nothing for any other case); ``presence=False`` reads it as any other observation (compare/4).
+    """
     keys: dict[str, set[str]] = {}
     for side in SIDES:
         for key, obs in expect.get(side, {}).items():
@@ -133,6 +144,12 @@ def observation_rows(expect: Mapping[str, Any], tables: Mapping[str, dict]) -> l
                 expected = expect.get(side, {}).get(key, {})
                 row[f"expected_{side}"] = expected.get(name)
                 row[f"expected_{side}_declared"] = name in expected
+                if presence and name == NOT_PRESENT and name in expected:
+                    absent = case is not None and case.get("observation") == "not-present"
+                    row[side] = list(case["missing"]) if case is not None and absent else None
+                    row[f"{side}_recorded"] = absent
+                    row[f"{side}_ok"] = _absent_ok(case, expected[name])
+                    continue
                 row[f"{side}_ok"] = _ok(
                     row[f"expected_{side}_declared"], case, recorded and _same(row[side], expected.get(name))
                 )
@@ -148,6 +165,17 @@ def _ok(declared: bool, case: dict[str, Any] | None, matches: bool) -> bool | No
     if case is not None and case.get("observation", OBSERVED) != OBSERVED:  # older tables: observed
         return None
     return matches
+
+
+def _absent_ok(case: dict[str, Any] | None, missing: Any) -> bool | None:
+    """A case expected not-present: it is, naming exactly ``missing`` (True); it is present, or
+    absent for other symbols, or not written (False); it did not get far enough to tell (None)."""
+    if case is None:
+        return False
+    seen = case.get("observation", OBSERVED)
+    if seen == "not-present":
+        return _same(list(case["missing"]), missing)
+    return False if seen == OBSERVED else None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -251,7 +279,7 @@ def compare(
     legacy = algorithm in _COMPARE_2_TEST_RULES
     observing = algorithm not in _BEFORE_OBSERVATION
     tables = {side: case_table(probe_docs.get(side, {}), observation=observing) for side in SIDES}
-    rows = observation_rows(expect, tables)
+    rows = observation_rows(expect, tables, presence=algorithm == ALGORITHM)
     trows, tsummary = test_rows(test_runs, legacy=legacy, subtests_fail=algorithm not in _SUBTESTS_AS_REPORTED)
     declared_tests = {} if legacy else {p: e for p, e in (expect.get("tests") or {}).items() if p in tsummary}
     verdict, reasons = _verdict(expect, rows, trows, tsummary, probe_problems, tables, declared_tests, legacy)
@@ -322,7 +350,8 @@ def _verdict(
     for r in rows:
         for side in SIDES:
             if not r[f"{side}_ok"]:
-                got = repr(r[side]) if r[f"{side}_recorded"] else _missing(tables[side].get(r["case"]))
+                case = tables[side].get(r["case"])
+                got = repr(r[side]) if r[f"{side}_recorded"] else _missing(case, r["observation"])
                 reasons.append(f"{side}: {r['case']}: {r['observation']} expected {r[f'expected_{side}']!r}, got {got}")
     reasons += _test_reasons(trows) if legacy else _test_reasons_v3(trows, tsummary, declared_tests)
     if reasons:
@@ -418,9 +447,11 @@ def _set_reasons(path: str, rows: Mapping[str, dict], sets: Mapping[str, Any]) -
     return reasons
 
 
-def _missing(case: dict | None) -> str:
+def _missing(case: dict | None, observation: str = "") -> str:
     if case is None:
         return "no such case"
+    if observation == NOT_PRESENT and case.get("observation", OBSERVED) == OBSERVED:
+        return "present (the case reached its decision point)"
     if case["status"] == "raised":
         return f"nothing (case raised {case['error_type']})"
     return "nothing recorded"

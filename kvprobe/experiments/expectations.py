@@ -31,7 +31,7 @@ from kvprobe.experiments import tomltext
 from kvprobe.experiments.experiment import load_file
 from kvprobe.files import write_atomic
 from kvprobe.model.records import Experiment
-from kvprobe.names import SIDES
+from kvprobe.names import NOT_PRESENT, SIDES
 
 _CASE_KEY_RE = re.compile(r"[a-z][a-z0-9_]*/[a-z0-9_.]+")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.]+")
@@ -82,7 +82,11 @@ def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
         for key, case in sorted(receipt["comparison"]["cases"][side].items()):
             if _not_observed(side, key, case, skipped):
                 continue
-            kept = _recordable(side, key, case["observations"], skipped)
+            if case.get("observation") == "not-present":
+                # The release lacks the code path: expect exactly that absence (compare's not_present).
+                kept = _recordable(side, key, {NOT_PRESENT: list(case["missing"])}, skipped)
+            else:
+                kept = _recordable(side, key, case["observations"], skipped)
             if kept:
                 values.setdefault(side, {})[key] = kept
     tests = observed_test_sets(receipt["comparison"]["tests"])
@@ -137,12 +141,12 @@ def _refuse_template(receipt: Mapping[str, Any]) -> None:
 
 
 def _not_observed(side: str, key: str, case: Mapping[str, Any], skipped: list[str]) -> bool:
-    """A case that never reached its decision point saw set-up, not behaviour: never an expectation."""
+    """A case that never reached its decision point saw set-up, not behaviour: never an expectation
+    (a not-present case is recorded as absent instead, by ``plan``)."""
     seen = case.get("observation", "observed")  # receipts before compare/3: every case observed
-    if seen == "observed":
+    if seen in ("observed", "not-present"):
         return False
-    why = f"not present ({', '.join(case['missing'])})" if seen == "not-present" else f"unobserved ({case['reason']})"
-    skipped.append(f"{side}: {key}: {why}: not recorded")
+    skipped.append(f"{side}: {key}: unobserved ({case['reason']}): not recorded")
     return True
 
 

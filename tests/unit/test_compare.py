@@ -362,3 +362,99 @@ def test_counts_tell_flips_from_controls_and_unchecked_rows():
         "one_sided_held": 1,
         "unchecked": 1,
     }
+
+
+# --- a feature added in head: the base is expected not-present (compare/5's not_present) -------
+ABSENT = ["m.Feature(option=)", "m.feature"]
+FEATURE = {"base": {"p/c": {"not_present": ABSENT}}, "head": {"p/c": {"aborted": True}}}
+
+
+def _absent(missing: list[str]) -> dict:
+    return {
+        "probe": "p",
+        "cases": [
+            {
+                "name": "c",
+                "status": "raised",
+                "observations": {},
+                "observation": "not-present",
+                "reason": "gone",
+                "missing": missing,
+                "decision_point": "Q.run",
+                "error": {"type": "NotPresent", "root_type": "NotPresent"},
+            }
+        ],
+    }
+
+
+def _seen(observations: dict) -> dict:
+    return {
+        "probe": "p",
+        "cases": [
+            {
+                "name": "c",
+                "status": "ok",
+                "observations": observations,
+                "observation": "observed",
+                "reason": None,
+                "missing": [],
+                "decision_point": "Q.run",
+                "error": None,
+            }
+        ],
+    }
+
+
+def test_a_base_expected_not_present_is_checked_and_reproduces():
+    result = run(FEATURE, _absent(ABSENT), _seen({"aborted": True}))
+    assert result["algorithm"] == "kvprobe.compare/5"
+    assert result["verdict"] == "reproduced", result["reasons"]
+    row = next(r for r in result["observations"] if r["observation"] == "not_present")
+    assert row["base"] == ABSENT and row["base_recorded"] and row["base_ok"]
+    assert row["head"] is None and not row["head_recorded"] and row["head_ok"]
+    assert result["counts"]["observations_expected"] == 2 and result["counts"]["observations_matched"] == 2
+
+
+def test_a_base_that_has_the_code_is_not_reproduced():
+    # The feature is present on the base after all: the claim "added in head" does not hold.
+    result = run(FEATURE, _seen({"aborted": False}), _seen({"aborted": True}))
+    assert result["verdict"] == "not-reproduced"
+    assert result["reasons"] == [
+        "base: p/c: not_present expected ['m.Feature(option=)', 'm.feature'], "
+        "got present (the case reached its decision point)"
+    ]
+
+
+def test_a_base_absent_for_other_symbols_is_not_reproduced():
+    result = run(FEATURE, _absent(["m.something_else"]), _seen({"aborted": True}))
+    assert result["verdict"] == "not-reproduced"
+    assert result["reasons"] == [
+        "base: p/c: not_present expected ['m.Feature(option=)', 'm.feature'], got ['m.something_else']"
+    ]
+
+
+def test_a_base_that_did_not_get_far_enough_cannot_tell_absence():
+    drift = _seen({})
+    drift["cases"][0].update(observation="unobserved", reason="set-up raised KeyError", status="raised")
+    result = run(FEATURE, drift, _seen({"aborted": True}))
+    assert result["verdict"] == "could-not-observe"
+    assert result["reasons"] == ["base: p/c: could not observe: set-up raised KeyError"]
+
+
+def test_a_head_without_the_feature_cannot_observe_it():
+    # Head's own expectations stay unknown on a not-present head, never a match.
+    result = run(FEATURE, _absent(ABSENT), _absent(ABSENT))
+    assert result["verdict"] == "could-not-observe"
+    assert result["reasons"] == ["head: p/c: not present in this release: m.Feature(option=), m.feature"]
+
+
+def test_compare_4_reads_not_present_as_an_observation_no_probe_records():
+    # The predecessor's rules (how verify recomputes a compare/4 bundle): unknown, not a match.
+    result = compare(
+        expect=FEATURE,
+        probe_docs={"base": {"p": _absent(ABSENT)}, "head": {"p": _seen({"aborted": True})}},
+        probe_problems={},
+        test_runs={},
+        algorithm="kvprobe.compare/4",
+    )
+    assert result["algorithm"] == "kvprobe.compare/4" and result["verdict"] == "could-not-observe"

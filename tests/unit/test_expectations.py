@@ -136,7 +136,7 @@ def _case(name: str, observation: str, **fields) -> dict:
     }
 
 
-def test_recording_skips_cases_that_did_not_observe_and_says_why():
+def test_recording_skips_unobserved_cases_says_why_and_records_absence():
     from kvprobe.evidence.compare import compare
     from kvprobe.experiments.expectations import plan
     from kvprobe.experiments.experiment import load_file
@@ -149,9 +149,9 @@ def test_recording_skips_cases_that_did_not_observe_and_says_why():
     )
     receipt = {"verdict": comparison["verdict"], "comparison": comparison, "evidence": {"mocks": {}}, "run_id": "r"}
     rec = plan(exp, receipt)
-    assert rec.cases == ["p/seen"]
+    assert rec.cases == ["p/drift", "p/seen"]
     assert rec.values["base"]["p/seen"] == {"enqueued": True, "raised": False}
-    assert rec.skipped == (
-        "base: p/drift: unobserved (stub lacks max_input_len): not recorded",
-        "head: p/drift: not present (Q.add): not recorded",
-    )
+    # A release without the code path: its absence is the expectation (compare's not_present).
+    assert rec.values["head"]["p/drift"] == {"not_present": ["Q.add"]}
+    assert "p/drift" not in rec.values["base"]
+    assert rec.skipped == ("base: p/drift: unobserved (stub lacks max_input_len): not recorded",)

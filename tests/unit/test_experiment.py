@@ -72,6 +72,10 @@ def test_good_file_loads(tmp_path):
         ('path = "tests/test_x.py"', 'path = "../escape.py"', "checks.tests.0.path"),
         ('kind = "git"', 'kind = "svn"', "pins.commits.kind"),
         ('does_not_show = ["a leak"]', "does_not_show = []", "scope.does_not_show"),
+        # a case expected absent records nothing else there, and names what is missing
+        ("value = 1", 'not_present = ["m.f"]\nvalue = 1', "expect.base.probe_x/case.one"),
+        ("value = 1", "not_present = []", "expect.base.probe_x/case.one.not_present"),
+        ("value = 1", 'not_present = "m.f"', "expect.base.probe_x/case.one.not_present"),
     ],
 )
 def test_schema_errors_name_file_and_field(tmp_path, old, new, field):
@@ -81,6 +85,11 @@ def test_schema_errors_name_file_and_field(tmp_path, old, new, field):
     assert str(path) in caught.value.message
     assert field in caught.value.message
     assert caught.value.exit_code == 2
+
+
+def test_a_case_can_be_expected_not_present(tmp_path):
+    exp = experiment.load_file(write(tmp_path, GOOD.replace("value = 1", 'not_present = ["m.Feature(option=)"]')))
+    assert exp.expectations["base"]["probe_x/case.one"] == {"not_present": ["m.Feature(option=)"]}
 
 
 def test_invalid_toml(tmp_path):
@@ -167,8 +176,13 @@ def test_bad_vulnerability_names_the_field(tmp_path, old, new, field):
 
 
 def test_shipped_experiments_declare_their_vulnerability():
-    kinds = {i: experiment.load(i).vulnerability for i in ("experiment-a", "experiment-b", "experiment-c", "model")}
+    kinds = {
+        i: experiment.load(i).vulnerability
+        for i in ("experiment-a", "experiment-b", "experiment-c", "experiment-f", "model")
+    }
     assert {v.id for v in kinds.values()} == {"KVPROBE-2026-0001"}
+    # #39500's checksum is opt-in detection on the vulnerability's path, not its fix
+    assert kinds["experiment-f"].fix_kind.value == "hardening"
     # upstream calls #38935 a waste/latency fix; #36988 is the correctness (security) fix
     assert kinds["experiment-a"].fix_kind.value == "performance"
     assert kinds["experiment-b"].fix_kind.value == "security"

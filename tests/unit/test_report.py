@@ -653,3 +653,16 @@ def test_git_pins_outside_github_are_generic_purls_with_vcs_url():
     receipt["experiment"]["upstream"] = None
     with pytest.raises(UsageError, match="names no upstream"):
         vex(view_of(receipt))
+
+
+def test_bundle_readme_says_what_an_expected_absence_means():
+    from kvprobe.evidence.bundle_readme import render_readme
+
+    receipt = make_receipt()
+    assert "expected to lack the code" not in render_readme(receipt)
+    base = dict(receipt["expectations"].get("base", {}))
+    base["door/door.rejected"] = {"not_present": ["Door.add"]}
+    receipt["expectations"] = {**receipt["expectations"], "base": base}
+    readme = render_readme(receipt)
+    assert "The base is expected to lack the code of 1 case(s)" in readme
+    assert "what the head shows for them is a feature it adds" in readme

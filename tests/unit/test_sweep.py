@@ -218,3 +218,25 @@ def test_the_timeline_has_one_box_per_release_in_its_classification_colour():
         ("0.5.19: affected", COLOURS["affected"][0]),
         ("0.5.20: fixed", COLOURS["fixed"][0]),
     ]
+
+
+# --- a feature added in head: the base expects the cases not-present ------------------------
+FEATURE = {
+    "base": {"p/check": {"not_present": ["m.Feature(option=)"]}, "p/off": {"not_present": ["m.Feature(option=)"]}},
+    "head": {"p/check": {"aborted": True}, "p/off": {"aborted": False}},
+}
+
+
+def test_a_release_without_the_feature_is_not_present_not_affected():
+    absent = case("check", "not-present"), case("off", "not-present")
+    got = classify_release(FEATURE, docs(*absent), {})
+    assert got["overall"] == "not-present"
+    assert {c["class"] for c in got["cases"].values()} == {"not-present"}
+
+
+def test_a_release_with_the_feature_behaves_as_head_and_an_absence_never_holds_of_observed_code():
+    got = classify_release(FEATURE, docs(case("check", aborted=True), case("off", aborted=False)), {})
+    # An observed case never holds as "expected not present": each is fixed (as head), not control.
+    assert got["overall"] == "fixed" and {c["class"] for c in got["cases"].values()} == {"fixed"}
+    got = classify_release(FEATURE, docs(case("check", aborted=False), case("off", aborted=False)), {})
+    assert got["overall"] == "mixed" and got["cases"]["p/check"]["class"] == "neither"
