@@ -59,7 +59,11 @@ probe = kp.Probe(
         ),
         "output_streamer": "autospec of SGLang's SchedulerOutputStreamer: records the abort sent to the client",
         "metrics_reporter": "autospec of SGLang's SchedulerMetricsReporter with enable_metrics=False",
-        "tree_cache": "autospec of SGLang's RadixCache: the queue hands it to release_kv_cache (a recorder)",
+        "tree_cache": (
+            "autospec of SGLang's RadixCache: the queue hands it to release_kv_cache (a recorder); "
+            "unlock(None) is accepted as the real one does nothing for it (0.5.22+ failure path), any "
+            "other lock refused: no request here takes a tree lock"
+        ),
         "kv_manager": (
             "not a mock: an instance of SGLang's NixlKVManager made with __new__ and set up by the real "
             "CommonKVManager.__init__ in decode mode (a zmq PULL socket bound on 127.0.0.1, closed after "

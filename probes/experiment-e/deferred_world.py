@@ -247,7 +247,9 @@ class World:
         self.metadata_buffers = kp.build(
             disagg_utils.MetadataBuffers, size=METADATA_SLOTS, hidden_size=16,
             hidden_states_dtype=torch.float32, max_sampling_mask_tokens=0)
-        self.tree_cache = probe.mock("tree_cache", _cache_class())
+        self.tree_cache = probe.mock("tree_cache", _cache_class(), absorbs=("unlock",))
+        if hasattr(_cache_class(), "unlock"):
+            self.tree_cache.unlock.side_effect = _unlock_nothing
         self.scheduler = self._scheduler()
         self.queue = kp.build(
             decode_mod.DecodeTransferQueue, gloo_group=gloo_group(), tp_rank=0,
@@ -314,6 +316,13 @@ class World:
 
     def frees_of(self, index: int) -> int:
         return sum(1 for i in self.metadata_freed if i == index)
+
+
+def _unlock_nothing(lock) -> None:
+    """BasePrefixCache.unlock(None) does nothing (0.5.22's failure path drops a HiCache restore
+    lock this way); no request here ever takes a tree lock, so any other lock is refused."""
+    if lock is not None:
+        raise kp.RejectedCall(f"tree_cache.unlock({lock!r}): this world's requests hold no tree lock")
 
 
 def _cache_class():
