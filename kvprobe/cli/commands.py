@@ -1017,7 +1017,13 @@ def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Cons
     "--release-base/--release-head are given).",
 )
 @click.option("--head", help="Full 40-hex SHA of the commit with the fix (goes with --base).")
-@click.option("--pr", type=int, help="Pull request number (fetches a head reachable only via refs/pull/N/head).")
+@click.option(
+    "--pr",
+    type=int,
+    help="Pull request number. SGLang squash-merges: the PR's own head commit is then on no branch "
+    "and is fetched via refs/pull/N/head; give that commit as --head (or the squash commit on main "
+    "with its parent as --base).",
+)
 @click.option(
     "--upstream",
     default="https://github.com/sgl-project/sglang",
@@ -1048,6 +1054,12 @@ def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Cons
     "--base/--head, the experiment uses release wheels only and runs no git.",
 )
 @click.option("--release-head", metavar="VERSION", help="First released version with the fix.")
+@click.option(
+    "--tests-commit",
+    metavar="SHA",
+    help="With --release-base/--release-head and --test: also write a release-tests pin set that "
+    "runs this upstream commit's test files (e.g. the PR head's) against the release wheels.",
+)
 @click.option("--package", default="sglang", show_default=True, help="PyPI / import package of the upstream.")
 @click.option(
     "--profile", default="sglang-cpu", show_default=True, help="Dependency profile (probes/profiles/NAME.toml)."
@@ -1085,6 +1097,7 @@ def new_cmd(
     tests_only: bool,
     release_base: str | None,
     release_head: str | None,
+    tests_commit: str | None,
     package: str,
     profile: str,
     title: str | None,
@@ -1121,6 +1134,7 @@ def new_cmd(
         fix_kind=fix_kind,
         upstream=upstream,
         tests_only=tests_only,
+        tests_commit=tests_commit,
     )
     streams = _streams()
     created = scaffold.create(spec, cache_root=default_cache_root(), reporter=streams.reporter())

@@ -13,8 +13,10 @@ Order of checks (cheap and local first, so bad input never starts git or pip):
 1. the id (``models.ID_RE``) and that no folder of that name exists anywhere on the
    experiment search path or in the target directory (never overwrite);
 2. SHAs, PR number, repository URL, test paths, release versions and profile, locally;
-3. git (only with ``--base/--head``): both commits fetched into the cache by SHA (or via
-   ``refs/pull/N/head``), every ``--test`` path read at head;
+3. git (only with ``--base/--head`` or ``--tests-commit``): the commits fetched into the cache
+   by SHA (or via ``refs/pull/N/head``), every ``--test`` path read at head and at the tests
+   commit (``--tests-commit`` with release wheels writes a ``release-tests`` pin set: the
+   wheels' code, that commit's test files);
 4. pip: for ``--release-base/--release-head``, the wheel is downloaded once to read its
    exact file name and sha256, and kept in the wheel cache for the first run;
 5. the files are written into a temp folder, loaded back with
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from kvprobe.sources.git import GitSource
 
 DEFAULT_UPSTREAM = "https://github.com/sgl-project/sglang"
-GIT_PINS, RELEASE_PINS = "commits", "release"
+GIT_PINS, RELEASE_PINS, RELEASE_TESTS_PINS = "commits", "release", "release-tests"
 TEMPLATE_MOCKS = {"none yet": "template: declare what this probe mocks"}
 # Folder names on the search path that are not experiments (dependency profiles live there).
 _RESERVED_IDS = ("profiles",)
@@ -78,6 +80,7 @@ class NewSpec:
     fix_kind: str | None = None
     upstream: str = DEFAULT_UPSTREAM  # the canonical URL, written into the experiment
     tests_only: bool = False  # the upstream tests are the evidence: no probe
+    tests_commit: str | None = None  # with release wheels: the upstream commit to take test files from
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,8 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
     reporter = reporter or Reporter()
     upstream, fetch_url, tests = check_local(spec)
     python_path = _check_commits(spec, fetch_url, tests, cache_root, reporter) if has_commits(spec) else None
+    if spec.tests_commit is not None:
+        _check_tests_commit(spec, fetch_url, tests, cache_root, reporter)
     wheels = _lookup_releases(spec, cache_root, reporter)
     checked = _Checked(spec, upstream, tests, python_path, wheels)
     directory = _write(checked)
@@ -140,16 +145,21 @@ def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
             "--base and --head are required (the commits before and after the fix), "
             "unless --release-base and --release-head name release wheels"
         )
-    elif spec.tests:
-        raise UsageError("--test needs --base and --head: upstream tests need git pins, release wheels carry no tests")
+    elif spec.tests and spec.tests_commit is None:
+        raise UsageError(
+            "--test needs git pins (--base and --head), or --tests-commit with release wheels: "
+            "release wheels carry no tests"
+        )
+    _check_tests_commit_args(spec)
     validate_pr(spec.pr)
     tests = tuple(dict.fromkeys(validate_rel_path(t) for t in spec.tests))
     for test in tests:
         if not test.endswith(".py"):
             raise UsageError(f"--test {test}: an upstream test is a .py file")
-    if spec.tests_only and not (has_commits(spec) and tests):
+    if spec.tests_only and not ((has_commits(spec) or spec.tests_commit) and tests):
         raise UsageError(
-            "--tests-only needs --base/--head and at least one --test: the upstream tests are the evidence"
+            "--tests-only needs --base/--head (or --tests-commit) and at least one --test: "
+            "the upstream tests are the evidence"
         )
     _check_profile(spec.profile)
     _check_vulnerability(spec)
@@ -201,6 +211,22 @@ def _check_release_args(spec: NewSpec) -> None:
         raise UsageError(f"--release-base and --release-head are the same version {spec.release_base}")
 
 
+def _check_tests_commit_args(spec: NewSpec) -> None:
+    """--tests-commit: a full SHA, with release wheels to run the tests against and a --test."""
+    from kvprobe.sources.git import validate_sha
+
+    if spec.tests_commit is None:
+        return
+    validate_sha(spec.tests_commit)
+    if spec.release_base is None:
+        raise UsageError(
+            "--tests-commit goes with --release-base/--release-head: it runs an upstream commit's "
+            "test files against release wheels"
+        )
+    if not spec.tests:
+        raise UsageError("--tests-commit needs at least one --test: the test files to take from that commit")
+
+
 def _check_vulnerability(spec: NewSpec) -> None:
     kinds = ", ".join(k.value for k in FixKind)
     if spec.vulnerability_id is None:
@@ -245,6 +271,23 @@ def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: 
                 hints=["paths are relative to the repository root, as at the head commit"],
             )
     return _python_path(source, head, spec)
+
+
+def _check_tests_commit(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path, reporter: Reporter) -> None:
+    """Fetch --tests-commit and read every --test there: the release-tests pin set's files."""
+    from kvprobe.sources.git import GitSource
+
+    assert spec.tests_commit is not None, "called only with --tests-commit"
+    source = GitSource(url, cache_root)
+    pin = GitPin(spec.tests_commit)
+    with reporter.step(f"tests: fetching {spec.tests_commit[:12]} from {url}"):
+        fetch_pin(source, pin, spec.pr, "tests-commit")
+    for test in tests:
+        if source.read_file(pin, test, pr=spec.pr) is None:
+            raise UsageError(
+                f"--test {test} does not exist at --tests-commit {spec.tests_commit} in {url}",
+                hints=["paths are relative to the repository root, as at that commit"],
+            )
 
 
 def fetch_pin(source: GitSource, pin: GitPin, pr: int | None, side: str) -> None:
@@ -465,26 +508,52 @@ def _wheel_pin_lines(checked: _Checked) -> list[str]:
         'kind = "wheel"',
         f"description = {s(f'{spec.package} release wheels: {spec.release_base} -> {spec.release_head}')}",
     ]
-    for side, pin in zip(SIDES, checked.wheels, strict=True):
+    lines += _wheel_sides(RELEASE_PINS, checked.wheels)
+    if spec.tests_commit is not None:
         lines += [
-            f"[pins.{RELEASE_PINS}.{side}]",
-            f"package = {s(pin.package)}",
-            f"version = {s(pin.version)}",
-            f"file = {s(pin.filename)}",
-            f'sha256 = "{pin.sha256}"',
+            "",
+            f"[pins.{RELEASE_TESTS_PINS}]",
+            'kind = "wheel"',
+            "description = "
+            + s(
+                f"{spec.package} release wheels {spec.release_base} -> {spec.release_head}, test files "
+                f"from upstream commit {spec.tests_commit}"
+            ),
+            *([f"pr = {spec.pr}"] if spec.pr else []),
+            f'tests_commit = "{spec.tests_commit}"',
+            *_wheel_sides(RELEASE_TESTS_PINS, checked.wheels),
         ]
     return [*lines, ""]
 
 
+def _wheel_sides(name: str, wheels: tuple[WheelPin, WheelPin]) -> list[str]:
+    lines: list[str] = []
+    for side, pin in zip(SIDES, wheels, strict=True):
+        lines += [
+            f"[pins.{name}.{side}]",
+            f"package = {tomltext.string(pin.package)}",
+            f"version = {tomltext.string(pin.version)}",
+            f"file = {tomltext.string(pin.filename)}",
+            f'sha256 = "{pin.sha256}"',
+        ]
+    return lines
+
+
 def _test_lines(checked: _Checked) -> list[str]:
-    if not has_commits(checked.spec):
-        return ["# No upstream tests: release wheels carry none (they need git pins: kvprobe new --base/--head)."]
+    spec = checked.spec
+    if not has_commits(spec) and spec.tests_commit is None:
+        return [
+            "# No upstream tests: release wheels carry none (they need git: kvprobe new --base/--head,",
+            "# or --tests-commit SHA to run a commit's test files against the wheels).",
+        ]
     if not checked.tests:
         return [
             "# TODO: upstream test files the fix added or changed, run at head's version on both sides:",
             '# tests = [{ path = "test/..." }]',
         ]
-    only = f', pins = ["{GIT_PINS}"]' if checked.wheels else ""
+    names = [GIT_PINS] if has_commits(spec) else []
+    names += [RELEASE_TESTS_PINS] if spec.tests_commit is not None else []
+    only = f", pins = [{', '.join(tomltext.string(n) for n in names)}]" if checked.wheels else ""
     return ["tests = [", *(f"  {{ path = {tomltext.string(t)}{only} }}," for t in checked.tests), "]"]
 
 

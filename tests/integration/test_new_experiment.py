@@ -497,3 +497,52 @@ def test_without_a_vulnerability_id_the_table_is_a_todo(world, cli, probes_dir):
     assert result.exit_code == 0, result.stderr
     text = (probes_dir / EXP_ID / "experiment.toml").read_text()
     assert "# [vulnerability]" in text and "vulnerability" not in tomllib.loads(text)
+
+
+# --- release wheels plus an upstream commit's test files (--tests-commit) -------------------
+
+
+def test_tests_commit_scaffolds_a_release_tests_pin_set(world, cli, probes_dir, wheel_index):
+    fake = world["fake"]
+    args = wheel_args("--tests-commit", fake.head_sha, "--pr", str(fake.fix_pr), "--test", fake.test_path)
+    result = cli(*args, "--upstream", fake.url, "--repo", fake.url)
+    assert result.exit_code == 0, result.stderr
+    toml_path = probes_dir / WHEEL_ID / "experiment.toml"
+    data = tomllib.loads(toml_path.read_text())
+    assert list(data["pins"]) == ["release", "release-tests"]
+    tests_pins = data["pins"]["release-tests"]
+    assert tests_pins["tests_commit"] == fake.head_sha and tests_pins["pr"] == fake.fix_pr
+    assert tests_pins["base"] == data["pins"]["release"]["base"]  # the same wheels, checked once
+    assert data["checks"]["tests"] == [{"path": fake.test_path, "pins": ["release-tests"]}]
+    exp = load_file(toml_path)
+    assert exp.pin_sets["release-tests"].tests_commit is not None
+    assert exp.pin_sets["release-tests"].tests_commit.commit == fake.head_sha
+
+
+def test_tests_commit_without_the_test_file_is_exit_2_and_writes_nothing(world, cli, probes_dir, wheel_index):
+    fake = world["fake"]
+    args = wheel_args("--tests-commit", fake.base_sha, "--test", "tests/test_absent.py")
+    result = cli(*args, "--upstream", fake.url, "--repo", fake.url)
+    assert result.exit_code == 2, result.stderr
+    assert "does not exist at --tests-commit" in result.stderr
+    assert not (probes_dir / WHEEL_ID).exists() and leftovers(probes_dir) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--tests-commit", "main", "--test", "t.py"), "not a full"),
+        (("--tests-commit", "0" * 40), "needs at least one --test"),
+    ],
+)
+def test_bad_tests_commit_flags_are_exit_2_before_any_process(cli, probes_dir, process_calls, extra, message):
+    result = cli(*wheel_args(*extra))
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+    assert process_calls == [] and not probes_dir.exists()
+
+
+def test_tests_commit_needs_release_wheels(world, cli, probes_dir, process_calls):
+    fake = world["fake"]
+    result = cli(*new_args(fake, "--tests-commit", fake.head_sha, "--test", fake.test_path))
+    assert result.exit_code == 2 and "--tests-commit goes with --release-base" in result.stderr
+    assert process_calls == [] and not probes_dir.exists()
