@@ -147,10 +147,15 @@ def test_openvex_needs_an_author_and_records_the_role(tmp_path):
     assert {s["timestamp"] for s in doc["statements"]} == {"2026-01-01T00:00:00Z"}  # the run's created_utc
 
 
-def test_author_goes_with_openvex_only_and_a_bad_epoch_is_refused(tmp_path):
+def test_author_is_taken_by_every_format_and_a_bad_epoch_is_refused(tmp_path):
+    """A loop over formats with one --author works: markdown names the author, intoto ignores it."""
     verified_bundle(tmp_path / "b")
-    wrong = report(tmp_path / "b", "--format", "markdown", "--author", "x")
-    assert wrong.exit_code == 2 and "--author and --author-role go with --format openvex" in wrong.stderr
+    for fmt in ("markdown", "openvex", "intoto"):
+        result = report(tmp_path / "b", "--format", fmt, "--author", "Sec <s@x>")
+        assert result.exit_code == 0, (fmt, result.output)
+    assert "**Reported by:** Sec &#60;s@x&#62;" in report(tmp_path / "b", "--author", "Sec <s@x>").stdout
+    role_alone = report(tmp_path / "b", "--format", "openvex", "--author-role", "vendor")
+    assert role_alone.exit_code == 2 and "--author-role goes with --author" in role_alone.stderr
     bad = report(tmp_path / "b", "--format", "openvex", "--author", "x", env={"SOURCE_DATE_EPOCH": "yesterday"})
     assert bad.exit_code == 2 and "SOURCE_DATE_EPOCH" in bad.stderr
 
