@@ -458,3 +458,25 @@ def test_report_help_names_the_default_format_and_what_author_does():
     text = CliRunner().invoke(main, ["report", "--help"], terminal_width=200).output
     assert "[default: markdown]" in " ".join(text.split())
     assert "ignored by intoto and osv" in " ".join(text.split())
+
+
+def test_a_signed_attestation_anchors_the_export(tmp_path):
+    """report --attestation FILE --key PUB anchors the export as verify's does; an attestation of
+    another bundle leaves nothing to export (exit 1, as verify)."""
+    from tests.unit.test_attestation import key_pair, sign
+
+    bundle = verified_bundle(tmp_path / "b")
+    signer, public = key_pair(tmp_path, "cosign")
+    statement = report(bundle, "--format", "intoto").stdout.encode()
+    envelope = sign(statement, signer, tmp_path / "att.json")
+    result = report(bundle, "--attestation", str(envelope), "--key", str(public))
+    assert result.exit_code == 0, result.output
+    assert "- **Anchored:** a DSSE attestation signed with key" in result.stdout
+    assert "SELF-CONSISTENT" not in result.output
+    other = forge.build(tmp_path / "other")
+    forge.edit_receipt(other, lambda r: r["host"].update(system="Linux, another run"))
+    foreign = sign(report(other, "--format", "intoto").stdout.encode(), signer, tmp_path / "other.json")
+    refused = report(bundle, "--attestation", str(foreign), "--key", str(public))
+    assert refused.exit_code == 1 and refused.stdout == ""
+    alone = report(bundle, "--attestation", str(envelope))
+    assert alone.exit_code == 2 and "--attestation and --key go together" in alone.stderr
