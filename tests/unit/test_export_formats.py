@@ -480,3 +480,15 @@ def test_a_signed_attestation_anchors_the_export(tmp_path):
     assert refused.exit_code == 1 and refused.stdout == ""
     alone = report(bundle, "--attestation", str(envelope))
     assert alone.exit_code == 2 and "--attestation and --key go together" in alone.stderr
+
+
+def test_gates_receipts_of_schema_1_render_too(tmp_path):
+    """verify accepts /1 gates receipts (inputs by path in the first shape): report renders them."""
+    from tests.unit.test_gates_logs import _as_first_shape, _gates_bundle, _rewrite_receipt
+
+    bundle = _gates_bundle(tmp_path / "first")
+    assert _rewrite_receipt(bundle, _as_first_shape) == "verified"
+    result = report(bundle)
+    assert result.exit_code == 0, result.output
+    assert "`/var/log/sglang/prefill.log`" in result.stdout
+    assert report(bundle, "--format", "intoto").exit_code == 0
