@@ -367,9 +367,13 @@ def markdown(view: BundleView, author: str | None = None) -> str:
         ]
     obs = observations(r)
     if obs.classes:
+        floor = (
+            f"; profile {code_span(profile['name'])} serves {code_span(profile['serves'])}" if profile["serves"] else ""
+        )
         out += [
-            f"Oldest release observed: {cell(obs.classes[0][0])}; releases older than it were not swept "
-            "(an OSV record's `introduced` is an observed boundary or `\"0\"`, never the profile's floor).",
+            f"Oldest release observed: {cell(obs.classes[0][0])}. Releases older than it were not observed: "
+            f"the sweep selected {cell(obs.swept)}{floor}. An OSV record's `introduced` is therefore an "
+            'observed boundary or `"0"` (unknown), never the profile\'s floor.',
             "",
         ]
     return "\n".join(out)

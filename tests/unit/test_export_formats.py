@@ -492,3 +492,11 @@ def test_gates_receipts_of_schema_1_render_too(tmp_path):
     assert result.exit_code == 0, result.output
     assert "`/var/log/sglang/prefill.log`" in result.stdout
     assert report(bundle, "--format", "intoto").exit_code == 0
+
+
+def test_sweep_markdown_names_the_oldest_release_observed_and_why_older_ones_were_not():
+    r = sweep_receipt([("0.5.13", "affected"), ("0.5.14", "fixed")], spec="0.5.13..0.5.14")
+    r["profile"]["serves"] = ">=0.5.13"
+    md = render.render(test_sweep.view(r), "markdown")
+    assert "Oldest release observed: 0.5.13. Releases older than it were not observed: the sweep selected " in md
+    assert "0.5.13..0.5.14; profile `" in md and "serves `>=0.5.13`" in md
