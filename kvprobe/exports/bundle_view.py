@@ -16,26 +16,88 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from kvprobe import __version__
 from kvprobe.errors import SchemaError, UsageError
 from kvprobe.evidence.safetree import Limits
-from kvprobe.names import RECEIPT, RECEIPT_SCHEMA, SIDES, SWEEP_RECEIPT_SCHEMA
+from kvprobe.names import (
+    GATES_RECEIPT_SCHEMA,
+    GATES_RECEIPT_SCHEMA_1,
+    RECEIPT,
+    RECEIPT_SCHEMA,
+    SIDES,
+    SWEEP_RECEIPT_SCHEMA,
+)
 from kvprobe.text import for_shell
+from kvprobe.verify.anchor import installed_experiment
 from kvprobe.verify.steps import VerifyOptions, verified
 
 _GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
 
 
 @dataclass(frozen=True)
+class Provenance:
+    """What ties a bundle to more than itself, as verify's step 5 decided it.
+
+    ``anchor`` says what the manifest digest was checked against (a digest published
+    elsewhere, a signed attestation), None when nothing was: the bundle is then only
+    self-consistent. ``experiment`` is the experiment whose claims an export repeats, and
+    ``shipped`` whether kvprobe ships it (step 5 then held the bundle's experiment file and
+    probes to the installed copy, byte for byte); an experiment kvprobe does not ship (a
+    renamed copy, a third party's) says what it likes about its vulnerability and fix kind.
+    """
+
+    anchor: str | None = None
+    experiment: str | None = None
+    shipped: bool = True
+
+    def caveats(self) -> list[str]:
+        """One sentence per missing anchor; empty when the bundle is anchored both ways."""
+        found = []
+        if self.anchor is None:
+            found.append(
+                "SELF-CONSISTENT ONLY: no published manifest digest or signed attestation was given "
+                "(kvprobe report --expect-manifest-sha256 HEX, or --attestation FILE --key PUB), so this "
+                "export shows only that the bundle agrees with itself: its raw outputs could have been "
+                "written by hand."
+            )
+        if not self.shipped:
+            found.append(
+                f"UNSHIPPED EXPERIMENT: {self.experiment} is not an experiment kvprobe {__version__} ships, "
+                "so nothing held its probes to a known copy: the vulnerability it names, its fix kind "
+                "and its probe code are the bundle publisher's own claims."
+            )
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "anchor": self.anchor or "none (self-consistent only)",
+            "experiment": self.experiment,
+            "experiment_shipped_by_kvprobe": self.shipped,
+            "caveats": self.caveats(),
+        }
+
+
+@dataclass(frozen=True)
 class BundleView:
     """What the renderers read: the receipt, the manifest and manifest.json's sha256.
 
-    ``name`` is how the verify command in the Markdown names the bundle directory.
+    ``name`` is how the verify command in the Markdown names the bundle directory;
+    ``provenance`` what anchored it (the default, for renderer tests, claims both anchors).
     """
 
     receipt: Mapping[str, Any]
     manifest: Mapping[str, Any]
     manifest_sha256: str
     name: str = "BUNDLE"
+    provenance: Provenance = Provenance(anchor="test", shipped=True)
+
+    @property
+    def kind(self) -> str:
+        """run, sweep or gates: which receipt the bundle holds."""
+        schema = self.receipt.get("schema")
+        if schema == SWEEP_RECEIPT_SCHEMA:
+            return "sweep"
+        return "gates" if schema in (GATES_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA_1) else "run"
 
     @property
     def receipt_sha256(self) -> str:
@@ -49,20 +111,41 @@ class BundleView:
 # --- reading a bundle ----------------------------------------------------------------------
 
 
-def load(bundle: Path, limits: Limits | None = None) -> BundleView:
+def load(
+    bundle: Path, limits: Limits | None = None, *, expect_manifest_sha256: str | None = None, anchor: str | None = None
+) -> BundleView:
     """A bundle directory or .tar.gz, read as `kvprobe verify` reads it: the one bundle reader
     and the same steps (layout, strict documents, integrity, the verdict recomputed from the raw
-    outputs, the installed copy of a known experiment).
+    outputs, the published digest when given, the installed copy of a known experiment).
 
-    Raises NotABundle (exit 2), VerificationFailed naming the first defect (exit 1), and
-    SchemaError for a bundle that verifies but holds no run receipt (a gates bundle, exit 2).
+    ``expect_manifest_sha256`` is the digest published elsewhere (or signed: ``anchor`` then
+    says by what); without it the view's provenance says the bundle is only self-consistent.
+    Raises NotABundle (exit 2), VerificationFailed naming the first defect (exit 1; a digest
+    that does not match is one), and SchemaError for a receipt of a version this kvprobe
+    does not read (exit 2).
     """
-    report = verified(Path(bundle), VerifyOptions(limits=limits or Limits()))
+    opts = VerifyOptions(limits=limits or Limits(), expect_manifest_sha256=expect_manifest_sha256)
+    report = verified(Path(bundle), opts)
     assert report.receipt is not None and report.manifest is not None, "a verified bundle's step 2 accepted both"
-    sweep = report.receipt.get("schema") == SWEEP_RECEIPT_SCHEMA
-    _check_version(report.receipt, SWEEP_RECEIPT_SCHEMA if sweep else RECEIPT_SCHEMA, f"{bundle}/{RECEIPT}")
+    found = report.receipt.get("schema")
+    known = found if found in (SWEEP_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA_1) else RECEIPT_SCHEMA
+    _check_version(report.receipt, known, f"{bundle}/{RECEIPT}")
     name = Path(report.archive).name if report.archive else Path(report.bundle).resolve().name
-    return BundleView(report.receipt, report.manifest, report.manifest_sha256 or "", name)
+    step5 = next(s for s in report.steps if s.number == 5)
+    anchored = step5.status == "pass" and expect_manifest_sha256 is not None
+    label = (anchor or "manifest sha256 matches the digest given (--expect-manifest-sha256)") if anchored else None
+    provenance = _provenance(report.receipt, label)
+    return BundleView(report.receipt, report.manifest, report.manifest_sha256 or "", name, provenance)
+
+
+def _provenance(receipt: Mapping[str, Any], anchor: str | None) -> Provenance:
+    """Step 5 passed (the bundle verified), so an experiment kvprobe ships is its installed copy;
+    a gates receipt repeats no experiment's vulnerability claim (its gate-2 experiments were
+    held to the installed copies by step 5)."""
+    if receipt.get("schema") in (GATES_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA_1):
+        return Provenance(anchor, None, True)
+    exp_id = receipt["experiment"]["id"]
+    return Provenance(anchor, exp_id, installed_experiment(exp_id) is not None)
 
 
 def _check_version(doc: Any, version: str, source: str) -> None:
@@ -96,6 +179,12 @@ def prs_text(receipt: Mapping[str, Any], *, links: bool) -> str:
         url = pr_url(receipt, n)
         parts.append(f"[#{n}]({url})" if links and url else f"#{n}" + (f" ({url})" if url else ""))
     return ", ".join(parts) or "no PR recorded"
+
+
+def wheel_purl(package: str, version: str | None = None) -> str:
+    """``pkg:pypi/<normalized name>[@version]``."""
+    name = re.sub(r"[-_.]+", "-", package).lower()
+    return f"pkg:pypi/{name}" + (f"@{quote(version, safe='.-_~')}" if version else "")
 
 
 def purl(receipt: Mapping[str, Any], side: str) -> str:

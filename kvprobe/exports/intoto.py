@@ -1,10 +1,12 @@
-"""An in-toto Statement v1 from a bundle: its files, its packed .tar.gz (when given) and pins as
-subjects, the receipt as predicate. A Statement carries no time: the run's time is the
-receipt's ``created_utc``; when it was signed is the signature's business (cosign, DSSE)."""
+"""An in-toto Statement v1 from a bundle of any kind (run, sweep, gates): its files, its
+packed .tar.gz (when given) and the artifacts it tested as subjects, the receipt as predicate.
+A Statement carries no time: the run's time is the receipt's ``created_utc``; when it was
+signed is the signature's business (cosign, DSSE)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ from kvprobe import files
 from kvprobe.errors import UsageError
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.safetree import Limits
-from kvprobe.exports.bundle_view import BundleView, project, purl
+from kvprobe.exports.bundle_view import BundleView, project, purl, wheel_purl
 from kvprobe.names import INTOTO_PREDICATE_TYPE, MANIFEST, SIDES
 
 INTOTO_SCHEMA = "in-toto/statement-v1"  # a key of kvprobe.schema.KNOWN
@@ -40,13 +42,28 @@ def archive_subject(view: BundleView, archive: Path) -> dict[str, Any]:
 
 def intoto(view: BundleView, *, archive: Path | None = None) -> dict[str, Any]:
     """An in-toto Statement v1: every bundle file (and manifest.json itself) by sha256, the
-    packed ``archive`` (see :func:`archive_subject`), the pinned commits by gitCommit or
-    wheels by sha256, the receipt as predicate."""
+    packed ``archive`` (see :func:`archive_subject`), the artifacts the receipt tested (a run's
+    pinned commits by gitCommit or wheels by sha256, a sweep's release wheels by sha256; a
+    gates bundle names only its files), the receipt as predicate."""
     r = view.receipt
     subjects = [{"name": f["path"], "digest": {"sha256": f["sha256"]}} for f in view.manifest["files"]]
     subjects.append({"name": MANIFEST, "digest": {"sha256": view.manifest_sha256}})
     if archive is not None:
         subjects.append(archive_subject(view, archive))
+    if view.kind == "run":
+        subjects += _pin_subjects(r)
+    elif view.kind == "sweep":
+        subjects += _release_subjects(r)
+    return {
+        "_type": INTOTO_STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": json.loads(json.dumps(r)),
+    }
+
+
+def _pin_subjects(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+    found = []
     upstream = (r["experiment"].get("upstream") or "").rstrip("/")
     for side in SIDES:
         pin = r["sides"][side]["pin"]
@@ -59,10 +76,26 @@ def intoto(view: BundleView, *, archive: Path | None = None) -> dict[str, Any]:
         else:
             continue  # a synthetic side has no artifact to name
         subject["annotations"] = {"kvprobeSide": side}
-        subjects.append(subject)
-    return {
-        "_type": INTOTO_STATEMENT_TYPE,
-        "subject": subjects,
-        "predicateType": PREDICATE_TYPE,
-        "predicate": json.loads(json.dumps(r)),
-    }
+        found.append(subject)
+    return found
+
+
+def _release_subjects(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each release wheel the sweep ran, with the class it was given (unresolved ones have none)."""
+    found = []
+    for release in r["releases"]:
+        wheel = release.get("wheel")
+        if not wheel:
+            continue
+        found.append(
+            {
+                "name": wheel["file"],
+                "uri": wheel_purl(wheel["package"], wheel["version"]),
+                "digest": {"sha256": wheel["sha256"]},
+                "annotations": {
+                    "kvprobeRelease": release["version"],
+                    "kvprobeClass": release["classification"]["overall"],
+                },
+            }
+        )
+    return found

@@ -27,14 +27,26 @@ from kvprobe.text import for_markdown, for_terminal
 _MAX_VALUE = 160  # characters of one observed value shown in a Markdown cell
 
 
-def _code(text: str) -> str:
-    """An inline code span that survives backticks in ``text``."""
+def code_span(text: Any) -> str:
+    """An inline code span that survives backticks in ``text``; controls shown as escapes."""
     text = for_terminal(" ".join(str(text).split()))
     fence = "`"
     while fence in text:
         fence += "`"
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def provenance_lines(view: BundleView, author: str | None = None) -> list[str]:
+    """What anchored the bundle (or that nothing did), and who exported it: bullet lines."""
+    prov = view.provenance
+    lines = []
+    if author:
+        lines.append(f"- **Reported by:** {for_markdown(author)}")
+    if prov.anchor:
+        lines.append(f"- **Anchored:** {for_markdown(prov.anchor)}")
+    lines += [f"- **Caveat:** {for_markdown(text)}" for text in prov.caveats()]
+    return lines
 
 
 def cell(text: Any) -> str:
@@ -120,22 +132,24 @@ def _test_outcome(row: Mapping[str, Any], side: str) -> str:
     return f"{outcome} ({detail})" if outcome in ("failed", "error") and detail else outcome
 
 
-def markdown(view: BundleView) -> str:
-    """A block to paste into a security review; tables hold any value without breaking."""
+def markdown(view: BundleView, author: str | None = None) -> str:
+    """A block to paste into a security review; tables hold any value without breaking.
+    ``author`` (report --author), when given, is named as who reported it."""
     r = view.receipt
     exp, comp, ev = r["experiment"], r["comparison"], r["evidence"]
     fix = exp["fix"]
     env, host = r.get("env") or {}, r.get("host") or {}
     out = [f"## kvprobe evidence: {for_markdown(exp['id'])}: {for_markdown(exp['title'])}", ""]
+    out += provenance_lines(view, author)
     release = f", first released in {for_markdown(fix['release'])}" if fix.get("release") else ""
     out += [
         f"- **Verdict:** **{for_markdown(r['verdict'])}**: {for_markdown(counts_text(r))}",
-        f"- **Evidence layer:** {_code(ev['layer'])}",
+        f"- **Evidence layer:** {code_span(ev['layer'])}",
         f"- **Fix:** {prs_text(r, links=True)}{release}. {for_markdown(fix['summary'])}",
         f"- **Upstream:** {for_markdown(exp.get('upstream') or 'not recorded')}",
-        f"- **Experiment:** {_code(exp['id'])} ({_code(exp['file'])}, sha256 {_code(exp['sha256'])})",
-        f"- **Run:** {_code(r['run_id'])} at {for_markdown(r['created_utc'])} by kvprobe "
-        f"{for_markdown(r['tool']['version'])}; pin set {_code(r['pin_set']['name'])} "
+        f"- **Experiment:** {code_span(exp['id'])} ({code_span(exp['file'])}, sha256 {code_span(exp['sha256'])})",
+        f"- **Run:** {code_span(r['run_id'])} at {for_markdown(r['created_utc'])} by kvprobe "
+        f"{for_markdown(r['tool']['version'])}; pin set {code_span(r['pin_set']['name'])} "
         f"({for_markdown(r['pin_set']['kind'])})",
     ]
     if env:
@@ -145,8 +159,8 @@ def markdown(view: BundleView) -> str:
         )
         out.append(
             f"- **Environment:** Python {for_markdown(env.get('python'))} on {for_markdown(host.get('system', '?'))} "
-            f"{for_markdown(host.get('machine', '?'))}, profile {_code(env.get('profile', '?'))}, lock "
-            f"{_code(env.get('lock_name') or '-')} sha256 {_code(env.get('lock_sha256') or '-')}{torch_text}"
+            f"{for_markdown(host.get('machine', '?'))}, profile {code_span(env.get('profile', '?'))}, lock "
+            f"{code_span(env.get('lock_name') or '-')} sha256 {code_span(env.get('lock_sha256') or '-')}{torch_text}"
         )
     out += ["", "### Pins", ""]
     out += _table(["side", "kind", "pin", "digest"], [_pin_row(r, side) for side in SIDES])
@@ -172,9 +186,9 @@ def markdown(view: BundleView) -> str:
     out += [
         "### Integrity",
         "",
-        f"- **Bundle manifest sha256:** {_code(view.manifest_sha256)} (sha256 of the bundle's manifest.json, "
+        f"- **Bundle manifest sha256:** {code_span(view.manifest_sha256)} (sha256 of the bundle's manifest.json, "
         "which lists every other file with its sha256)",
-        f"- **Receipt sha256:** {_code(view.receipt_sha256)}",
+        f"- **Receipt sha256:** {code_span(view.receipt_sha256)}",
         "- **Verify:**",
         "",
         "```sh",
@@ -249,7 +263,7 @@ def _cases_section(r: Mapping[str, Any]) -> list[str]:
         ]
         if not shown:
             continue
-        out += [f"#### {_code(key)}", ""]
+        out += [f"#### {code_span(key)}", ""]
         out += _table(
             ["observation", "base", "expected base", "head", "expected head", "check"],
             [

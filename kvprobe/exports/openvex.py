@@ -35,6 +35,7 @@ def _evidence_note(view: BundleView, side: str) -> str:
     r = view.receipt
     ev = r["evidence"]
     parts = [
+        *view.provenance.caveats(),
         f"Determined by kvprobe from receipt sha256 {view.receipt_sha256} (receipt.json of the bundle "
         f"whose manifest.json sha256 is {view.manifest_sha256}; check it with `kvprobe verify BUNDLE "
         f"--expect-manifest-sha256 {view.manifest_sha256}`), experiment {r['experiment']['id']}, "
@@ -65,21 +66,24 @@ def _action(r: Mapping[str, Any]) -> str:
     )
 
 
-def vulnerability(r: Mapping[str, Any]) -> dict[str, Any]:
-    """The OpenVEX vulnerability the receipt records, exactly as its experiment declares it.
+def vulnerability(r: Mapping[str, Any], fmt: str = "OpenVEX") -> dict[str, Any]:
+    """The vulnerability the receipt records, exactly as its experiment declares it, in
+    OpenVEX's shape (``fmt`` names the export asked for, OpenVEX or OSV, in the message).
     UsageError when it records none, or the fix tested is not a security fix: affected/fixed
-    would then claim that this fix closes the vulnerability."""
+    (an OSV range) would then claim that this fix closes the vulnerability."""
     exp = r["experiment"]
     declared = exp.get("vulnerability")
+    what = "an OSV record" if fmt == "OSV" else "an OpenVEX statement"
     if declared is None:
         raise UsageError(
             f"the receipt of {exp['id']} records no vulnerability id (its experiment declares no "
-            "[vulnerability] table, or kvprobe predates it): nothing to name in an OpenVEX statement"
+            f"[vulnerability] table, or kvprobe predates it): nothing to name in {what}"
         )
     if declared["fix_kind"] != "security":
         raise UsageError(
             f"{exp['id']} tests a {declared['fix_kind']} fix, not the security fix of {declared['id']}: "
-            "no OpenVEX statement is exported for it"
+            f"no {fmt} {'record' if fmt == 'OSV' else 'statement'} is exported for it "
+            "(docs/vulnerability-ids.md; --format markdown and intoto state only what the receipt says)"
         )
     release = f", first released in {exp['fix']['release']}" if exp["fix"].get("release") else ""
     named: dict[str, Any] = {

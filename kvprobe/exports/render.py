@@ -9,72 +9,84 @@ from pathlib import Path
 
 from kvprobe import files, schema
 from kvprobe.errors import BundleExistsError, UsageError
-from kvprobe.exports import sweep
+from kvprobe.exports import gates, sweep
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.intoto import INTOTO_SCHEMA, intoto
 from kvprobe.exports.markdown import markdown
 from kvprobe.exports.openvex import OPENVEX_SCHEMA, openvex
-from kvprobe.names import SWEEP_RECEIPT_SCHEMA
 from kvprobe.text import for_json
 
 FORMATS = ("markdown", "openvex", "intoto", "osv")
+DEFAULT_FORMAT = "markdown"
+# What each bundle kind can state: a gates bundle names no vulnerability, and OSV ranges
+# need releases observed (a sweep).
+KINDS = {
+    "run": ("markdown", "openvex", "intoto"),
+    "sweep": ("markdown", "openvex", "intoto", "osv"),
+    "gates": ("markdown", "intoto"),
+}
 
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """What an export needs beyond the bundle: OpenVEX's author, role and issue time (UTC,
-    RFC 3339; default now); in-toto's packed archive as an extra subject."""
+    """What an export needs beyond the bundle: the author (OpenVEX's author, named in
+    Markdown; OSV and in-toto have no field for it) and role, the issue time (UTC, RFC 3339;
+    default now), in-toto's packed archive as an extra subject, the OSV id to publish under."""
 
     author: str | None = None
     role: str | None = None
     issued: str | None = None
     archive: Path | None = None
+    osv_id: str | None = None
 
 
 def render(view: BundleView, fmt: str, opts: ExportOptions = ExportOptions()) -> str:
     """The text to write for ``fmt``; JSON formats pass their schema first (SchemaError if not).
-    UsageError for an option the format does not take, or OpenVEX without an author."""
+    UsageError for a format the bundle's kind cannot state, an option that belongs to another
+    format, or OpenVEX without an author."""
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown report format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if opts.archive is not None and fmt != "intoto":
         raise UsageError("--subject-archive goes with --format intoto (a subject of the in-toto statement)")
-    if (opts.author or opts.role) and fmt != "openvex":
-        raise UsageError("--author and --author-role go with --format openvex (the VEX document's author)")
-    if view.receipt["schema"] == SWEEP_RECEIPT_SCHEMA:
-        return _render_sweep(view, fmt, opts)
-    if fmt == "osv":
-        raise UsageError("--format osv takes a sweep bundle (`kvprobe sweep`): OSV ranges need releases observed")
+    if opts.osv_id is not None and fmt != "osv":
+        raise UsageError("--osv-id goes with --format osv (the id the OSV record is published under)")
+    if opts.role and not opts.author:
+        raise UsageError("--author-role goes with --author")
+    kind = view.kind
+    if fmt not in KINDS[kind]:
+        raise UsageError(_refusal(kind, fmt))
+    issued = opts.issued or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     if fmt == "markdown":
-        return markdown(view)
+        if kind == "sweep":
+            return sweep.markdown(view, opts.author)
+        return gates.markdown(view, opts.author) if kind == "gates" else markdown(view, opts.author)
     if fmt == "openvex":
         if not opts.author:
             raise UsageError(
                 "--format openvex needs --author (who states it, as vexctl asks), "
                 'e.g. --author "Security Team <sec@example.com>"'
             )
-        issued = opts.issued or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        doc, version = openvex(view, author=opts.author, role=opts.role, issued=issued), OPENVEX_SCHEMA
+        maker = sweep.openvex if kind == "sweep" else openvex
+        doc, version = maker(view, author=opts.author, role=opts.role, issued=issued), OPENVEX_SCHEMA
     elif fmt == "intoto":
         doc, version = intoto(view, archive=opts.archive), INTOTO_SCHEMA
     else:
-        raise UsageError(f"unknown report format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        doc, version = sweep.osv(view, modified=issued, osv_id_given=opts.osv_id), sweep.OSV_SCHEMA
     schema.validate(doc, version, source=f"{fmt} document")
     return for_json(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)) + "\n"
 
 
-def _render_sweep(view: BundleView, fmt: str, opts: ExportOptions) -> str:
-    """A sweep bundle: markdown, OSV (modified = issued) or OpenVEX per observed release."""
-    issued = opts.issued or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    if fmt == "markdown":
-        return sweep.markdown(view)
+def _refusal(kind: str, fmt: str) -> str:
+    takes = ", ".join(KINDS[kind])
     if fmt == "osv":
-        doc, version = sweep.osv(view, modified=issued), sweep.OSV_SCHEMA
-    elif fmt == "openvex":
-        if not opts.author:
-            raise UsageError("--format openvex needs --author (who states it)")
-        doc, version = sweep.openvex(view, author=opts.author, role=opts.role, issued=issued), OPENVEX_SCHEMA
-    else:
-        raise UsageError(f"--format {fmt} does not take a sweep bundle (use markdown, openvex or osv)")
-    schema.validate(doc, version, source=f"{fmt} document")
-    return for_json(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)) + "\n"
+        return (
+            f"--format osv takes a sweep bundle (`kvprobe sweep`): OSV ranges need releases observed; "
+            f"a {kind} bundle takes {takes}"
+        )
+    return (
+        f"--format {fmt} states a vulnerability's status and a {kind} bundle names none "
+        f"(it checks a deployment's gates); it takes {takes}"
+    )
 
 
 def write_atomic(path: Path, text: str, *, force: bool = False) -> None:

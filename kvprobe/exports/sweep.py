@@ -8,20 +8,27 @@ every other release is listed under ``database_specific``, never folded into a r
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
-from kvprobe import __version__
+from packaging.version import InvalidVersion, Version
+
+from kvprobe import __version__, schema
 from kvprobe.errors import UsageError
-from kvprobe.evidence.sweep import AFFECTED, FIXED, MIXED
-from kvprobe.evidence.sweep_view import release_table, timeline_svg, unserved_line
-from kvprobe.exports.bundle_view import BundleView, oneline, prs_text, verify_command
-from kvprobe.exports.markdown import cell
+from kvprobe.evidence.sweep import AFFECTED, FIXED, MIXED, NOT_PRESENT
+from kvprobe.evidence.sweep_view import TIMELINE
+from kvprobe.exports.bundle_view import BundleView, oneline, pr_url, prs_text, verify_command, wheel_purl
+from kvprobe.exports.markdown import cell, code_cell, code_span, provenance_lines
 from kvprobe.exports.openvex import document, vulnerability
+from kvprobe.text import for_markdown
 
 OSV_SCHEMA = "osv"  # a key of kvprobe.schema.KNOWN
-OSV_SCHEMA_VERSION = "1.6.0"
+OSV_SCHEMA_VERSION = "1.7.5"  # schemas/vendor/README.md: the revision vendored
 _RANGE = re.compile(r"^\s*[^,<>=!~]+\.\.[^,<>=!~]+\s*$")
+# A release observed unaffected right before a run of affected ones is an observed boundary.
+_UNAFFECTED = (NOT_PRESENT, FIXED)
 
 
 def _package(r: Mapping[str, Any]) -> str:
@@ -31,11 +38,6 @@ def _package(r: Mapping[str, Any]) -> str:
     return releases[0]["wheel"]["package"]
 
 
-def _purl(package: str, version: str | None = None) -> str:
-    name = re.sub(r"[-_.]+", "-", package).lower()
-    return f"pkg:pypi/{name}" + (f"@{version}" if version else "")
-
-
 def contiguous(r: Mapping[str, Any]) -> bool:
     """Consecutive releases in the receipt are consecutive on the index: the sweep ran every
     served release (no SPEC) or one ``A..B`` range. Only then may a first fixed release
@@ -43,32 +45,121 @@ def contiguous(r: Mapping[str, Any]) -> bool:
     return r["spec"] is None or bool(_RANGE.match(r["spec"]))
 
 
+def _key(version: str) -> tuple[int, Any]:
+    try:
+        return (0, Version(version))
+    except InvalidVersion:  # the receipt schema admits any string; order such a one last, stably
+        return (1, version)
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What a sweep observed, the one input OSV's ranges are drawn from.
+
+    ``classes``: (version, class) of every release entry, oldest first by PEP 440 order
+    (whatever the receipt's order). ``listing``: every version the index served in the swept
+    range, oldest first, when it is known; None when it is not (then no two releases are
+    known to be neighbours on the index, and no boundary is claimed). ``unserved``: versions
+    in the range the profile does not serve (nothing ran on them).
+
+    Today's receipt has no listing of its own: :func:`observations` takes the release entries
+    and ``unserved`` of a contiguous sweep (one ``A..B`` range, or every release) as it.
+    """
+
+    classes: tuple[tuple[str, str], ...]
+    listing: tuple[str, ...] | None
+    unserved: tuple[str, ...]
+    swept: str
+
+    def neighbours(self, older: str, newer: str) -> bool:
+        """``newer`` comes right after ``older`` on the index."""
+        if self.listing is None or older not in self.listing or newer not in self.listing:
+            return False
+        return self.listing.index(newer) == self.listing.index(older) + 1
+
+    def not_observed_before(self, version: str) -> list[str]:
+        """Versions of the listing older than ``version`` that were not classified affected,
+        fixed or not-present (unserved, could not observe, mixed)."""
+        seen = {v for v, c in self.classes if c in (AFFECTED, FIXED, NOT_PRESENT)}
+        older = [v for v in (self.listing or ()) if _key(v) < _key(version)]
+        return [v for v in older if v not in seen]
+
+
+def observations(r: Mapping[str, Any]) -> Observations:
+    """The sweep receipt's observations. Reads ``releases[].version``,
+    ``releases[].classification.overall``, ``unserved`` and ``spec``, nothing else."""
+    classes = tuple(
+        sorted(((x["version"], x["classification"]["overall"]) for x in r["releases"]), key=lambda t: _key(t[0]))
+    )
+    unserved = tuple(sorted(r["unserved"], key=_key))
+    listing = tuple(sorted({v for v, _ in classes} | set(unserved), key=_key)) if contiguous(r) else None
+    return Observations(classes, listing, unserved, r["spec"] or "every release on the index the profile serves")
+
+
 def osv_ranges(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """ECOSYSTEM ranges of the receipt's observations (:func:`ranges_of`)."""
+    return ranges_of(observations(r))
+
+
+def ranges_of(obs: Observations) -> list[dict[str, Any]]:
     """ECOSYSTEM ranges from the observed releases alone, oldest first.
 
-    A run of affected releases opens with ``introduced`` (its first observed release: older
-    ones were not observed). It closes with ``fixed`` where the next release on the index was
-    observed fixed, with ``last_affected`` where the next one was not observed (or the sweep is
-    not contiguous), and stays open where no later release was observed at all."""
-    ranges: list[dict[str, Any]] = []
+    A run is affected releases that are neighbours on the index. It opens with ``introduced``
+    at its first release only where the release right before it on the index was observed
+    not affected (``not-present``: the code path does not exist yet; or ``fixed``): that is an
+    observed boundary. Otherwise the start is unknown: ``"0"`` (OSV's "every earlier
+    version") for the first run, and for a later one the release after the last one observed
+    unaffected. Never the profile's floor: a release the profile cannot import is unobserved,
+    not unaffected. A run closes with ``fixed`` where the next release on the index was
+    observed fixed, with ``last_affected`` where a later release exists but the next was not
+    observed fixed, and stays open where nothing later was swept."""
+    classes = list(obs.classes)
     runs: list[list[int]] = []
-    classes = [x["classification"]["overall"] for x in r["releases"]]
-    for i, cls in enumerate(classes):
-        if cls == AFFECTED:
-            if runs and runs[-1][-1] == i - 1:
-                runs[-1].append(i)
-            else:
-                runs.append([i])
-    for run in runs:
-        first, last = r["releases"][run[0]]["version"], r["releases"][run[-1]]["version"]
+    for i, (version, cls) in enumerate(classes):
+        if cls != AFFECTED:
+            continue
+        if runs and runs[-1][-1] == i - 1 and obs.neighbours(classes[i - 1][0], version):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    ranges: list[dict[str, Any]] = []
+    for n, run in enumerate(runs):
+        last = classes[run[-1]][0]
+        events: list[dict[str, str]] = [{"introduced": _introduced(obs, run[0], first=n == 0)}]
         after = run[-1] + 1
-        events: list[dict[str, str]] = [{"introduced": first}]
-        if after < len(classes) and classes[after] == FIXED and contiguous(r):
-            events.append({"fixed": r["releases"][after]["version"]})
-        elif after < len(classes):
+        if after < len(classes) and classes[after][1] == FIXED and obs.neighbours(last, classes[after][0]):
+            events.append({"fixed": classes[after][0]})
+        elif after < len(classes) or (obs.listing and obs.listing[-1] != last):
             events.append({"last_affected": last})
         ranges.append({"type": "ECOSYSTEM", "events": events})
     return ranges
+
+
+def _introduced(obs: Observations, i: int, *, first: bool) -> str:
+    classes = obs.classes
+    version = classes[i][0]
+    if i > 0 and classes[i - 1][1] in _UNAFFECTED and obs.neighbours(classes[i - 1][0], version):
+        return version
+    unaffected = [j for j in range(i) if classes[j][1] in _UNAFFECTED]
+    if first or not unaffected:
+        return "0"
+    return classes[unaffected[-1] + 1][0]
+
+
+def introduced_text(obs: Observations, ranges: Sequence[Mapping[str, Any]]) -> str:
+    """Why the first range starts where it does, in one sentence."""
+    if not ranges:
+        return "no release was observed affected"
+    start = ranges[0]["events"][0]["introduced"]
+    if start != "0":
+        before = [v for v, c in obs.classes if _key(v) < _key(start)][-1]
+        cls = dict(obs.classes)[before]
+        return f"observed: {before} was observed {cls} and {start}, the next release on the index, affected"
+    oldest = next(v for v, c in obs.classes if c == AFFECTED)
+    return (
+        f'unknown ("0"): {oldest} is the oldest release observed affected and no older release was '
+        f"observed unaffected; releases older than {obs.classes[0][0]} were not swept"
+    )
 
 
 def _unobserved(r: Mapping[str, Any]) -> dict[str, str]:
@@ -80,36 +171,99 @@ def _unobserved(r: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
-def osv(view: BundleView, *, modified: str) -> dict[str, Any]:
+def valid_osv_id(text: str) -> bool:
+    """``text`` is an id the vendored OSV schema accepts (a home database's prefix)."""
+    return not schema.errors({"id": text, "modified": "2000-01-01T00:00:00Z"}, OSV_SCHEMA)
+
+
+def osv_id(vuln: Mapping[str, Any], given: str | None = None) -> tuple[str, list[str]]:
+    """The record's ``id`` and ``aliases``: ``given`` (--osv-id), else the first declared id
+    (id, then aliases) with a prefix the OSV schema lists; every other declared id is an
+    alias. UsageError when there is none: kvprobe's own ``KVPROBE-`` ids name no OSV database."""
+    declared = [vuln["name"], *vuln.get("aliases", [])]
+    if given is not None:
+        if not valid_osv_id(given):
+            raise UsageError(
+                f"--osv-id {given!r} does not start with a database prefix the OSV schema "
+                f"{OSV_SCHEMA_VERSION} lists (CVE-, GHSA-, PYSEC-, ...)"
+            )
+        chosen = given
+    else:
+        found = [x for x in declared if valid_osv_id(x)]
+        if not found:
+            raise UsageError(
+                f"no OSV id for {', '.join(declared)}: OSV {OSV_SCHEMA_VERSION} ids start with a home "
+                "database's prefix (CVE-, GHSA-, PYSEC-, ...) and kvprobe's KVPROBE- ids name none; add the "
+                "assigned CVE or GHSA to the experiment's [vulnerability] aliases, or give the id the record "
+                "is published under with --osv-id",
+            )
+        chosen = found[0]
+    return chosen, [x for x in declared if x != chosen]
+
+
+def references(r: Mapping[str, Any], package: str) -> list[dict[str, str]]:
+    """The fix PRs (FIX) and the package's index page (PACKAGE)."""
+    found = [{"type": "FIX", "url": url} for n in r["experiment"]["fix"]["prs"] if (url := pr_url(r, n))]
+    name = re.sub(r"[-_.]+", "-", package).lower()
+    found.append({"type": "PACKAGE", "url": f"https://pypi.org/project/{quote(name)}/"})
+    return found
+
+
+def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> dict[str, Any]:
     """An OSV record of the experiment's vulnerability (refused, as for OpenVEX, unless the
-    tested fix is its security fix), ``modified`` at the export time."""
+    tested fix is its security fix), ``modified`` at the export time. Its text passes the
+    Markdown neutraliser (OSV viewers render ``details`` as Markdown); where the bundle is not
+    anchored, the record says so in ``details`` and ``database_specific``."""
     r = view.receipt
-    vuln = vulnerability(r)
+    vuln = vulnerability(r, fmt="OSV")
+    record_id, aliases = osv_id(vuln, osv_id_given)
     package = _package(r)
-    observed = {x["version"]: x["classification"]["overall"] for x in r["releases"]}
-    affected_versions = [v for v, cls in observed.items() if cls == AFFECTED]
+    obs = observations(r)
+    ranges = ranges_of(obs)
+    observed = dict(obs.classes)
+    affected_versions = [v for v, cls in obs.classes if cls == AFFECTED]
     exp = r["experiment"]
-    details = (
-        f"{oneline(exp['title'])}. Fixed upstream by {prs_text(r, links=False)}. {oneline(exp['fix']['summary'])} "
-        f"Ranges and versions come only from releases kvprobe observed (sweep run {r['run_id']}); "
-        f"check the evidence with `{verify_command(view)}`."
+    caveats = view.provenance.caveats()
+    details = " ".join(
+        [
+            *(for_markdown(x) for x in caveats),
+            f"{for_markdown(oneline(exp['title']))}. Fixed upstream by {prs_text(r, links=True)}.",
+            for_markdown(oneline(exp["fix"]["summary"])),
+            f"Ranges and versions come only from releases kvprobe observed (sweep run {code_span(r['run_id'])});",
+            f"introduced: {for_markdown(introduced_text(obs, ranges))}.",
+            f"Check the evidence with {code_span(verify_command(view))}.",
+        ]
     )
+    oldest = obs.classes[0][0] if obs.classes else None
     record: dict[str, Any] = {
         "schema_version": OSV_SCHEMA_VERSION,
-        "id": vuln["name"],
+        "id": record_id,
         "modified": modified,
-        "summary": oneline(exp["title"]),
+        "summary": for_markdown(oneline(exp["title"])),
         "details": details,
+        "references": references(r, package),
         "affected": [
             {
-                "package": {"ecosystem": "PyPI", "name": package, "purl": _purl(package)},
-                "ranges": osv_ranges(r),
+                "package": {"ecosystem": "PyPI", "name": package, "purl": wheel_purl(package)},
+                "ranges": ranges,
                 "versions": affected_versions,
                 "database_specific": {
-                    "kvprobe_releases_swept": r["spec"] or "every release on the index the profile serves",
+                    "kvprobe_releases_swept": obs.swept,
                     "kvprobe_observed": {v: c for v, c in observed.items() if c in (AFFECTED, FIXED)},
                     "kvprobe_not_observed": _unobserved(r),
-                    "kvprobe_not_served": list(r["unserved"]),
+                    "kvprobe_not_served": list(obs.unserved),
+                    "kvprobe_introduced": introduced_text(obs, ranges),
+                    "kvprobe_not_observed_before": (
+                        {
+                            "oldest_swept": oldest,
+                            "listed_not_observed": obs.not_observed_before(affected_versions[0])
+                            if affected_versions
+                            else [],
+                            "older": f"every release older than {oldest}: not swept",
+                        }
+                        if oldest
+                        else {}
+                    ),
                 },
             }
         ],
@@ -120,25 +274,28 @@ def osv(view: BundleView, *, modified: str) -> dict[str, Any]:
                 "manifest_sha256": view.manifest_sha256,
                 "receipt_sha256": view.receipt_sha256,
                 "classification": r["algorithm"],
+                "provenance": view.provenance.to_json(),
             }
         },
     }
-    if vuln.get("aliases"):
-        record["aliases"] = list(vuln["aliases"])
+    if aliases:
+        record["aliases"] = aliases
     return record
 
 
 def openvex(view: BundleView, *, author: str, issued: str, role: str | None = None) -> dict[str, Any]:
-    """One statement per observed release: affected, fixed, or (mixed) under_investigation."""
+    """One statement per observed release: affected, fixed, or (mixed) under_investigation;
+    each one's notes carry the bundle's caveats (see :class:`~kvprobe.exports.bundle_view.Provenance`)."""
     r = view.receipt
     vuln = vulnerability(r)
+    caveats = " ".join(view.provenance.caveats())
     statements = []
-    for release in r["releases"]:
+    for release in sorted(r["releases"], key=lambda x: _key(x["version"])):
         cls = release["classification"]
         if cls["overall"] not in (AFFECTED, FIXED, MIXED) or release["wheel"] is None:
             continue
         wheel = release["wheel"]
-        ident = _purl(wheel["package"], wheel["version"])
+        ident = wheel_purl(wheel["package"], wheel["version"])
         status = {AFFECTED: "affected", FIXED: "fixed", MIXED: "under_investigation"}[cls["overall"]]
         statement: dict[str, Any] = {
             "vulnerability": vuln,
@@ -146,7 +303,8 @@ def openvex(view: BundleView, *, author: str, issued: str, role: str | None = No
             "status": status,
             "timestamp": r["created_utc"],
             "status_notes": (
-                f"kvprobe sweep {r['run_id']} classified {wheel['file']} (sha256 {wheel['sha256']}) "
+                (caveats + " " if caveats else "")
+                + f"kvprobe sweep {r['run_id']} classified {wheel['file']} (sha256 {wheel['sha256']}) "
                 f"{cls['overall']} from its raw probe outputs; check with `{verify_command(view)}`."
                 + (" " + "; ".join(oneline(x) for x in cls["reasons"][:3]) if cls["reasons"] else "")
             ),
@@ -165,25 +323,77 @@ def openvex(view: BundleView, *, author: str, issued: str, role: str | None = No
     return document(name, f"a kvprobe {r['tool']['version']} sweep", statements, author, issued, role)
 
 
-def markdown(view: BundleView) -> str:
-    """The release table and the timeline (inline SVG), for a security review."""
+def _timeline_digest(view: BundleView) -> str | None:
+    for entry in view.manifest.get("files", []):
+        if entry.get("path") == TIMELINE:
+            return entry["sha256"]
+    return None
+
+
+def markdown(view: BundleView, author: str | None = None) -> str:
+    """The release table and the timeline, for a security review. The timeline is an image
+    link to the bundle's timeline.svg (GitHub strips inline ``<svg>``), relative to where the
+    bundle sits, as the verify command names it."""
     r = view.receipt
     exp = r["experiment"]
+    profile = r["profile"]
     out = [
         f"## kvprobe sweep: {cell(exp['id'])}: {cell(oneline(exp['title']))}",
         "",
+        *provenance_lines(view, author),
         f"- **Releases:** {cell(r['spec'] or 'every release on the index the profile serves')}; profile "
-        f"`{r['profile']['name']}` serves `{r['profile']['serves']}`",
+        f"{code_span(profile['name'])} serves {code_span(profile['serves'] or 'every release')}",
         f"- **Fix:** {prs_text(r, links=True)}",
-        f"- **Run:** `{r['run_id']}` at {r['created_utc']} by kvprobe {r['tool']['version']}",
-        f"- **Check it:** `{verify_command(view)}`",
-        "",
-        timeline_svg(r).strip(),
-        "",
-        *release_table(r),
+        f"- **Run:** {code_span(r['run_id'])} at {cell(r['created_utc'])} by kvprobe {cell(r['tool']['version'])}",
+        f"- **Check it:** {code_span(verify_command(view))}",
         "",
     ]
-    line = unserved_line(r)
-    if line:
-        out += [line, ""]
+    digest = _timeline_digest(view)
+    if digest:
+        link = quote(f"{view.name}/{TIMELINE}", safe="/._-~")
+        out += [
+            f"![releases of {cell(exp['id'])} by classification, oldest left]({link})",
+            "",
+            f"The timeline is {code_span(TIMELINE)} in the bundle (sha256 {code_span(digest)}).",
+            "",
+        ]
+    out += [*_release_table(r), ""]
+    if r["unserved"]:
+        shown = ", ".join(sorted(r["unserved"], key=_key))
+        out += [
+            f"Not run: {len(r['unserved'])} selected releases that profile {code_span(profile['name'])} does not "
+            f"serve: {cell(shown)}.",
+            "",
+        ]
+    obs = observations(r)
+    if obs.classes:
+        floor = (
+            f"; profile {code_span(profile['name'])} serves {code_span(profile['serves'])}" if profile["serves"] else ""
+        )
+        out += [
+            f"Oldest release observed: {cell(obs.classes[0][0])}. Releases older than it were not observed: "
+            f"the sweep selected {cell(obs.swept)}{floor}. An OSV record's `introduced` is therefore an "
+            'observed boundary or `"0"` (unknown), never the profile\'s floor.',
+            "",
+        ]
     return "\n".join(out)
+
+
+def _release_table(r: Mapping[str, Any]) -> list[str]:
+    """One row per release, oldest first: class, case counts, the wheel's sha256, and why;
+    every value escaped (reasons quote probe outputs)."""
+    lines = ["| release | classification | cases | wheel sha256 | why |", "| --- | --- | --- | --- | --- |"]
+    for release in sorted(r["releases"], key=lambda x: _key(x["version"])):
+        cls = release["classification"]
+        counts: dict[str, int] = {}
+        for case in cls["cases"].values():
+            counts[case["class"]] = counts.get(case["class"], 0) + 1
+        wheel = release["wheel"]
+        digest = code_cell(wheel["sha256"][:16] + "…") if wheel else "none"
+        reasons = cls["reasons"]
+        why = "; ".join(reasons[:3]) + (f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else "")
+        shown = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
+        lines.append(
+            f"| {cell(release['version'])} | {cell(cls['overall'])} | {cell(shown)} | {digest} | {cell(why)} |"
+        )
+    return lines

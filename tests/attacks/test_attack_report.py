@@ -6,6 +6,8 @@ with one line naming the defect, whatever the format, and never render an export
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 import tarfile
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import forge
-from tests.attacks.harness import assert_outcome
+from tests.attacks.harness import assert_outcome, line_naming
 
 pytestmark = pytest.mark.attack
 
@@ -130,3 +132,38 @@ def test_infinite_number_does_not_crash_intoto(sandbox, forged):
     forge.rehash(forged)
     result = sandbox.run("report", forged, "--format", "intoto")
     assert_outcome(sandbox, result, 1, "receipt.json", ("1e999", "non-finite", "infinity", "overflow"))
+
+
+# --- issue #22: exports that say more than the bundle shows -----------------------------------
+
+
+def test_relabelled_sweep_exports_say_they_are_unanchored_and_unshipped(sandbox):
+    """Attack (#22 "Relabelled"): a copy of experiment A's sweep renamed, [vulnerability] set to a
+    CVE and fix_kind "security". verify calls it self-consistent; today `report --format osv`
+    writes a CVE record with exit 0 and no caveat. Every export must say, inside itself and on
+    stderr, that the bundle only agrees with itself and that kvprobe does not ship its experiment."""
+    from tests.relabel import CVE, NEW_ID, relabelled_sweep
+
+    bundle = relabelled_sweep(sandbox.inputs / "relabelled")
+    assert sandbox.run("verify", bundle).code == 0
+    osv = sandbox.run("report", bundle, "--format", "osv")
+    assert_outcome(sandbox, osv, 0, "SELF-CONSISTENT ONLY")
+    assert line_naming(osv.err, "UNSHIPPED EXPERIMENT", NEW_ID), osv.describe()
+    record = json.loads(osv.out)
+    assert record["id"] == CVE
+    provenance = record["database_specific"]["kvprobe"]["provenance"]
+    assert provenance["experiment_shipped_by_kvprobe"] is False
+    assert provenance["anchor"].startswith("none")
+    assert record["details"].startswith("SELF-CONSISTENT ONLY") and "UNSHIPPED EXPERIMENT" in record["details"]
+    vex = json.loads(sandbox.run("report", bundle, "--format", "openvex", "--author", "a <a@b>").out)
+    assert all("UNSHIPPED EXPERIMENT" in s["status_notes"] for s in vex["statements"])
+    md = sandbox.run("report", bundle, "--format", "markdown").out
+    assert "**Caveat:** SELF-CONSISTENT ONLY" in md and "**Caveat:** UNSHIPPED EXPERIMENT" in md
+    # a published digest anchors the bundle; the experiment is still not one kvprobe ships
+    digest = hashlib.sha256((bundle / "manifest.json").read_bytes()).hexdigest()
+    anchored = sandbox.run("report", bundle, "--format", "osv", "--expect-manifest-sha256", digest)
+    assert_outcome(sandbox, anchored, 0, "UNSHIPPED EXPERIMENT")
+    assert "SELF-CONSISTENT" not in anchored.err
+    wrong = sandbox.run("report", bundle, "--format", "osv", "--expect-manifest-sha256", "0" * 64)
+    assert_outcome(sandbox, wrong, 1, "manifest")
+    assert wrong.out == ""

@@ -226,3 +226,22 @@ def test_markup_in_an_experiment_title_from_the_project_folder(sandbox, command)
     result = sandbox.run(*command)
     assert_outcome(sandbox, result, 0)
     assert "[/] Synthetic model" in result.out + result.err
+
+
+def test_osv_summary_and_details_are_inert_markdown(sandbox):
+    """Attack (#22 "Text"): the experiment's title carries raw HTML, a `javascript:` link and bidi
+    controls; OSV viewers render `summary`/`details` as Markdown. Today they reach the record raw.
+    They must pass the one neutraliser the Markdown export uses (kvprobe.text.for_markdown)."""
+    from tests.relabel import relabelled_sweep
+
+    title = f"{HOSTILE_TEXT} [run me](javascript:alert(1)) {BIDI_PAYLOAD}"
+    bundle = relabelled_sweep(sandbox.inputs / "text", title=title)
+    result = sandbox.run("report", bundle, "--format", "osv")
+    assert_outcome(sandbox, result, 0)
+    record = json.loads(result.out)
+    for field in ("summary", "details"):
+        # kvprobe's own links: the fix PRs, built from the receipt's GitHub upstream
+        text = re.sub(r"\[#\d+\]\(https://github\.com/sgl-project/sglang/pull/\d+\)", "", record[field])
+        assert "<" not in text and "](" not in text, (field, text)
+        assert_no_raw_escapes(text)
+    assert "javascript:alert(1)" in record["summary"]  # shown as text, never as a link target

@@ -53,7 +53,11 @@ def test_the_newest_release_is_fixed_and_the_first_fixed_is_the_fix_release(name
 
 def test_experiment_b_osv_record_ranges_from_the_sweep():
     (name,) = [n for n in SWEEPS if _receipt(n)["experiment"]["id"] == "experiment-b"]
-    result = CliRunner().invoke(main, ["report", str(ROOT / "bundles" / name), "--format", "osv"])
+    bundle = str(ROOT / "bundles" / name)
+    refused = CliRunner().invoke(main, ["report", bundle, "--format", "osv"])
+    assert refused.exit_code == 2 and "no OSV id for KVPROBE-2026-0001" in refused.stderr
+    result = CliRunner().invoke(main, ["report", bundle, "--format", "osv", "--osv-id", "GHSA-xxxx-xxxx-xxxx"])
     assert result.exit_code == 0, result.output
     affected = json.loads(result.stdout)["affected"][0]
-    assert affected["ranges"] == [{"type": "ECOSYSTEM", "events": [{"introduced": "0.5.13"}, {"fixed": "0.5.20"}]}]
+    # 0.5.13, the oldest release swept, is affected: nothing older was observed unaffected
+    assert affected["ranges"] == [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "0.5.20"}]}]

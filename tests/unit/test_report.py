@@ -666,3 +666,23 @@ def test_bundle_readme_says_what_an_expected_absence_means():
     readme = render_readme(receipt)
     assert "The base is expected to lack the code of 1 case(s)" in readme
     assert "what the head shows for them is a feature it adds" in readme
+
+
+def test_an_unanchored_run_export_says_so_in_markdown_and_every_openvex_statement():
+    """#22: an export drawn from a bundle that only agrees with itself, of an experiment kvprobe
+    does not ship, says both inside itself (the CLI also prints them on stderr)."""
+    from dataclasses import replace
+
+    from kvprobe.exports.bundle_view import Provenance
+
+    view = replace(view_of(make_receipt()), provenance=Provenance(anchor=None, experiment="exp-x", shipped=False))
+    md = markdown.markdown(view)
+    assert "- **Caveat:** SELF-CONSISTENT ONLY" in md and "- **Caveat:** UNSHIPPED EXPERIMENT: exp-x" in md
+    doc = vex(view)
+    assert_valid(doc, "openvex-0.2.0.schema.json")
+    for statement in doc["statements"]:
+        assert statement["status_notes"].startswith("SELF-CONSISTENT ONLY")
+        assert "UNSHIPPED EXPERIMENT: exp-x" in statement["status_notes"]
+    anchored = replace(view, provenance=Provenance(anchor="a digest", experiment="exp-x", shipped=True))
+    assert "Caveat" not in markdown.markdown(anchored)
+    assert "- **Anchored:** a digest" in markdown.markdown(anchored)

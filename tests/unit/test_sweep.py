@@ -165,16 +165,17 @@ def view(r):
 def test_osv_fixed_event_only_where_the_next_release_on_the_index_was_observed_fixed():
     r = receipt([("0.5.18", "affected"), ("0.5.19", "affected"), ("0.5.20", "fixed"), ("0.5.21", "fixed")])
     assert sweep_exports.osv_ranges(r) == [
-        {"type": "ECOSYSTEM", "events": [{"introduced": "0.5.18"}, {"fixed": "0.5.20"}]}
-    ]
+        {"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "0.5.20"}]}
+    ]  # nothing older observed unaffected: the start is unknown (tests/unit/test_export_formats.py)
 
 
 def test_osv_never_folds_an_unobserved_release_into_a_range():
     r = receipt([("0.5.18", "affected"), ("0.5.19", "could-not-observe"), ("0.5.20", "fixed")], unserved=["0.5.12"])
     assert sweep_exports.osv_ranges(r) == [
-        {"type": "ECOSYSTEM", "events": [{"introduced": "0.5.18"}, {"last_affected": "0.5.18"}]}
+        {"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"last_affected": "0.5.18"}]}
     ]
-    doc = json.loads(render(view(r), "osv", ExportOptions(issued="2026-12-01T00:00:00Z")))
+    opts = ExportOptions(issued="2026-12-01T00:00:00Z", osv_id="GHSA-xxxx-xxxx-xxxx")
+    doc = json.loads(render(view(r), "osv", opts))
     affected = doc["affected"][0]
     assert affected["versions"] == ["0.5.18"]
     assert affected["database_specific"]["kvprobe_not_observed"] == {"0.5.19": "could-not-observe: "}
@@ -183,7 +184,7 @@ def test_osv_never_folds_an_unobserved_release_into_a_range():
 
 def test_osv_of_a_list_of_releases_claims_no_fixed_event():
     r = receipt([("0.5.19", "affected"), ("0.5.23", "fixed")], spec="0.5.19,0.5.23")
-    assert sweep_exports.osv_ranges(r)[0]["events"] == [{"introduced": "0.5.19"}, {"last_affected": "0.5.19"}]
+    assert sweep_exports.osv_ranges(r)[0]["events"] == [{"introduced": "0"}, {"last_affected": "0.5.19"}]
 
 
 def test_osv_is_refused_for_a_fix_that_is_not_the_security_fix():
