@@ -37,7 +37,7 @@ from kvprobe.gates.admission import Gate2Run, run_gate2, start_server
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Finding, code_settings
 from kvprobe.gates.gate import Gate, GateOptions
 from kvprobe.gates.inputs import InputFile, read_logs, read_server_args
-from kvprobe.gates.pool import gate1, main_kv
+from kvprobe.gates.pool import classify, gate1, main_kv
 from kvprobe.gates.settings import collect_sources, gate3, gate4
 from kvprobe.gates.target import Target, resolve_target
 from kvprobe.model.gates_receipt import (
@@ -110,7 +110,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
             timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()
         target = resolve_target(opts.sglang, work, opts.cache_root, reporter) if opts.sglang else None
-        tree = CodeTree(target.code_root) if target else None
+        tree = CodeTree(target.code_root, target.identity.get("version")) if target else None
         code = code_settings(tree) if tree else None
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
@@ -225,6 +225,20 @@ _SCOPE = DeploymentScope(
 )
 
 
+def _startup_json(startup: serverlog.Startup) -> dict[str, Any]:
+    """What one earlier startup of a log had (the gates decide on the last)."""
+    return {
+        "startup": startup.number,
+        "line": startup.line,
+        "role": startup.role,
+        "pools": [p.pool_tokens for p in startup.pools],
+        "context_len": sorted({p.context_len for p in startup.pools}),
+        "canary": startup.canary.cite() if startup.canary else None,
+        "args": serverlog.redacted(startup.args.values) if startup.args else None,
+        "summary": startup.summary(),
+    }
+
+
 def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:
     kv = main_kv(log)
     return {
@@ -242,9 +256,30 @@ def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:
             for p in log.pools
         ],
         "kv_allocations": [
-            {"label": k.label, "kind": k.kind, "tokens": k.tokens, "evidence": k.evidence.cite()} for k in log.kv_lines
+            {
+                "label": a.line.label,
+                "kind": a.line.kind,
+                "tokens": a.line.tokens,
+                "pool": a.pool,
+                "why": a.why,
+                "evidence": a.line.evidence.cite(),
+            }
+            for a in classify(log.current)
+        ],
+        "sliding_window": [
+            {
+                "source": w.source,
+                "full_tokens": w.full_tokens,
+                "swa_tokens": w.swa_tokens,
+                "evidence": w.evidence.cite(),
+            }
+            for w in log.swa
         ],
         "main_kv_tokens": kv.tokens if kv else None,
+        "startup": {"number": log.current.number, "line": log.current.line, "of": len(log.startups)},
+        "earlier_startups": [_startup_json(s) for s in log.earlier],
+        "wrappers_stripped": dict(sorted(log.wrappers.items())),
+        "sources": dict(sorted(log.sources.items())),
         "canary": log.canary.cite() if log.canary else None,
         "args": serverlog.redacted(log.args.values) if log.args else None,
         "problems": list(log.problems),

@@ -101,7 +101,14 @@ def canary_state(role: str, sources: Sources) -> tuple[Status, str, str]:
     if logs and any(log.pools for log in logs):  # a complete startup that never installed it
         missing = next(log for log in logs if log.canary is None)
         why = f"configured (kv_canary={'/'.join(sorted(modes))}) but" if configured else "off:"
-        return Status.FAIL, f"{why} no install_canary line in the startup log", missing.path
+        before = [s for s in missing.earlier if s.canary is not None]
+        was = (
+            f"; an earlier startup in this log ({before[-1].canary.cite()}) installed it, the running one "
+            f"({missing.current.where()}) did not"
+            if before and before[-1].canary is not None
+            else ""
+        )
+        return Status.FAIL, f"{why} no install_canary line in the startup log{was}", missing.path
     if modes and not configured:
         return Status.FAIL, "off (kv_canary=none)", sources.args[role][0].evidence.cite()
     if configured:
