@@ -22,7 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,10 @@ from kvprobe.evidence.bundle import host_facts, seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.admission import Gate2Run, run_gate2, start_server
+from kvprobe.gates.environment import Environment
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Finding, code_settings
 from kvprobe.gates.gate import Gate, GateOptions
-from kvprobe.gates.inputs import InputFile, read_logs, read_server_args
+from kvprobe.gates.inputs import InputFile, read_env, read_logs, read_server_args
 from kvprobe.gates.pool import classify, gate1, main_kv
 from kvprobe.gates.settings import collect_sources, gate3, gate4
 from kvprobe.gates.target import Target, resolve_target
@@ -73,6 +74,7 @@ class GateInputs:
     files: list[tuple[InputFile, str | None, serverlog.ServerArgs]]
     target: Target | None
     code: CodeSettings | None
+    envs: list[tuple[InputFile, Environment]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -84,18 +86,20 @@ class GatesRun:
     findings: list[Finding]
     gate2: Gate2Run  # its probe records, what they were decided from and the env
     timings: dict[str, float]
+    gate4: dict[str, Any] = field(default_factory=dict)  # what gate 4's deferred checks were decided from
 
 
 def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResult:
     """Decide all four gates and write the bundle; raises only on bad input or a broken env."""
     reporter = reporter or Reporter()
-    if not (opts.logs or opts.server_args or opts.sglang):
-        raise UsageError("nothing to check: give --log, --server-args and/or --sglang")
+    if not (opts.logs or opts.server_args or opts.sglang or opts.env):
+        raise UsageError("nothing to check: give --log, --server-args, --env and/or --sglang")
     check_index_url(opts.torch_index)
     started = datetime.now(UTC)
     clock = time.monotonic()
     logs = read_logs(opts.logs)
     files = read_server_args(opts.server_args)
+    envs = read_env(opts.env)
     final = _final_path(opts, started)
     work = Path(tempfile.mkdtemp(prefix="kvprobe-gates-"))
     staging = work / "bundle"  # published beside `final` only once sealed and verified
@@ -117,16 +121,18 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         gate2 = run_gate2(target, opts, staging, work, reporter, held, serving)
         timings["gate2_s"] = time.monotonic() - clock
         worker_logs = [log for _f, log in logs]
-        sources = collect_sources(worker_logs, files)
+        sources = collect_sources(worker_logs, files, envs)
         findings: list = []
+        gate4_result, gate4_basis = gate4(sources, tree, code, findings)
         gates = (
             gate1(worker_logs),
             gate2.gate,
             gate3(sources, tree, code, findings),
-            gate4(sources, tree, code, findings),
+            gate4_result,
         )
         record = build_receipt(
-            GateInputs(logs, files, target, code), GatesRun(started, gates, findings, gate2, timings)
+            GateInputs(logs, files, target, code, envs),
+            GatesRun(started, gates, findings, gate2, timings, gate4_basis),
         )
         receipt = record.to_json()
         readme = render_readme(record)
@@ -164,11 +170,13 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
         inputs=Inputs(
             logs=tuple(f.record(log.role, log.redacted) for f, log in logs),
             server_args=tuple(f.record(role, args.redacted) for f, role, args in files),
+            env=tuple(f.record(f.role_flag, env.secrets) for f, env in inputs.envs),
         ),
         workers=tuple(_worker_json(log) for _f, log in logs),
         target=None if inputs.target is None else _target(inputs.target, inputs.code, run.findings),
         probes=tuple(run.gate2.probes),
         gate2=run.gate2.basis,
+        gate4=run.gate4,
         env=run.gate2.env,
         host=host_facts(),
         evidence=_SCOPE,
@@ -214,12 +222,13 @@ _SCOPE = DeploymentScope(
     does_not_show=(
         "that no cross-request KV exposure happened or can happen: nothing here serves a request",
         "GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler",
-        "settings the process really ran with beyond what its log and the given files show "
-        "(environment variables are seen only when given)",
+        "settings the process really ran with beyond what its log and the given files show: "
+        "no SGLang release logs SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, so deferred release "
+        "is seen only in an environment given with --env (or an args file's env object)",
     ),
     limits=(
         f"host: {platform.system()} {platform.machine()}, CPU only",
-        "fix markers are code patterns measured on 0.5.19..0.5.22; a refactor may read as unknown",
+        "fix markers are code patterns measured on 0.5.13..0.5.23; a refactor may read as unknown",
         "operator logs and argument files are not copied into the bundle: their sha256 and the deciding lines are",
     ),
 )

@@ -57,6 +57,7 @@ from typing import Any, BinaryIO
 
 from kvprobe import strict_json
 from kvprobe.defects import JsonDefect, JsonMalformed
+from kvprobe.evidence.gate4 import as_bool as as_bool  # SGLang's booleans: one rule, shared with verify
 
 ROLES = ("prefill", "decode", "null")
 
@@ -676,17 +677,3 @@ def _key_of(token: str) -> str:
 def redacted(values: dict[str, Any]) -> dict[str, Any]:
     """What a receipt may carry: the gate keys only, anything secret-looking masked."""
     return {k: (REDACTED if is_secret_key(k) else v) for k, v in sorted(values.items())}
-
-
-def as_bool(value: Any) -> bool | None:
-    """SGLang booleans as they appear in dumps, JSON, command lines and env values."""
-    if isinstance(value, bool):
-        return value
-    if value is None:
-        return None
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    return None

@@ -33,7 +33,7 @@ from kvprobe.defects import (
     RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
-from kvprobe.evidence import compare, gate2, sweep
+from kvprobe.evidence import compare, gate2, gate4, sweep
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
@@ -591,12 +591,17 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
     defects += gates_probe_defects(bundle) + gate2_basis_defects(bundle)
     gate2_checks, found = recompute_gate2(bundle)
     defects += found
+    gate4_checks, found = recompute_gate4(receipt)
+    defects += found
     gates = []
     for gate in receipt["gates"]:
         checks = [(Status(c["status"]), c["decides"]) for c in gate["checks"]]
         if gate["number"] == 2 and gate2_checks is not None:
             defects += gate2_check_defects(gate["checks"], gate2_checks)
             checks = [(c.status, c.decides) for c in gate2_checks]
+        if gate["number"] == 4 and gate4_checks is not None:
+            found, checks = gate4_check_defects(gate["checks"], gate4_checks)
+            defects += found
         status = combine(s for s, decides in checks if decides)
         if status.value != gate["status"]:
             basis = (
@@ -604,6 +609,8 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
                 if gate["number"] == 2 and gate2_checks is not None
                 else "its deciding checks give"
             )
+            if gate["number"] == 4 and gate4_checks is not None:
+                basis = "its checks, deferred release recomputed from its basis, give"
             defects.append(
                 ForgedVerdict(RECEIPT, f"gate {gate['number']} states {gate['status']!r}; {basis} {status.value!r}")
             )
@@ -618,6 +625,58 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
             )
         )
     return step_result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks and raw outputs")
+
+
+def recompute_gate4(receipt: dict[str, Any]) -> tuple[list[Check] | None, list[BundleDefect]]:
+    """Gate 4's deferred-release checks from the receipt's ``gate4`` record (each worker's
+    setting and backend, the release's facts), by :mod:`kvprobe.evidence.gate4`; None for
+    receipts before /3, which record no such basis."""
+    if "gate4" not in receipt:
+        return None, []
+    algorithm = receipt["gate4"]["algorithm"]
+    if algorithm != gate4.ALGORITHM:
+        why = f"gate 4 was decided by {algorithm!r}; this kvprobe computes {gate4.ALGORITHM!r}"
+        return None, [ComparisonAlgorithmUnknown(RECEIPT, why)]
+    try:
+        return gate4.checks_from_basis(receipt["gate4"]), []
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, [RecomputeFailed(RECEIPT, f"gate 4's basis cannot be read: {type(exc).__name__}: {exc}")]
+
+
+def gate4_check_defects(
+    stated: list[dict[str, Any]], recomputed: list[Check]
+) -> tuple[list[BundleDefect], list[tuple[Status, bool]]]:
+    """The receipt's deferred-release checks are exactly the recomputed ones (one per role);
+    returns the defects and the gate's checks with the recomputed ones in their place."""
+    want = {c.name: c for c in recomputed}
+    defects: list[BundleDefect] = []
+    names = [c["name"] for c in stated if c["name"] in want]
+    if sorted(names) != sorted(want):
+        defects.append(
+            ForgedVerdict(
+                RECEIPT, f"gate 4 states deferred-release checks {sorted(names)}; its basis gives {sorted(want)}"
+            )
+        )
+    checks = []
+    for c in stated:
+        if c["name"] not in want:
+            checks.append((Status(c["status"]), c["decides"]))
+            continue
+        check = want[c["name"]]
+        checks.append((check.status, check.decides))
+        if c["status"] != check.status.value:
+            defects.append(
+                ForgedVerdict(
+                    RECEIPT,
+                    f"gate 4 check {c['name']!r} states {c['status']!r}; "
+                    f"its recorded basis gives {check.status.value!r}",
+                )
+            )
+        elif diffs := json_diff(c, check.record().to_json(), f"gates[4].checks[{c['name']}]"):
+            defects.append(
+                ComparisonMismatch(RECEIPT, f"gate 4's checks differ from those recomputed: {_summary(diffs)}")
+            )
+    return defects, checks
 
 
 def gate2_experiments(receipt: dict[str, Any]) -> list[tuple[str, str]]:
