@@ -419,9 +419,7 @@ def print_gate_diagnostics(console: Console, receipt: dict[str, Any]) -> None:
         checks = [c for c in gate["checks"] if c["decides"] and c["status"] != "pass"]
         for check in checks:
             own = _GATE_STYLE[check["status"]]
-            console.print(
-                f"{head} — {data(check['name'])}: [{own}]{check['status']}[/]: {data(check['detail'])}"
-            )
+            console.print(f"{head} — {data(check['name'])}: [{own}]{check['status']}[/]: {data(check['detail'])}")
         if not checks:
             console.print(f"{head} — {data(gate['title'])}")
 
