@@ -205,6 +205,7 @@ def _target(target: Target, code: CodeSettings | None, findings: list[Finding]) 
             "checksum_evidence": code.checksum_evidence,
             "canary_flag": code.has_canary_flag,
             "deferred_default": code.deferred_default,
+            "deferred_declared": code.deferred_declared,
             "deferred_evidence": code.deferred_evidence,
             "deferred_backends": list(code.deferred_backends) if code.deferred_capability_flag else None,
         }

@@ -638,9 +638,35 @@ def recompute_gate4(receipt: dict[str, Any]) -> tuple[list[Check] | None, list[B
         why = f"gate 4 was decided by {algorithm!r}; this kvprobe computes {gate4.ALGORITHM!r}"
         return None, [ComparisonAlgorithmUnknown(RECEIPT, why)]
     try:
-        return gate4.checks_from_basis(receipt["gate4"]), []
+        checks = gate4.checks_from_basis(receipt["gate4"])
     except (KeyError, TypeError, ValueError) as exc:
         return None, [RecomputeFailed(RECEIPT, f"gate 4's basis cannot be read: {type(exc).__name__}: {exc}")]
+    return checks, gate4_basis_defects(receipt)
+
+
+def gate4_basis_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+    """The basis agrees with the rest of the receipt: release facts only with a target, and the
+    same as the target's settings; every environment source is an input the receipt lists."""
+    basis = receipt["gate4"]
+    release, target = basis["release"], receipt["target"]
+    found: list[BundleDefect] = []
+    if (release is None) != (target is None or target.get("settings") is None):
+        found.append(RecordMismatch(RECEIPT, "gate 4's basis states release facts, but the receipt has no target code"))
+    elif release is not None:
+        settings = target["settings"]
+        stated = (release["default"], release["backends"] if release["capability_flag"] else None)
+        recorded = (settings.get("deferred_default"), settings.get("deferred_backends"))
+        if stated != recorded or release.get("declared") != settings.get("deferred_declared", release.get("declared")):
+            found.append(
+                RecordMismatch(RECEIPT, f"gate 4's release facts {stated} are not the target's settings {recorded}")
+            )
+    names = {i["name"] for kind in ("logs", "server_args", "env") for i in receipt["inputs"].get(kind, [])}
+    for role, workers in basis["workers"].items():
+        for worker in workers:
+            source = worker["env_source"]
+            if source is not None and not any(source.startswith((f"{n}:", f"{n} ")) for n in names):
+                found.append(RecordMismatch(RECEIPT, f"gate 4's {role} setting cites {source!r}, not an input"))
+    return found
 
 
 def gate4_check_defects(
