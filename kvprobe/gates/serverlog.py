@@ -93,8 +93,11 @@ PREFIX_RE = re.compile(r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)(
 ARGS_MARK = "server_args="
 # SGLang's logging prefix as bytes: at a line's start, and anywhere (behind a wrapper).
 PREFIX_BYTES = rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?[^\]\n]*\] "
-_PREFIX_AT_START = re.compile(rb"(?:^|\n)" + PREFIX_BYTES)
+_PREFIX_AT_LINE = re.compile(rb"\n" + PREFIX_BYTES)  # blocks start at a line's start: match() for that
 _PREFIX_ANYWHERE = re.compile(PREFIX_BYTES)
+# A line is a candidate when the prefix's date and time stand before a mark (colour codes may
+# sit inside the brackets); unwrap() and PREFIX_RE then hold it to the exact structure.
+_STAMP_BYTES = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 # Lines are found by these marks (bytes.find, C speed); only a line holding one, and SGLang's
 # prefix before it, is decoded and read, so the millions of lines a serving worker logs cost
 # seconds, not minutes.
@@ -120,7 +123,8 @@ WRAPPERS = (
     (
         "journald",
         re.compile(
-            rf"^(?:[A-Z][a-z]{{2}} [ \d]\d \d\d:\d\d:\d\d|{_STAMP_ISO}) \S+ (?P<source>[^\s\[\]:]+)(?:\[\d+\])?: "
+            rf"^(?:[A-Z][a-z]{{2}} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|{_STAMP_ISO}) \S+ "
+            r"(?P<source>[^\s\[\]:]+)(?:\[\d+\])?: "
         ),
     ),
     # kubectl logs --timestamps, docker logs -t: "2026-09-01T10:00:02.123456789Z "
@@ -307,7 +311,7 @@ class WorkerLog:
     wrappers: dict[str, int] = field(default_factory=dict)  # stripped wrapper -> lines
     sources: dict[str, int] = field(default_factory=dict)  # container/unit a wrapper named -> lines
     server_lines: int = 0  # lines read as SGLang's own (prefix, then a known message)
-    prefix_at_start: bool = False  # some line (wrappers aside) starts with SGLang's prefix
+    prefixed: bool = False  # some line starts with SGLang's prefix (once known wrappers are stripped)
     prefix_behind: str | None = None  # else: what stood before the prefix on a line holding it
 
     @property
@@ -396,16 +400,16 @@ def _read(handle: BinaryIO, path: str, role_flag: str | None) -> WorkerLog:
 
 def _describe(log: WorkerLog) -> None:
     """Problems of the file as a whole: no SGLang line, or lines of several containers."""
-    if log.server_lines == 0 and not log.prefix_at_start:
+    if log.server_lines == 0 and not log.prefixed:
         if log.prefix_behind is not None:
             log.log_problems.append(
-                "no line starts with SGLang's logging prefix once known wrappers are stripped: it stands "
+                "no line has SGLang's prefix at its start once known wrappers are stripped: it stands "
                 f"behind {log.prefix_behind!r}, a wrapper kvprobe does not know (it strips "
                 f"{', '.join(n for n, _p in WRAPPERS)} and {ANSI})"
             )
         else:
             log.log_problems.append(
-                "no line has SGLang's logging prefix ('[YYYY-mm-dd HH:MM:SS ...] '): not an SGLang log "
+                "no line has SGLang's prefix ('[YYYY-mm-dd HH:MM:SS ...] ', its logger's format): not an SGLang log "
                 "(wrappers stripped when present: " + ", ".join(n for n, _p in WRAPPERS) + f", {ANSI})"
             )
     if len(log.sources) > 1:
@@ -417,11 +421,8 @@ def _describe(log: WorkerLog) -> None:
 
 def _scan_block(log: WorkerLog, block: bytes) -> None:
     """Read each candidate line of ``block`` (whole lines, starting after line ``log.lines``)."""
-    if not log.prefix_at_start and _PREFIX_AT_START.search(block):
-        log.prefix_at_start = True
-    if not log.prefix_at_start and log.prefix_behind is None and (found := _PREFIX_ANYWHERE.search(block)):
-        start = block.rfind(b"\n", 0, found.start()) + 1
-        log.prefix_behind = _clip(block[start : found.start()].decode("utf-8", errors="replace"), 60)
+    if not log.prefixed:
+        _look_for_prefix(log, block)
     pos, number = 0, log.lines
     for start in _candidate_starts(block):
         number += block.count(b"\n", pos, start)
@@ -431,14 +432,33 @@ def _scan_block(log: WorkerLog, block: bytes) -> None:
         _scan_line(log, block[start:end].decode("utf-8", errors="replace").rstrip("\r"), number + 1, log.path)
 
 
+def _look_for_prefix(log: WorkerLog, block: bytes) -> None:
+    """Does any line of ``block`` start with SGLang's prefix, known wrappers stripped? If not,
+    keep what stands before the prefix on the first line that holds it (an unknown wrapper)."""
+    if re.match(PREFIX_BYTES, block) or _PREFIX_AT_LINE.search(block):
+        log.prefixed = True
+        return
+    for count, found in enumerate(_PREFIX_ANYWHERE.finditer(block)):
+        if count >= 16:
+            return
+        start = block.rfind(b"\n", 0, found.start()) + 1
+        end = block.find(b"\n", found.start())
+        line = block[start : min(len(block) if end < 0 else end, found.end() + 1)].decode("utf-8", errors="replace")
+        if PREFIX_RE.match(unwrap(line)[0]):
+            log.prefixed = True
+            return
+        if log.prefix_behind is None:
+            log.prefix_behind = _clip(block[start : found.start()].decode("utf-8", errors="replace"), 60)
+
+
 def _candidate_starts(block: bytes) -> list[int]:
-    """Where the lines holding a mark start, for those lines with SGLang's prefix before it."""
+    """Where the lines holding a mark start, for those lines with a date and time before it."""
     starts = set()
     for mark in _MARKS:
         at = block.find(mark)
         while at >= 0:
             start = block.rfind(b"\n", 0, at) + 1
-            if _PREFIX_ANYWHERE.search(block, start, at):
+            if _STAMP_BYTES.search(block, start, at):
                 starts.add(start)
             end = block.find(b"\n", at)
             at = -1 if end < 0 else block.find(mark, end)

@@ -331,6 +331,21 @@ def test_wrapped_lines_are_read_and_the_incident_pool_fails(wrapper):
     assert log.wrappers == {wrapper: 3}
 
 
+@pytest.mark.parametrize(
+    ("wrap", "stripped"),
+    [
+        (lambda line: line.replace("] ", "]\x1b[0m ", 1).replace("[", "\x1b[1;32m[", 1), "ANSI colour codes"),
+        (lambda line: f"Sep  1 10:00:02.123456 gpu-node-7 sglang[4121]: {line}", "journald"),  # short-precise
+        (lambda line: f"2026-09-01T10:00:02+0000 gpu-node-7 python3[4121]: {line}", "journald"),  # short-iso
+        (lambda line: f"[pod/sglang-decode-0/sglang] {line}", "kubectl --prefix"),
+    ],
+)
+def test_other_wrapper_shapes(wrap, stripped):
+    text = startup(Log(), "0.5.21", "decode", full=INCIDENT).text()
+    log, check = check_of("".join(wrap(line) + "\n" for line in text.splitlines()))
+    assert check.status is Status.FAIL and stripped in log.wrappers, check.detail
+
+
 def test_wrappers_stack_compose_over_timestamps_in_colour():
     text = startup(Log(), "0.5.21", "decode", full=INCIDENT).text()
     wrapped = "".join(
@@ -347,7 +362,7 @@ def test_a_log_without_sglangs_prefix_says_so_in_those_words():
     bare = "".join(line.split("] ", 1)[1] + "\n" for line in text.splitlines())
     _log, check = check_of(bare)
     assert check.status is Status.UNKNOWN
-    assert "no line has SGLang's logging prefix" in check.detail
+    assert "no line has SGLang's prefix" in check.detail
 
 
 def test_an_unknown_wrapper_is_named_not_guessed_through():
