@@ -24,9 +24,10 @@ where noted:
       Use sliding window memory pool (all SWA). swa_layer_tokens=S
       SWAKVPool mem usage: X GB, swa size: S, full size: F      ("VA upper bound" from 0.5.19)
 
-- ``model_runner_components/kv_pool_runtime.py`` after post-capture resizing (0.5.19+)::
+- ``model_runner_components/kv_pool_runtime.py`` after post-capture resizing::
 
-      Post-capture KV sizing: full_layer_tokens=F, swa_layer_tokens=S
+      Post-capture KV sizing: max_total_num_tokens=N, free memory=X GB          (0.5.16)
+      Post-capture KV sizing: full_layer_tokens=F, swa_layer_tokens=S           (0.5.19+)
       Post-capture KV sizing: KV cache allocated. dtype: D, #tokens: N, KV size: X GB, avail mem=Y GB
 
 - ``entrypoints/engine.py``: ``server_args={...}`` (a dict repr of ``resolved_dict()``); older
@@ -75,6 +76,8 @@ KV_RE = re.compile(
 POST_CAPTURE_RE = re.compile(
     r"Post-capture KV sizing: KV cache allocated\. dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+), "
     r"KV size: [\d.]+ GB"
+    # 0.5.16's one post-capture line
+    r"|Post-capture KV sizing: max_total_num_tokens=(?P<total>\d+), free memory=[\d.]+ GB"
 )
 # Sliding-window pools (model_executor/pool_configurator.py, mem_cache/swa_memory_pool.py,
 # kv_pool_runtime.py): which allocation is the full pool and which the SWA pool.
@@ -488,7 +491,8 @@ def _scan_line(log: WorkerLog, line: str, number: int, path: str) -> None:
         kind = "allocated" if match["kind"] == "is allocated" else "va-upper-bound"
         startup.kv_lines.append(KvLine(match["label"], kind, int(match["tokens"]), evidence()))
     elif match := POST_CAPTURE_RE.match(body):
-        startup.kv_lines.append(KvLine(None, "post-capture", int(match["tokens"]), evidence()))
+        tokens = int(match["tokens"] or match["total"])
+        startup.kv_lines.append(KvLine(None, "post-capture", tokens, evidence()))
     elif match := SWA_SPLIT_RE.match(body):
         startup.swa.append(SwaLine("configurator", int(match["full"]), int(match["swa"]), evidence()))
     elif match := SWA_ALL_RE.match(body):

@@ -125,6 +125,16 @@ def canary_state(role: str, sources: Sources) -> tuple[Status, str, str]:
     return Status.UNKNOWN, "no log or arguments for this worker", "-"
 
 
+def _restarts(logs: list[serverlog.WorkerLog]) -> str:
+    """What earlier startups in these logs had: the checks read the last (the server that runs)."""
+    return "".join(
+        f"; {log.path}: decided on {log.current.where()}, the running server; earlier: "
+        + "; ".join(f"{s.where()}: {s.summary()}" for s in log.earlier)
+        for log in logs
+        if log.earlier
+    )
+
+
 def _role_args_state(
     role: str, sources: Sources, fn: Callable[[serverlog.ServerArgs], tuple[Status, str]]
 ) -> tuple[Status, str, str]:
@@ -178,7 +188,7 @@ def gate3(sources: Sources, tree: CodeTree | None, code: CodeSettings | None, fi
         cs = _role_args_state(role, sources, lambda a: checksum_state(a, code))
         cn = canary_state(role, sources)
         per_role[role] = (cs[0], cn[0])
-        checks.append(Check(f"{role}: KV checksum", cs[0], cs[1], cs[2], decides=False))
+        checks.append(Check(f"{role}: KV checksum", cs[0], cs[1] + _restarts(sources.logs[role]), cs[2], decides=False))
         checks.append(Check(f"{role}: KV canary", cn[0], cn[1], cn[2], decides=False))
     checks += _unassigned(sources)
     checksum_both = combine(per_role[r][0] for r in per_role)

@@ -289,6 +289,9 @@ def test_a_restart_without_the_defences_is_decided_on_the_server_that_runs():
     assert gate3.status is Status.FAIL
     canary = next(c for c in gate3.checks if c.name == "prefill: KV canary")
     assert canary.status is Status.FAIL and "an earlier startup" in canary.detail
+    checksum = next(c for c in gate3.checks if c.name == "decode: KV checksum")
+    assert checksum.status is Status.FAIL and "decided on startup 2 (from line" in checksum.detail
+    assert "disaggregation_enable_kv_checksum=True" in checksum.detail  # what startup 1 had
 
 
 def test_a_restart_that_turned_the_defences_on_counts_them():
@@ -390,3 +393,13 @@ def test_request_text_behind_a_wrapper_is_still_not_a_server_line():
     parsed, check = check_of("".join(f"sglang-decode-1  | {line}\n" for line in log.lines))
     assert [k.tokens for k in parsed.kv_lines] == [INCIDENT]
     assert check.status is Status.FAIL
+
+
+def test_the_0_5_16_post_capture_line_is_a_pool_size():
+    """model_runner_components/kv_pool_runtime.py (0.5.16): the resized pool after capture."""
+    post = "Post-capture KV sizing: max_total_num_tokens={}, free memory={:.2f} GB"
+    log = startup(Log(), "0.5.16", "decode", full=CONTEXT)
+    log.add(post.format(INCIDENT, 1.5))
+    parsed, check = check_of(log.text())
+    assert [(k.kind, k.tokens) for k in parsed.kv_lines] == [("allocated", CONTEXT), ("post-capture", INCIDENT)]
+    assert check.status is Status.FAIL and "the post-capture pool size" in check.detail
