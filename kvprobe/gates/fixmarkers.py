@@ -160,7 +160,12 @@ def find(tree: CodeTree, marker: Marker) -> Finding:
     hits = [f"{t!r} in {f}" for f, t in marker.any_of if tree.has(f, t)]
     if missing or (marker.any_of and not hits):
         what = "; ".join(missing) or " or ".join(f"{t!r} in {f}" for f, t in marker.any_of)
-        return Finding(marker, Presence.ABSENT, f"not found: {what} (anchor {anchor_text!r} is there)")
+        older = (
+            f"; not in this release: the fix first ships in {marker.first_release}, this code is sglang {tree.release}"
+            if older_than(tree.release, marker.first_release)
+            else ""
+        )
+        return Finding(marker, Presence.ABSENT, f"not found: {what} (anchor {anchor_text!r} is there){older}")
     found = [f"{t!r} in {f}" for f, t in marker.all_of] + hits
     return Finding(marker, Presence.PRESENT, "found " + "; ".join(found))
 

@@ -83,6 +83,8 @@ def test_gate_4_fails_on_a_release_without_deferred_release(tmp_path):
     assert all(c.status is Status.FAIL for c in gate.checks if c.name.startswith("#"))
     gate3 = settings.gate3(sources, tree, code, [])
     assert gate3.status is Status.FAIL  # the checksum does not exist there either
+    marker = next(c for c in gate3.checks if c.name == "#39500 in code")
+    assert marker.status is Status.FAIL and "first ships in 0.5.21, this code is sglang 0.5.13" in marker.evidence
 
 
 def serverlog_of(text: str, name: str):
