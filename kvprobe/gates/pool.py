@@ -68,6 +68,8 @@ def classify(startup: serverlog.Startup) -> list[Allocation]:
         elif kv.tokens in swa_sizes:
             shape = swa_sizes[kv.tokens]
             found.append(Allocation(kv, SWA, f"#tokens is the SWA pool's size in line {shape.evidence.line}"))
+        elif kv.tokens in {p.pool_tokens for p in startup.pools}:
+            found.append(Allocation(kv, FULL, "#tokens is the scheduler's max_total_num_tokens"))
         elif kv.tokens == 0 and all_swa:
             found.append(
                 Allocation(kv, EMPTY_FULL, f"the empty full pool of an all-SWA model (line {all_swa[0].evidence.line})")
