@@ -18,10 +18,9 @@ from enum import Enum
 from functools import cache
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
-
 from kvprobe import schema
 from kvprobe.errors import SchemaError
+from kvprobe.evidence.markers import not_in_release, older_than
 from kvprobe.names import FIX_MARKERS_SCHEMA
 
 DISAGG = "sglang/srt/disaggregation"
@@ -129,16 +128,6 @@ def _squash(text: str) -> str:
     return text
 
 
-def older_than(release: str | None, first_release: str) -> bool:
-    """Is ``release`` a version before ``first_release``? False when either is not a version."""
-    if not release or not first_release:
-        return False
-    try:
-        return Version(release) < Version(first_release)
-    except InvalidVersion:
-        return False
-
-
 def find(tree: CodeTree, marker: Marker) -> Finding:
     """Present, absent (anchor there, marker not; or a release before the fix's first) or
     unknown (anchor not recognisable in a release that should have it, or of no known version)."""
@@ -148,8 +137,8 @@ def find(tree: CodeTree, marker: Marker) -> Finding:
             return Finding(
                 marker,
                 Presence.ABSENT,
-                f"not in this release: the fix first ships in {marker.first_release}, this code is sglang "
-                f"{tree.release} (and {anchor_file} has no {anchor_text!r}): the defence is absent",
+                f"{not_in_release(marker.first_release, tree.release)} (and {anchor_file} has no "
+                f"{anchor_text!r}): the defence is absent",
             )
         return Finding(
             marker,
@@ -161,7 +150,7 @@ def find(tree: CodeTree, marker: Marker) -> Finding:
     if missing or (marker.any_of and not hits):
         what = "; ".join(missing) or " or ".join(f"{t!r} in {f}" for f, t in marker.any_of)
         older = (
-            f"; not in this release: the fix first ships in {marker.first_release}, this code is sglang {tree.release}"
+            f"; {not_in_release(marker.first_release, tree.release)}"
             if older_than(tree.release, marker.first_release)
             else ""
         )

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvprobe.evidence import gate4 as gate4_rule
+from kvprobe.evidence import markers as marker_rule
 from kvprobe.evidence.gate_status import Check, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.environment import Environment
-from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Presence, find_all, markers
+from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, find_all, markers
 from kvprobe.gates.gate import Gate
 from kvprobe.gates.inputs import InputFile
 
@@ -64,7 +65,7 @@ def marker_checks(tree: CodeTree | None, gate: int, findings_out: list) -> list[
     checks = []
     for finding in find_all(tree, gate):
         findings_out.append(finding)
-        status = {Presence.PRESENT: Status.PASS, Presence.ABSENT: Status.FAIL}.get(finding.presence, Status.UNKNOWN)
+        status = marker_rule.STATUS[finding.presence.value]
         checks.append(
             Check(
                 f"#{finding.marker.pr} in code",

@@ -33,7 +33,7 @@ from kvprobe.defects import (
     RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
-from kvprobe.evidence import compare, gate2, gate4, sweep
+from kvprobe.evidence import compare, gate2, gate4, markers, sweep
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
@@ -592,7 +592,7 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
     gate2_checks, found = recompute_gate2(bundle)
     defects += found
     gate4_checks, found = recompute_gate4(receipt)
-    defects += found
+    defects += found + marker_check_defects(receipt)
     gates = []
     for gate in receipt["gates"]:
         checks = [(Status(c["status"]), c["decides"]) for c in gate["checks"]]
@@ -642,6 +642,44 @@ def recompute_gate4(receipt: dict[str, Any]) -> tuple[list[Check] | None, list[B
     except (KeyError, TypeError, ValueError) as exc:
         return None, [RecomputeFailed(RECEIPT, f"gate 4's basis cannot be read: {type(exc).__name__}: {exc}")]
     return checks, gate4_basis_defects(receipt)
+
+
+def marker_check_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+    """Each fix-marker check of gates 3 and 4 ("#PR in code") has the status its marker record
+    gives (unknown without target code), and a fix called absent because the release predates
+    it is so by the target's version."""
+    target = receipt["target"]
+    records = {} if target is None else {(m["gate"], m["pr"]): m for m in target["markers"]}
+    version = None if target is None else target["identity"].get("version")
+    found: list[BundleDefect] = []
+    for gate in receipt["gates"]:
+        for check in gate["checks"]:
+            pr = re.fullmatch(r"#(\d+) in code", check["name"])
+            if gate["number"] not in (3, 4) or pr is None:
+                continue
+            name, record = check["name"], records.get((gate["number"], int(pr[1])))
+            if record is None and target is not None:
+                found.append(RecordMismatch(RECEIPT, f"gate {gate['number']} check {name!r} has no marker record"))
+                continue
+            want = markers.STATUS[record["presence"]] if record else Status.UNKNOWN
+            if check["status"] != want.value:
+                found.append(
+                    ForgedVerdict(
+                        RECEIPT,
+                        f"gate {gate['number']} check {name!r} states {check['status']!r}; "
+                        f"its marker record gives {want.value!r}",
+                    )
+                )
+    for record in records.values():
+        if markers.NOT_IN_RELEASE in record["evidence"] and not markers.older_than(version, record["first_release"]):
+            found.append(
+                RecordMismatch(
+                    RECEIPT,
+                    f"marker #{record['pr']} is absent as 'not in this release', but the target's version "
+                    f"{version!r} is not before {record['first_release']}",
+                )
+            )
+    return found
 
 
 def gate4_basis_defects(receipt: dict[str, Any]) -> list[BundleDefect]:

@@ -268,3 +268,52 @@ def test_the_summary_prints_each_checks_own_status():
         "gate 3: fail — #39500 in code: unknown: no code",
         "gate 3: fail — read-integrity defence: fail: neither",
     ]
+
+
+# --- verify holds the marker checks to their records --------------------------------------------
+
+
+def test_a_marker_check_forged_to_pass_without_code_is_refused(tmp_path):
+    out = _bundle(tmp_path)
+
+    def forged(receipt: dict) -> None:
+        for check in receipt["gates"][3]["checks"]:
+            if check["name"] == "#41023 in code":
+                check["status"], check["detail"] = "pass", "found"
+
+    assert _rewrite_receipt(out, forged) == "failed"
+
+
+def _marker_receipt(version: str, presence: str, evidence: str, status: str) -> dict:
+    record = {
+        "pr": 41023,
+        "gate": 4,
+        "title": "t",
+        "presence": presence,
+        "evidence": evidence,
+        "first_release": "0.5.21",
+        "basis": "domain",
+    }
+    check = {"name": "#41023 in code", "status": status, "detail": "d", "evidence": evidence, "decides": True}
+    return {
+        "target": {"identity": {"version": version}, "markers": [record]},
+        "gates": [{"number": 4, "checks": [check]}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("version", "presence", "status", "defect"),
+    [
+        ("0.5.13", "absent", "fail", None),
+        ("0.5.13", "absent", "pass", "forged-verdict"),
+        ("0.5.22", "absent", "fail", "record-mismatch"),  # 'predates the fix' on a release that does not
+        (None, "absent", "fail", "record-mismatch"),
+    ],
+)
+def test_absent_because_the_release_predates_the_fix_follows_from_its_version(version, presence, status, defect):
+    from kvprobe.evidence.markers import not_in_release
+    from kvprobe.verify.consistency import marker_check_defects
+
+    receipt = _marker_receipt(version, presence, not_in_release("0.5.21", version), status)
+    found = marker_check_defects(receipt)
+    assert [d.code for d in found] == ([] if defect is None else [defect])
