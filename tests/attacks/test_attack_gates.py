@@ -236,3 +236,47 @@ def test_a_forged_deferred_release_basis_is_refused(sandbox):
     forge.edit_receipt(sandbox.out, forged)
     result = sandbox.run("verify", sandbox.out)
     assert_outcome(sandbox, result, 1, "gate 4", "no target code")
+
+
+def test_deeply_nested_env_json_is_bad_input(sandbox):
+    """Attack: --env JSON nested 100,000 levels: bad input (exit 2) naming the file, never a
+    RecursionError, and nothing written."""
+    path = sandbox.inputs / "pod.json"
+    path.write_text('{"spec": ' * 100_000 + "1" + "}" * 100_000)
+    result = sandbox.run("gates", "--env", str(path), "--out", sandbox.out)
+    assert_outcome(sandbox, result, 2, "pod.json")
+    assert not sandbox.out.exists()
+
+
+def test_secrets_in_an_env_input_are_never_stored_or_printed(sandbox):
+    """Attack: the worker's env file and pod spec hold an HF token and an API key beside the
+    deferred-release setting; only the setting is used, the keys are listed as masked."""
+    env = sandbox.inputs / "decode.env"
+    env.write_text("HF_TOKEN=hf_SECRET789\nSGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=1\n")
+    spec = sandbox.inputs / "prefill-pod.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "sglang",
+                            "env": [
+                                {"name": "API_KEY", "value": "sk-live-SECRET123"},
+                                {"name": "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "value": "1"},
+                            ],
+                        }
+                    ]
+                }
+            }
+        )
+    )
+    logs = write_logs(sandbox, **{role: startup_log(role, RAISED, canary=True) for role in ("prefill", "decode")})
+    result = gates(sandbox, *logs, "--env", f"decode={env}", "--env", f"prefill={spec}", "--json")
+    assert_outcome(sandbox, result, 3)
+    assert not [where for where, text in _outputs(sandbox, result).items() if "SECRET" in text]
+    receipt = json.loads((sandbox.out / "receipt.json").read_text())
+    assert {e["name"]: e["redacted_keys"] for e in receipt["inputs"]["env"]} == {
+        "decode.env": ["hf_token"],
+        "prefill-pod.json": ["api_key"],
+    }
