@@ -13,6 +13,7 @@ from kvprobe.names import (
     FIX_MARKERS_SCHEMA,
     GATES_RECEIPT_SCHEMA,
     GATES_RECEIPT_SCHEMA_1,
+    GATES_RECEIPT_SCHEMA_2,
     MANIFEST_SCHEMA,
     PROBE_OUTPUT_SCHEMA,
     RECEIPT_SCHEMA,
@@ -31,6 +32,7 @@ KNOWN = {
     PROBE_OUTPUT_SCHEMA: "probe-output.schema.json",
     GATES_RECEIPT_SCHEMA: "gates-receipt.schema.json",
     GATES_RECEIPT_SCHEMA_1: "gates-receipt-1.schema.json",
+    GATES_RECEIPT_SCHEMA_2: "gates-receipt-2.schema.json",
     SWEEP_RECEIPT_SCHEMA: "sweep-receipt.schema.json",
     FIX_MARKERS_SCHEMA: "fix-markers.schema.json",
     # Third-party formats `kvprobe report` writes (schemas/vendor/README.md says where from).

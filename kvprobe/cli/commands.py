@@ -685,6 +685,14 @@ def report_cmd(
     help='A worker\'s server arguments: JSON (optionally with an "env" object), a server_args= line, '
     "or a command line.",
 )
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="[ROLE=]FILE",
+    help="A worker's environment, which no log shows (gate 4's deferred release): an env file (KEY=VALUE) "
+    "or a container/pod spec as JSON (kubectl get pod NAME -o json); without ROLE it applies to every worker.",
+)
 @_bundle_out
 @_torch_index("Index for torch/torchvision (gate 2 env), https:// or file://.")
 @click.option(
@@ -699,6 +707,7 @@ def gates_cmd(
     logs: tuple[str, ...],
     sglang: str | None,
     server_args: tuple[str, ...],
+    env: tuple[str, ...],
     out: Path | None,
     torch_index: str | None,
     no_preload: bool,
@@ -713,6 +722,7 @@ def gates_cmd(
     opts = GateOptions(
         logs=list(logs),
         server_args=list(server_args),
+        env=list(env),
         sglang=sglang,
         out=out,
         torch_index=torch_index,

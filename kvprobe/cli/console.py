@@ -418,17 +418,20 @@ def print_gates(console: Console, receipt: dict[str, Any], bundle: str, digest: 
 
 
 def print_gate_diagnostics(console: Console, receipt: dict[str, Any]) -> None:
-    """On stderr, one line per deciding check of a gate that did not pass (or the gate)."""
+    """On stderr, per gate that did not pass: the gate's status, then one line per deciding
+    check that did not pass, with that check's own status (a gate that fails can hold an
+    unknown check: it is not printed as a failure)."""
     for gate in receipt["gates"]:
         if gate["status"] == "pass":
             continue
         style = _GATE_STYLE[gate["status"]]
-        head = f"gate {gate['number']}: [{style}]{gate['status']}[/] —"
+        head = f"gate {gate['number']}: [{style}]{gate['status']}[/]"
         checks = [c for c in gate["checks"] if c["decides"] and c["status"] != "pass"]
         for check in checks:
-            console.print(f"{head} {data(check['name'])}: {data(check['detail'])}")
+            own = _GATE_STYLE[check["status"]]
+            console.print(f"{head} — {data(check['name'])}: [{own}]{check['status']}[/]: {data(check['detail'])}")
         if not checks:
-            console.print(f"{head} {data(gate['title'])}")
+            console.print(f"{head} — {data(gate['title'])}")
 
 
 def _age(seconds: float) -> str:

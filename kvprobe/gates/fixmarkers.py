@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kvprobe import schema
 from kvprobe.errors import SchemaError
+from kvprobe.evidence.markers import not_in_release, older_than
 from kvprobe.names import FIX_MARKERS_SCHEMA
 
 DISAGG = "sglang/srt/disaggregation"
@@ -86,10 +87,14 @@ def _text_in_file(spot: dict[str, str]) -> tuple[str, str]:
 
 
 class CodeTree:
-    """Read-only view of an SGLang tree (the directory holding ``sglang/``), files cached."""
+    """Read-only view of an SGLang tree (the directory holding ``sglang/``), files cached.
 
-    def __init__(self, root: Path) -> None:
+    ``release``: the version this code is (the pinned wheel's, the dist-info's), when known.
+    """
+
+    def __init__(self, root: Path, release: str | None = None) -> None:
         self.root = root
+        self.release = release
         self._cache: dict[str, str | None] = {}
 
     def text(self, rel: str) -> str | None:
@@ -124,9 +129,17 @@ def _squash(text: str) -> str:
 
 
 def find(tree: CodeTree, marker: Marker) -> Finding:
-    """Present, absent (anchor there, marker not) or unknown (anchor not recognisable)."""
+    """Present, absent (anchor there, marker not; or a release before the fix's first) or
+    unknown (anchor not recognisable in a release that should have it, or of no known version)."""
     anchor_file, anchor_text = marker.anchor
     if not tree.has(anchor_file, anchor_text):
+        if older_than(tree.release, marker.first_release):
+            return Finding(
+                marker,
+                Presence.ABSENT,
+                f"{not_in_release(marker.first_release, tree.release)} (and {anchor_file} has no "
+                f"{anchor_text!r}): the defence is absent",
+            )
         return Finding(
             marker,
             Presence.UNKNOWN,
@@ -136,7 +149,12 @@ def find(tree: CodeTree, marker: Marker) -> Finding:
     hits = [f"{t!r} in {f}" for f, t in marker.any_of if tree.has(f, t)]
     if missing or (marker.any_of and not hits):
         what = "; ".join(missing) or " or ".join(f"{t!r} in {f}" for f, t in marker.any_of)
-        return Finding(marker, Presence.ABSENT, f"not found: {what} (anchor {anchor_text!r} is there)")
+        older = (
+            f"; {not_in_release(marker.first_release, tree.release)}"
+            if older_than(tree.release, marker.first_release)
+            else ""
+        )
+        return Finding(marker, Presence.ABSENT, f"not found: {what} (anchor {anchor_text!r} is there){older}")
     found = [f"{t!r} in {f}" for f, t in marker.all_of] + hits
     return Finding(marker, Presence.PRESENT, "found " + "; ".join(found))
 
@@ -157,6 +175,7 @@ class CodeSettings:
     has_canary_flag: bool
     deferred_default: bool | None
     deferred_evidence: str
+    deferred_declared: bool | None  # does environ.py declare the variable (0.5.19+)? None: no environ.py
     deferred_capability_flag: bool  # does the release declare per-backend support at all?
     deferred_backends: tuple[str, ...]
 
@@ -195,6 +214,11 @@ def code_settings(tree: CodeTree) -> CodeSettings:
             f"sglang/srt/environ.py: {default.group(0)}"
             if default
             else "sglang/srt/environ.py declares no SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
+        ),
+        deferred_declared=(
+            None
+            if tree.text("sglang/srt/environ.py") is None
+            else "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE" in env_text
         ),
         deferred_capability_flag=tree.has(f"{DISAGG}/base/conn.py", "supports_deferred_decode_kv_release"),
         deferred_backends=backends,

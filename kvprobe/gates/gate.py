@@ -28,6 +28,7 @@ class Gate:
 class GateOptions:
     logs: list[str] = field(default_factory=list)  # "FILE" or "prefill=FILE" / "decode=FILE"
     server_args: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)  # "FILE" or "prefill=FILE" / "decode=FILE": env file or JSON spec
     sglang: str | None = None
     out: Path | None = None
     cache_root: Path = field(default_factory=default_cache_root)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kvprobe import files
 from kvprobe.errors import UsageError
-from kvprobe.gates import serverlog
+from kvprobe.gates import environment, serverlog
 from kvprobe.model.gates_receipt import InputRecord
 
 
@@ -62,4 +62,17 @@ def read_server_args(specs: list[str]) -> list[tuple[InputFile, str | None, serv
         except ValueError as exc:
             raise UsageError(f"--server-args {spec}: {exc}") from exc
         found.append((_input(role, path), role or args.role, args))
+    return found
+
+
+def read_env(specs: list[str]) -> list[tuple[InputFile, environment.Environment]]:
+    """(file, environment) per --env: an env file or a JSON container/pod spec."""
+    found = []
+    for spec in specs:
+        role, path = split_role(spec, "--env")
+        try:
+            env = environment.read_env_file(path)
+        except ValueError as exc:
+            raise UsageError(f"--env {spec}: {exc}") from exc
+        found.append((_input(role, path), env))
     return found

@@ -22,7 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,10 +34,11 @@ from kvprobe.evidence.bundle import host_facts, seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.admission import Gate2Run, run_gate2, start_server
+from kvprobe.gates.environment import Environment
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Finding, code_settings
 from kvprobe.gates.gate import Gate, GateOptions
-from kvprobe.gates.inputs import InputFile, read_logs, read_server_args
-from kvprobe.gates.pool import gate1, main_kv
+from kvprobe.gates.inputs import InputFile, read_env, read_logs, read_server_args
+from kvprobe.gates.pool import classify, gate1, main_kv
 from kvprobe.gates.settings import collect_sources, gate3, gate4
 from kvprobe.gates.target import Target, resolve_target
 from kvprobe.model.gates_receipt import (
@@ -73,6 +74,7 @@ class GateInputs:
     files: list[tuple[InputFile, str | None, serverlog.ServerArgs]]
     target: Target | None
     code: CodeSettings | None
+    envs: list[tuple[InputFile, Environment]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -84,18 +86,20 @@ class GatesRun:
     findings: list[Finding]
     gate2: Gate2Run  # its probe records, what they were decided from and the env
     timings: dict[str, float]
+    gate4: dict[str, Any] = field(default_factory=dict)  # what gate 4's deferred checks were decided from
 
 
 def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResult:
     """Decide all four gates and write the bundle; raises only on bad input or a broken env."""
     reporter = reporter or Reporter()
-    if not (opts.logs or opts.server_args or opts.sglang):
-        raise UsageError("nothing to check: give --log, --server-args and/or --sglang")
+    if not (opts.logs or opts.server_args or opts.sglang or opts.env):
+        raise UsageError("nothing to check: give --log, --server-args, --env and/or --sglang")
     check_index_url(opts.torch_index)
     started = datetime.now(UTC)
     clock = time.monotonic()
     logs = read_logs(opts.logs)
     files = read_server_args(opts.server_args)
+    envs = read_env(opts.env)
     final = _final_path(opts, started)
     work = Path(tempfile.mkdtemp(prefix="kvprobe-gates-"))
     staging = work / "bundle"  # published beside `final` only once sealed and verified
@@ -110,23 +114,25 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
             timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()
         target = resolve_target(opts.sglang, work, opts.cache_root, reporter) if opts.sglang else None
-        tree = CodeTree(target.code_root) if target else None
+        tree = CodeTree(target.code_root, target.identity.get("version")) if target else None
         code = code_settings(tree) if tree else None
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
         gate2 = run_gate2(target, opts, staging, work, reporter, held, serving)
         timings["gate2_s"] = time.monotonic() - clock
         worker_logs = [log for _f, log in logs]
-        sources = collect_sources(worker_logs, files)
+        sources = collect_sources(worker_logs, files, envs)
         findings: list = []
+        gate4_result, gate4_basis = gate4(sources, tree, code, findings)
         gates = (
             gate1(worker_logs),
             gate2.gate,
             gate3(sources, tree, code, findings),
-            gate4(sources, tree, code, findings),
+            gate4_result,
         )
         record = build_receipt(
-            GateInputs(logs, files, target, code), GatesRun(started, gates, findings, gate2, timings)
+            GateInputs(logs, files, target, code, envs),
+            GatesRun(started, gates, findings, gate2, timings, gate4_basis),
         )
         receipt = record.to_json()
         readme = render_readme(record)
@@ -164,11 +170,13 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
         inputs=Inputs(
             logs=tuple(f.record(log.role, log.redacted) for f, log in logs),
             server_args=tuple(f.record(role, args.redacted) for f, role, args in files),
+            env=tuple(f.record(f.role_flag, env.secrets) for f, env in inputs.envs),
         ),
         workers=tuple(_worker_json(log) for _f, log in logs),
         target=None if inputs.target is None else _target(inputs.target, inputs.code, run.findings),
         probes=tuple(run.gate2.probes),
         gate2=run.gate2.basis,
+        gate4=run.gate4,
         env=run.gate2.env,
         host=host_facts(),
         evidence=_SCOPE,
@@ -197,6 +205,7 @@ def _target(target: Target, code: CodeSettings | None, findings: list[Finding]) 
             "checksum_evidence": code.checksum_evidence,
             "canary_flag": code.has_canary_flag,
             "deferred_default": code.deferred_default,
+            "deferred_declared": code.deferred_declared,
             "deferred_evidence": code.deferred_evidence,
             "deferred_backends": list(code.deferred_backends) if code.deferred_capability_flag else None,
         }
@@ -214,15 +223,30 @@ _SCOPE = DeploymentScope(
     does_not_show=(
         "that no cross-request KV exposure happened or can happen: nothing here serves a request",
         "GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler",
-        "settings the process really ran with beyond what its log and the given files show "
-        "(environment variables are seen only when given)",
+        "settings the process really ran with beyond what its log and the given files show: "
+        "no SGLang release logs SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, so deferred release "
+        "is seen only in an environment given with --env (or an args file's env object)",
     ),
     limits=(
         f"host: {platform.system()} {platform.machine()}, CPU only",
-        "fix markers are code patterns measured on 0.5.19..0.5.22; a refactor may read as unknown",
+        "fix markers are code patterns measured on 0.5.13..0.5.23; a refactor may read as unknown",
         "operator logs and argument files are not copied into the bundle: their sha256 and the deciding lines are",
     ),
 )
+
+
+def _startup_json(startup: serverlog.Startup) -> dict[str, Any]:
+    """What one earlier startup of a log had (the gates decide on the last)."""
+    return {
+        "startup": startup.number,
+        "line": startup.line,
+        "role": startup.role,
+        "pools": [p.pool_tokens for p in startup.pools],
+        "context_len": sorted({p.context_len for p in startup.pools}),
+        "canary": startup.canary.cite() if startup.canary else None,
+        "args": serverlog.redacted(startup.args.values) if startup.args else None,
+        "summary": startup.summary(),
+    }
 
 
 def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:
@@ -242,9 +266,30 @@ def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:
             for p in log.pools
         ],
         "kv_allocations": [
-            {"label": k.label, "kind": k.kind, "tokens": k.tokens, "evidence": k.evidence.cite()} for k in log.kv_lines
+            {
+                "label": a.line.label,
+                "kind": a.line.kind,
+                "tokens": a.line.tokens,
+                "pool": a.pool,
+                "why": a.why,
+                "evidence": a.line.evidence.cite(),
+            }
+            for a in classify(log.current)
+        ],
+        "sliding_window": [
+            {
+                "source": w.source,
+                "full_tokens": w.full_tokens,
+                "swa_tokens": w.swa_tokens,
+                "evidence": w.evidence.cite(),
+            }
+            for w in log.swa
         ],
         "main_kv_tokens": kv.tokens if kv else None,
+        "startup": {"number": log.current.number, "line": log.current.line, "of": len(log.startups)},
+        "earlier_startups": [_startup_json(s) for s in log.earlier],
+        "wrappers_stripped": dict(sorted(log.wrappers.items())),
+        "sources": dict(sorted(log.sources.items())),
         "canary": log.canary.cite() if log.canary else None,
         "args": serverlog.redacted(log.args.values) if log.args else None,
         "problems": list(log.problems),

@@ -1,31 +1,46 @@
 """Read SGLang startup logs and server arguments: pure parsing, no decisions.
 
-The line formats come from SGLang's own source (0.5.19 .. 0.5.22 all print the same ones):
+The line formats come from SGLang's own source; 0.5.13 .. 0.5.23 print the same ones, except
+where noted:
 
 - ``managers/scheduler.py`` (tp_rank 0 of each DP group)::
 
       max_total_num_tokens=N, chunked_prefill_size=N, max_prefill_tokens=N,
       max_running_requests=N, context_len=N, available_gpu_mem=X.XX GB
 
-- ``mem_cache/memory_pool.py`` ``_finalize_allocation_log`` (label is None, "Full" or "SWA")::
+- ``mem_cache/memory_pool.py`` ``_finalize_allocation_log``: no label up to 0.5.16; from
+  0.5.19 the pool's ``allocation_label`` ("Full", "SWA", 0.5.23's "MiniMax MSA-v1 main NVFP4"
+  and "MiniMax MSA-v1 index"; none for most pools)::
 
       [<label> ]KV Cache is allocated. dtype: D, #tokens: N, K size: X GB, V size: Y GB
       [<label> ]KV Cache is allocated. dtype: D, #tokens: N, KV size: X GB
       [<label> ]KV Cache VA upper bound. dtype: ...        (post-capture sizing: an upper bound)
 
+- sliding-window models (``model_executor/pool_configurator.py``, ``mem_cache/swa_memory_pool.py``):
+  two allocation lines, unlabelled up to 0.5.16 (SWA pool first) and for MLA+SWA models in
+  later releases; these lines say which is which::
+
+      Use sliding window memory pool. full_layer_tokens=F, swa_layer_tokens=S
+      Use sliding window memory pool (all SWA). swa_layer_tokens=S
+      SWAKVPool mem usage: X GB, swa size: S, full size: F      ("VA upper bound" from 0.5.19)
+
 - ``model_runner_components/kv_pool_runtime.py`` after post-capture resizing::
 
+      Post-capture KV sizing: max_total_num_tokens=N, free memory=X GB          (0.5.16)
+      Post-capture KV sizing: full_layer_tokens=F, swa_layer_tokens=S           (0.5.19+)
       Post-capture KV sizing: KV cache allocated. dtype: D, #tokens: N, KV size: X GB, avail mem=Y GB
 
 - ``entrypoints/engine.py``: ``server_args={...}`` (a dict repr of ``resolved_dict()``); older
-  releases printed ``server_args=ServerArgs(...)``.
+  releases printed ``server_args=ServerArgs(...)``. Each such line begins a startup.
 - ``kv_canary/api.py``: ``install_canary: disaggregation_mode=M config=... ...`` when the canary runs.
 
 Every line carries the logging prefix ``[YYYY-mm-dd HH:MM:SS[.mmm][ DPn][ TPn]...] ``
 (``utils/common.py`` configure_logger), and each of these messages starts right after it. A
 line counts only in that structure: a user's request logged while serving (``Receive:
 obj=GenerateReqInput(text='KV Cache is allocated...')``) quotes the text mid-line and is
-never read as the server's own line.
+never read as the server's own line. Log collectors put their own text before the prefix
+(docker compose, ``kubectl logs --timestamps``, journald, ANSI colour): those known wrappers
+are stripped from a line's start, and the log records which.
 
 Secrets (API keys, tokens, passwords) are masked in every excerpt before it is kept, and
 the keys masked are recorded, so nothing downstream can store or print them.
@@ -43,6 +58,7 @@ from typing import Any, BinaryIO
 
 from kvprobe import strict_json
 from kvprobe.defects import JsonDefect, JsonMalformed
+from kvprobe.evidence.gate4 import as_bool as as_bool  # SGLang's booleans: one rule, shared with verify
 
 ROLES = ("prefill", "decode", "null")
 
@@ -51,32 +67,99 @@ SCHEDULER_RE = re.compile(
     r"max_prefill_tokens=(?P<max_prefill>\d+), max_running_requests=(?P<max_running>\d+), "
     r"context_len=(?P<context>\d+), available_(?:gpu|cpu)_mem=(?P<mem>[\d.]+) GB"
 )
+# ``{allocation_label} KV Cache ...``: the label is a word ("Full", "SWA") or several (0.5.23's
+# "MiniMax MSA-v1 main NVFP4", "MiniMax MSA-v1 index"); none for most pools.
 KV_RE = re.compile(
-    r"(?:(?P<label>\w+) )?KV Cache (?P<kind>is allocated|VA upper bound)\. dtype: (?P<dtype>\S+), "
-    r"#tokens: (?P<tokens>\d+), (?:K size: [\d.]+ GB, V size: [\d.]+ GB|KV size: [\d.]+ GB)"
+    r"(?:(?P<label>[A-Za-z0-9][\w.-]*(?: [A-Za-z0-9][\w.-]*){0,5}) )?KV Cache (?P<kind>is allocated|VA upper bound)\. "
+    r"dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+), (?:K size: [\d.]+ GB, V size: [\d.]+ GB|KV size: [\d.]+ GB)"
 )
 POST_CAPTURE_RE = re.compile(
     r"Post-capture KV sizing: KV cache allocated\. dtype: (?P<dtype>\S+), #tokens: (?P<tokens>\d+), "
     r"KV size: [\d.]+ GB"
+    # 0.5.16's one post-capture line
+    r"|Post-capture KV sizing: max_total_num_tokens=(?P<total>\d+), free memory=[\d.]+ GB"
+)
+# Sliding-window pools (model_executor/pool_configurator.py, mem_cache/swa_memory_pool.py,
+# kv_pool_runtime.py): which allocation is the full pool and which the SWA pool.
+SWA_SPLIT_RE = re.compile(
+    r"Use sliding window memory pool\. full_layer_tokens=(?P<full>\d+), swa_layer_tokens=(?P<swa>\d+)"
+)
+SWA_ALL_RE = re.compile(r"Use sliding window memory pool \(all SWA\)\. swa_layer_tokens=(?P<swa>\d+)")
+SWA_POOL_RE = re.compile(
+    r"SWAKVPool (?:mem usage|VA upper bound): [\d.]+ GB, swa size: (?P<swa>\d+), full size: (?P<full>\d+)"
+)
+POST_CAPTURE_SPLIT_RE = re.compile(
+    r"Post-capture KV sizing: full_layer_tokens=(?P<full>\d+), swa_layer_tokens=(?P<swa>\d+)"
 )
 CANARY_RE = re.compile(r"install_canary: disaggregation_mode=(?P<mode>\w+) config=(?P<config>.*)")
 PREFIX_RE = re.compile(r"^\[(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)(?P<ranks>[^\]]*)\] ")
 ARGS_MARK = "server_args="
-# A line that can decide, as bytes: the logging prefix, then how one of the messages above
-# starts. Lines are found by the marks (bytes.find, C speed) and checked with the pattern,
-# so the millions of lines a serving worker logs cost seconds, not minutes.
-CANDIDATE_RE = re.compile(
-    rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?[^\]\n]*\] "
-    rb"(?:max_total_num_tokens=|(?:\w+ )?KV Cache |Post-capture KV sizing: KV cache |install_canary: |server_args=)"
-)
+# SGLang's logging prefix as bytes: at a line's start, and anywhere (behind a wrapper).
+PREFIX_BYTES = rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?[^\]\n]*\] "
+_PREFIX_AT_LINE = re.compile(rb"\n" + PREFIX_BYTES)  # blocks start at a line's start: match() for that
+_PREFIX_ANYWHERE = re.compile(PREFIX_BYTES)
+# A line is a candidate when the prefix's date and time stand before a mark (colour codes may
+# sit inside the brackets); unwrap() and PREFIX_RE then hold it to the exact structure.
+_STAMP_BYTES = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+# Lines are found by these marks (bytes.find, C speed); only a line holding one, and SGLang's
+# prefix before it, is decoded and read, so the millions of lines a serving worker logs cost
+# seconds, not minutes.
 _MARKS = (
     b"max_total_num_tokens=",
     b"KV Cache ",
-    b"Post-capture KV sizing: KV cache ",
+    b"Post-capture KV sizing: ",
+    b"Use sliding window memory pool",
+    b"SWAKVPool ",
     b"install_canary: ",
     b"server_args=",
 )
 _BLOCK = 8 << 20
+
+# What operators' log collectors put before SGLang's own prefix. Stripped from a line's start
+# only (never mid-line), and only until SGLang's prefix starts the line: a user's request text
+# cannot become a server line this way, it sits after SGLang's prefix and a "Receive:".
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+ANSI = "ANSI colour codes"
+_STAMP_ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:?\d\d)"
+WRAPPERS = (
+    # journalctl (short, short-iso): "Sep 01 10:00:02 host python3[4121]: "
+    (
+        "journald",
+        re.compile(
+            rf"^(?:[A-Z][a-z]{{2}} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|{_STAMP_ISO}) \S+ "
+            r"(?P<source>[^\s\[\]:]+)(?:\[\d+\])?: "
+        ),
+    ),
+    # kubectl logs --timestamps, docker logs -t: "2026-09-01T10:00:02.123456789Z "
+    ("RFC 3339 timestamp (kubectl logs --timestamps)", re.compile(rf"^{_STAMP_ISO} ")),
+    # docker compose logs: "sglang-prefill-1  | "
+    ("docker compose", re.compile(r"^(?P<source>[A-Za-z0-9][\w.-]*) *\| ")),
+    # kubectl logs --prefix: "[pod/sglang-prefill-0/sglang] "
+    ("kubectl --prefix", re.compile(r"^\[(?P<source>pod/[^\]\s]+)\] ")),
+)
+
+
+def unwrap(line: str) -> tuple[str, tuple[str, ...], str | None]:
+    """``line`` with known collector wrappers and colour codes removed from its start, the
+    wrappers removed, and the container/unit the wrapper named (None when it named none)."""
+    stripped: list[str] = []
+    source = None
+    if "\x1b" in line:
+        line = ANSI_RE.sub("", line)
+        stripped.append(ANSI)
+    for _ in range(len(WRAPPERS)):
+        if PREFIX_RE.match(line):
+            break
+        for name, pattern in WRAPPERS:
+            if match := pattern.match(line):
+                line = line[match.end() :]
+                stripped.append(name)
+                source = source or match.groupdict().get("source")
+                break
+        else:
+            break
+    return line, tuple(stripped), source
+
 
 # Server-argument keys the gates read; nothing else is copied out of a log or args file.
 KEYS = (
@@ -142,6 +225,24 @@ class KvLine:
 
 
 @dataclass(frozen=True)
+class SwaLine:
+    """A line saying how a sliding-window model's KV is split: full-attention and SWA pools.
+
+    ``source``: "configurator" (``Use sliding window memory pool``), "pool" (``SWAKVPool mem
+    usage``) or "post-capture". An all-SWA model has ``full_tokens`` 0.
+    """
+
+    source: str
+    full_tokens: int
+    swa_tokens: int
+    evidence: Evidence
+
+    @property
+    def all_swa(self) -> bool:
+        return self.full_tokens == 0
+
+
+@dataclass(frozen=True)
 class ServerArgs:
     """The subset of one worker's server arguments the gates read, and where from."""
 
@@ -158,23 +259,106 @@ class ServerArgs:
 
 
 @dataclass
+class Startup:
+    """One start of the server within a log: from a ``server_args=`` line to the next one
+    (the first startup also holds what came before the first such line)."""
+
+    number: int
+    line: int | None  # the server_args= line that began it; None: the log's start
+    pools: list[PoolLine] = field(default_factory=list)
+    kv_lines: list[KvLine] = field(default_factory=list)
+    swa: list[SwaLine] = field(default_factory=list)
+    canary: Evidence | None = None
+    args: ServerArgs | None = None
+    role: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def has_output(self) -> bool:
+        """Did the server print anything past its arguments? (Engine() prints them twice.)"""
+        return bool(self.pools or self.kv_lines or self.swa or self.canary)
+
+    def where(self) -> str:
+        return f"startup {self.number} (from line {self.line})" if self.line else f"startup {self.number}"
+
+    def summary(self) -> str:
+        """What this startup had, in words: its pools, canary, checksum and role."""
+        parts = [f"role {self.role or 'unknown'}"]
+        if self.pools:
+            parts.append("pool " + "/".join(f"{p.pool_tokens:,}" for p in self.pools))
+            parts.append("context " + "/".join(sorted({f"{p.context_len:,}" for p in self.pools})))
+        else:
+            parts.append("no scheduler line")
+        parts.append("install_canary logged" if self.canary else "no install_canary")
+        if self.args is not None and "disaggregation_enable_kv_checksum" in self.args.values:
+            parts.append(f"disaggregation_enable_kv_checksum={self.args.values['disaggregation_enable_kv_checksum']}")
+        if self.args is not None and "kv_canary" in self.args.values:
+            parts.append(f"kv_canary={self.args.values['kv_canary']}")
+        return ", ".join(parts)
+
+
+@dataclass
 class WorkerLog:
-    """What one startup log says about its worker."""
+    """What one startup log says about its worker.
+
+    A log can hold several startups (a restart appends to the same file): each
+    ``server_args=`` line begins one. The gates decide on the last (the server that runs);
+    ``pools``, ``kv_lines``, ``canary``, ``args`` and ``role_from_log`` are that startup's.
+    """
 
     path: str
     role_flag: str | None = None
-    role_from_log: str | None = None
-    pools: list[PoolLine] = field(default_factory=list)
-    kv_lines: list[KvLine] = field(default_factory=list)
-    canary: Evidence | None = None
-    args: ServerArgs | None = None
-    problems: list[str] = field(default_factory=list)
+    startups: list[Startup] = field(default_factory=lambda: [Startup(1, None)])
+    log_problems: list[str] = field(default_factory=list)  # about the file as a whole
     lines: int = 0
     redacted: set[str] = field(default_factory=set)
+    wrappers: dict[str, int] = field(default_factory=dict)  # stripped wrapper -> lines
+    sources: dict[str, int] = field(default_factory=dict)  # container/unit a wrapper named -> lines
+    server_lines: int = 0  # lines read as SGLang's own (prefix, then a known message)
+    prefixed: bool = False  # some line starts with SGLang's prefix (once known wrappers are stripped)
+    prefix_behind: str | None = None  # else: what stood before the prefix on a line holding it
+
+    @property
+    def current(self) -> Startup:
+        return self.startups[-1]
+
+    @property
+    def earlier(self) -> list[Startup]:
+        return [s for s in self.startups[:-1] if s.has_output() or s.args is not None]
+
+    @property
+    def pools(self) -> list[PoolLine]:
+        return self.current.pools
+
+    @property
+    def kv_lines(self) -> list[KvLine]:
+        return self.current.kv_lines
+
+    @property
+    def swa(self) -> list[SwaLine]:
+        return self.current.swa
+
+    @property
+    def canary(self) -> Evidence | None:
+        return self.current.canary
+
+    @property
+    def args(self) -> ServerArgs | None:
+        return self.current.args
+
+    @property
+    def role_from_log(self) -> str | None:
+        return self.current.role
 
     @property
     def role(self) -> str | None:
         return self.role_flag or self.role_from_log
+
+    @property
+    def problems(self) -> list[str]:
+        found = list(self.log_problems) + list(self.current.problems)
+        if self.role_flag and self.role_from_log and self.role_flag != self.role_from_log:
+            found.append(f"--log says {self.role_flag} but the log's server args say {self.role_from_log}")
+        return found
 
 
 def parse_log(text: str, path: str, role_flag: str | None = None) -> WorkerLog:
@@ -191,7 +375,7 @@ def read_log(file: Path, name: str, role_flag: str | None = None) -> WorkerLog:
 def _read(handle: BinaryIO, path: str, role_flag: str | None) -> WorkerLog:
     """Block by block, so memory stays flat and a long-running server's log costs seconds:
     lines split on LF only (a CR or U+2028 in logged text starts no line), each line cut at
-    MAX_LINE_BYTES, and only lines that can decide (CANDIDATE_RE) are decoded and read."""
+    MAX_LINE_BYTES, and only lines holding a mark are decoded and read."""
     log = WorkerLog(path=path, role_flag=role_flag)
     carry, head = b"", None  # head: the start of an over-long line whose rest is skipped
     while data := handle.read(_BLOCK):
@@ -213,13 +397,35 @@ def _read(handle: BinaryIO, path: str, role_flag: str | None) -> WorkerLog:
     if tail:
         _scan_block(log, tail)
         log.lines += 1
-    if log.role_flag and log.role_from_log and log.role_flag != log.role_from_log:
-        log.problems.append(f"--log says {log.role_flag} but the log's server args say {log.role_from_log}")
+    _describe(log)
     return log
+
+
+def _describe(log: WorkerLog) -> None:
+    """Problems of the file as a whole: no SGLang line, or lines of several containers."""
+    if log.server_lines == 0 and not log.prefixed:
+        if log.prefix_behind is not None:
+            log.log_problems.append(
+                "no line has SGLang's prefix at its start once known wrappers are stripped: it stands "
+                f"behind {log.prefix_behind!r}, a wrapper kvprobe does not know (it strips "
+                f"{', '.join(n for n, _p in WRAPPERS)} and {ANSI})"
+            )
+        else:
+            log.log_problems.append(
+                "no line has SGLang's prefix ('[YYYY-mm-dd HH:MM:SS ...] ', its logger's format): not an SGLang log "
+                "(wrappers stripped when present: " + ", ".join(n for n, _p in WRAPPERS) + f", {ANSI})"
+            )
+    if len(log.sources) > 1:
+        log.log_problems.append(
+            f"lines of {len(log.sources)} containers or units in one log ({', '.join(sorted(log.sources))}): "
+            "give each worker's log on its own (e.g. docker compose logs SERVICE)"
+        )
 
 
 def _scan_block(log: WorkerLog, block: bytes) -> None:
     """Read each candidate line of ``block`` (whole lines, starting after line ``log.lines``)."""
+    if not log.prefixed:
+        _look_for_prefix(log, block)
     pos, number = 0, log.lines
     for start in _candidate_starts(block):
         number += block.count(b"\n", pos, start)
@@ -229,14 +435,33 @@ def _scan_block(log: WorkerLog, block: bytes) -> None:
         _scan_line(log, block[start:end].decode("utf-8", errors="replace").rstrip("\r"), number + 1, log.path)
 
 
+def _look_for_prefix(log: WorkerLog, block: bytes) -> None:
+    """Does any line of ``block`` start with SGLang's prefix, known wrappers stripped? If not,
+    keep what stands before the prefix on the first line that holds it (an unknown wrapper)."""
+    if re.match(PREFIX_BYTES, block) or _PREFIX_AT_LINE.search(block):
+        log.prefixed = True
+        return
+    for count, found in enumerate(_PREFIX_ANYWHERE.finditer(block)):
+        if count >= 16:
+            return
+        start = block.rfind(b"\n", 0, found.start()) + 1
+        end = block.find(b"\n", found.start())
+        line = block[start : min(len(block) if end < 0 else end, found.end() + 1)].decode("utf-8", errors="replace")
+        if PREFIX_RE.match(unwrap(line)[0]):
+            log.prefixed = True
+            return
+        if log.prefix_behind is None:
+            log.prefix_behind = _clip(block[start : found.start()].decode("utf-8", errors="replace"), 60)
+
+
 def _candidate_starts(block: bytes) -> list[int]:
-    """Where the lines holding a mark start, for those lines that match CANDIDATE_RE there."""
+    """Where the lines holding a mark start, for those lines with a date and time before it."""
     starts = set()
     for mark in _MARKS:
         at = block.find(mark)
         while at >= 0:
             start = block.rfind(b"\n", 0, at) + 1
-            if CANDIDATE_RE.match(block, start):
+            if _STAMP_BYTES.search(block, start, at):
                 starts.add(start)
             end = block.find(b"\n", at)
             at = -1 if end < 0 else block.find(mark, end)
@@ -244,44 +469,71 @@ def _candidate_starts(block: bytes) -> list[int]:
 
 
 def _scan_line(log: WorkerLog, line: str, number: int, path: str) -> None:
-    """Only SGLang's own messages count: the logging prefix, then the message at its start."""
+    """Only SGLang's own messages count: the logging prefix (once known wrappers are
+    stripped from the line's start), then the message at its start."""
+    line, stripped, source = unwrap(line)
     prefix = PREFIX_RE.match(line)
     if prefix is None:
         return
     body = line[prefix.end() :]
     ranks = prefix["ranks"].strip()
+    startup = log.current
 
     def evidence() -> Evidence:
         return Evidence(path, number, _excerpt(body, log.redacted))
 
+    read = True
     if match := SCHEDULER_RE.match(body):
-        log.pools.append(PoolLine(int(match["pool"]), int(match["context"]), ranks, evidence()))
+        startup.pools.append(PoolLine(int(match["pool"]), int(match["context"]), ranks, evidence()))
     elif body.startswith("max_total_num_tokens=") and "context_len=" not in body:
-        log.problems.append(f"line {number}: scheduler line without context_len (truncated?)")
-    if match := KV_RE.match(body):
+        startup.problems.append(f"line {number}: scheduler line without context_len (truncated?)")
+    elif match := KV_RE.match(body):
         kind = "allocated" if match["kind"] == "is allocated" else "va-upper-bound"
-        log.kv_lines.append(KvLine(match["label"], kind, int(match["tokens"]), evidence()))
+        startup.kv_lines.append(KvLine(match["label"], kind, int(match["tokens"]), evidence()))
     elif match := POST_CAPTURE_RE.match(body):
-        log.kv_lines.append(KvLine(None, "post-capture", int(match["tokens"]), evidence()))
-    if match := CANARY_RE.match(body):
-        log.canary = evidence()
-        _set_role(log, match["mode"])
-    if body.startswith(ARGS_MARK):
+        tokens = int(match["tokens"] or match["total"])
+        startup.kv_lines.append(KvLine(None, "post-capture", tokens, evidence()))
+    elif match := SWA_SPLIT_RE.match(body):
+        startup.swa.append(SwaLine("configurator", int(match["full"]), int(match["swa"]), evidence()))
+    elif match := SWA_ALL_RE.match(body):
+        startup.swa.append(SwaLine("configurator", 0, int(match["swa"]), evidence()))
+    elif match := SWA_POOL_RE.match(body):
+        startup.swa.append(SwaLine("pool", int(match["full"]), int(match["swa"]), evidence()))
+    elif (match := POST_CAPTURE_SPLIT_RE.match(body)) and int(match["swa"]) > 0:
+        startup.swa.append(SwaLine("post-capture", int(match["full"]), int(match["swa"]), evidence()))
+    elif match := CANARY_RE.match(body):
+        startup.canary = evidence()
+        _set_role(startup, match["mode"])
+    elif body.startswith(ARGS_MARK):
         args = parse_args_text(body[len(ARGS_MARK) :], path, number)
+        read = args is not None
         if args is not None:
-            log.args = args
+            if startup.has_output():  # a new server: what it prints from here on is its own
+                startup = Startup(len(log.startups) + 1, number)
+                log.startups.append(startup)
+            elif startup.line is None:
+                startup.line = number
+            startup.args = args
             log.redacted |= args.redacted
             if args.role:
-                _set_role(log, args.role)
+                _set_role(startup, args.role)
+    else:
+        read = False
+    if read:
+        log.server_lines += 1
+        for name in stripped:
+            log.wrappers[name] = log.wrappers.get(name, 0) + 1
+        if source is not None:
+            log.sources[source] = log.sources.get(source, 0) + 1
 
 
-def _set_role(log: WorkerLog, role: str) -> None:
+def _set_role(startup: Startup, role: str) -> None:
     if role not in ROLES:
         return
-    if log.role_from_log and log.role_from_log != role:
-        log.problems.append(f"the log names two roles: {log.role_from_log} and {role}")
+    if startup.role and startup.role != role:
+        startup.problems.append(f"the log names two roles: {startup.role} and {role}")
         return
-    log.role_from_log = role
+    startup.role = role
 
 
 def _clip(text: str, limit: int = 240) -> str:
@@ -449,17 +701,3 @@ def _key_of(token: str) -> str:
 def redacted(values: dict[str, Any]) -> dict[str, Any]:
     """What a receipt may carry: the gate keys only, anything secret-looking masked."""
     return {k: (REDACTED if is_secret_key(k) else v) for k, v in sorted(values.items())}
-
-
-def as_bool(value: Any) -> bool | None:
-    """SGLang booleans as they appear in dumps, JSON, command lines and env values."""
-    if isinstance(value, bool):
-        return value
-    if value is None:
-        return None
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    return None

@@ -7,12 +7,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from kvprobe.evidence import gate4 as gate4_rule
+from kvprobe.evidence import markers as marker_rule
 from kvprobe.evidence.gate_status import Check, Status, combine
 from kvprobe.gates import serverlog
-from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Presence, find_all, markers
+from kvprobe.gates.environment import Environment
+from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, find_all, markers
 from kvprobe.gates.gate import Gate
 from kvprobe.gates.inputs import InputFile
 
@@ -24,10 +27,14 @@ class Sources:
     args: dict[str, list[serverlog.ServerArgs]]
     logs: dict[str, list[serverlog.WorkerLog]]
     unassigned: list[serverlog.ServerArgs]
+    # --env inputs: by role, and those without one (they apply to every worker)
+    env: dict[str | None, list[tuple[InputFile, Environment]]] = field(default_factory=dict)
 
 
 def collect_sources(
-    logs: list[serverlog.WorkerLog], files: list[tuple[InputFile, str | None, serverlog.ServerArgs]]
+    logs: list[serverlog.WorkerLog],
+    files: list[tuple[InputFile, str | None, serverlog.ServerArgs]],
+    envs: list[tuple[InputFile, Environment]] = (),  # type: ignore[assignment]
 ) -> Sources:
     args: dict[str, list[serverlog.ServerArgs]] = {"prefill": [], "decode": []}
     by_role: dict[str, list[serverlog.WorkerLog]] = {"prefill": [], "decode": []}
@@ -42,7 +49,10 @@ def collect_sources(
             args[role].append(parsed)
         elif role is None:
             unassigned.append(parsed)
-    return Sources(args, by_role, unassigned)
+    env: dict[str | None, list[tuple[InputFile, Environment]]] = {}
+    for file, found in envs:
+        env.setdefault(file.role_flag, []).append((file, found))
+    return Sources(args, by_role, unassigned, env)
 
 
 def marker_checks(tree: CodeTree | None, gate: int, findings_out: list) -> list[Check]:
@@ -55,7 +65,7 @@ def marker_checks(tree: CodeTree | None, gate: int, findings_out: list) -> list[
     checks = []
     for finding in find_all(tree, gate):
         findings_out.append(finding)
-        status = {Presence.PRESENT: Status.PASS, Presence.ABSENT: Status.FAIL}.get(finding.presence, Status.UNKNOWN)
+        status = marker_rule.STATUS[finding.presence.value]
         checks.append(
             Check(
                 f"#{finding.marker.pr} in code",
@@ -101,12 +111,29 @@ def canary_state(role: str, sources: Sources) -> tuple[Status, str, str]:
     if logs and any(log.pools for log in logs):  # a complete startup that never installed it
         missing = next(log for log in logs if log.canary is None)
         why = f"configured (kv_canary={'/'.join(sorted(modes))}) but" if configured else "off:"
-        return Status.FAIL, f"{why} no install_canary line in the startup log", missing.path
+        before = [s for s in missing.earlier if s.canary is not None]
+        was = (
+            f"; an earlier startup in this log ({before[-1].canary.cite()}) installed it, the running one "
+            f"({missing.current.where()}) did not"
+            if before and before[-1].canary is not None
+            else ""
+        )
+        return Status.FAIL, f"{why} no install_canary line in the startup log{was}", missing.path
     if modes and not configured:
         return Status.FAIL, "off (kv_canary=none)", sources.args[role][0].evidence.cite()
     if configured:
         return Status.UNKNOWN, "configured, but no startup log shows it installed", "-"
     return Status.UNKNOWN, "no log or arguments for this worker", "-"
+
+
+def _restarts(logs: list[serverlog.WorkerLog]) -> str:
+    """What earlier startups in these logs had: the checks read the last (the server that runs)."""
+    return "".join(
+        f"; {log.path}: decided on {log.current.where()}, the running server; earlier: "
+        + "; ".join(f"{s.where()}: {s.summary()}" for s in log.earlier)
+        for log in logs
+        if log.earlier
+    )
 
 
 def _role_args_state(
@@ -162,7 +189,7 @@ def gate3(sources: Sources, tree: CodeTree | None, code: CodeSettings | None, fi
         cs = _role_args_state(role, sources, lambda a: checksum_state(a, code))
         cn = canary_state(role, sources)
         per_role[role] = (cs[0], cn[0])
-        checks.append(Check(f"{role}: KV checksum", cs[0], cs[1], cs[2], decides=False))
+        checks.append(Check(f"{role}: KV checksum", cs[0], cs[1] + _restarts(sources.logs[role]), cs[2], decides=False))
         checks.append(Check(f"{role}: KV canary", cn[0], cn[1], cn[2], decides=False))
     checks += _unassigned(sources)
     checksum_both = combine(per_role[r][0] for r in per_role)
@@ -188,45 +215,83 @@ def gate3(sources: Sources, tree: CodeTree | None, code: CodeSettings | None, fi
     )
 
 
-def deferred_state(args: serverlog.ServerArgs, code: CodeSettings | None) -> tuple[Status, str]:
-    raw = args.env.get("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE")
-    if raw is None:
-        default = (
-            "unknown" if code is None or code.deferred_default is None else ("on" if code.deferred_default else "off")
-        )
-        return Status.UNKNOWN, (
-            f"not observed: SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE not given "
-            f'(release default: {default}); add an "env" object to the --server-args JSON'
-        )
-    if not serverlog.as_bool(raw):
-        return Status.FAIL, f"off (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE={raw})"
-    backend = args.values.get("disaggregation_transfer_backend", "mooncake" if args.full_dump else None)
+def release_facts(code: CodeSettings | None) -> gate4_rule.ReleaseFacts | None:
     if code is None:
-        return Status.UNKNOWN, f"on; whether backend {backend!r} supports it is unknown without --sglang"
-    if not code.deferred_capability_flag:
-        return Status.UNKNOWN, (
-            f"on; this release declares no per-backend support, so whether backend "
-            f"{backend!r} acks drains cannot be read from the code"
-        )
-    if backend not in code.deferred_backends:
-        return Status.FAIL, (
-            f"on, but backend {backend!r} does not support it in this release (supported: "
-            f"{', '.join(code.deferred_backends) or 'none'}): does not count as a defence"
-        )
-    return Status.PASS, f"on, backend {backend!r} supports it"
+        return None
+    return gate4_rule.ReleaseFacts(
+        declared=code.deferred_declared,
+        default=code.deferred_default,
+        evidence=code.deferred_evidence,
+        capability_flag=code.deferred_capability_flag,
+        backends=code.deferred_backends if code.deferred_capability_flag else (),
+    )
 
 
-def gate4(sources: Sources, tree: CodeTree | None, code: CodeSettings | None, findings: list) -> Gate:
+def deferred_workers(role: str, sources: Sources) -> list[gate4_rule.WorkerFacts]:
+    """Each worker's deferred-release setting and backend: --env inputs first (the role's,
+    then those without a role), else the "env" of its --server-args; no log shows it."""
+    envs = sources.env.get(role, []) + sources.env.get(None, [])
+    given: dict[str, tuple[str, str, bool]] = {}  # key -> (value, where, from a role-less input)
+    env_notes: list[str] = []
+    for file, env in envs:
+        env_notes += env.notes
+        for name, setting in env.values.items():
+            if name in given and given[name][0] != setting:
+                env_notes.append(
+                    f"--env {env.where[name]} says {name}={setting!r}, {given[name][1]} {given[name][0]!r}: "
+                    "the first wins"
+                )
+                continue
+            given.setdefault(name, (setting, env.where[name], file.role_flag is None))
+    workers = worker_args(role, sources)
+    if not workers and not given:
+        return []
+    key = gate4_rule.ENV_KEY
+    found = []
+    pairs: list[tuple[serverlog.ServerArgs | None, list[str]]] = list(workers) or [(None, [])]
+    for args, args_notes in pairs:
+        value: str | None = None
+        source: str | None = None
+        notes = list(args_notes) + env_notes
+        if key in given:
+            value, source, shared = given[key]
+            if shared:
+                notes.append(f"{source} has no role: it is taken for every worker")
+            if args is not None and key in args.env and args.env[key] != value:
+                notes.append(f"--server-args says {key}={args.env[key]!r}; --env {source} wins")
+        elif args is not None and key in args.env:
+            value, source = args.env[key], f"{args.evidence.file} (env)"
+        backend = None
+        if args is not None:
+            backend = args.values.get("disaggregation_transfer_backend", "mooncake" if args.full_dump else None)
+        evidence = args.evidence.cite() if args is not None else (source or "-")
+        found.append(
+            gate4_rule.WorkerFacts(value, source, None if backend is None else str(backend), evidence, tuple(notes))
+        )
+    return found
+
+
+def gate4(
+    sources: Sources, tree: CodeTree | None, code: CodeSettings | None, findings: list
+) -> tuple[Gate, dict[str, Any]]:
+    """Gate 4, and what its deferred-release checks were decided from (the receipt's ``gate4``)."""
     checks = marker_checks(tree, 4, findings)
+    release = release_facts(code)
+    workers = {role: deferred_workers(role, sources) for role in ("prefill", "decode")}
     for role in ("prefill", "decode"):
-        status, detail, evidence = _role_args_state(role, sources, lambda a: deferred_state(a, code))
-        checks.append(Check(f"{role}: deferred KV release", status, detail, evidence))
+        checks.append(gate4_rule.role_check(role, workers[role], release))
     checks += _unassigned(sources)
-    return Gate(
+    basis = {
+        "algorithm": gate4_rule.ALGORITHM,
+        "release": None if release is None else release.to_json(),
+        "workers": {role: [w.to_json() for w in found] for role, found in workers.items()},
+    }
+    gate = Gate(
         4,
         "lifetime/ownership: pages outlive in-flight writes (#40645 #41402 #41404 #41023; deferred release)",
         tuple(checks),
     )
+    return gate, basis
 
 
 def _unassigned(sources: Sources) -> list[Check]:

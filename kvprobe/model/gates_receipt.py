@@ -1,10 +1,11 @@
-"""The gates receipt (schemas/gates-receipt.schema.json, kvprobe.gates-receipt/2) as frozen
+"""The gates receipt (schemas/gates-receipt.schema.json, kvprobe.gates-receipt/3) as frozen
 dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as the run
 receipt, so ``GatesReceipt.from_json(doc).to_json() == doc``.
 
 Statuses stay strings ("pass", "fail", "unknown", "info"): their enum and how they combine
 live in ``evidence.gate_status``, above this layer. /1 receipts (inputs by path, no
-``gate2`` basis) are read by verification as documents; this model reads /2.
+``gate2`` basis) and /2 receipts (no ``--env`` inputs, no ``gate4`` basis) are read by
+verification as documents; this model reads /3.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class InputRecord(Part):
 class Inputs(Part):
     logs: tuple[InputRecord, ...]
     server_args: tuple[InputRecord, ...]
+    env: tuple[InputRecord, ...]  # the workers' environments (--env): what no log shows
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ class GatesReceipt(ReceiptHead):
     target: TargetRecord | None
     probes: tuple[GateProbeRecord, ...]
     gate2: Gate2Basis
+    # what gate 4's deferred-release checks were decided from (evidence/gate4 recomputes them)
+    gate4: Mapping[str, Any]
     env: EnvRecord | None
     host: Mapping[str, Any]
     evidence: DeploymentScope

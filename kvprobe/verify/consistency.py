@@ -33,7 +33,7 @@ from kvprobe.defects import (
     RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
-from kvprobe.evidence import compare, gate2, sweep
+from kvprobe.evidence import compare, gate2, gate4, markers, sweep
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
@@ -591,12 +591,17 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
     defects += gates_probe_defects(bundle) + gate2_basis_defects(bundle)
     gate2_checks, found = recompute_gate2(bundle)
     defects += found
+    gate4_checks, found = recompute_gate4(receipt)
+    defects += found + marker_check_defects(receipt)
     gates = []
     for gate in receipt["gates"]:
         checks = [(Status(c["status"]), c["decides"]) for c in gate["checks"]]
         if gate["number"] == 2 and gate2_checks is not None:
             defects += gate2_check_defects(gate["checks"], gate2_checks)
             checks = [(c.status, c.decides) for c in gate2_checks]
+        if gate["number"] == 4 and gate4_checks is not None:
+            found, checks = gate4_check_defects(gate["checks"], gate4_checks)
+            defects += found
         status = combine(s for s, decides in checks if decides)
         if status.value != gate["status"]:
             basis = (
@@ -604,6 +609,8 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
                 if gate["number"] == 2 and gate2_checks is not None
                 else "its deciding checks give"
             )
+            if gate["number"] == 4 and gate4_checks is not None:
+                basis = "its checks, deferred release recomputed from its basis, give"
             defects.append(
                 ForgedVerdict(RECEIPT, f"gate {gate['number']} states {gate['status']!r}; {basis} {status.value!r}")
             )
@@ -618,6 +625,122 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
             )
         )
     return step_result(4, defects, f"gates receipt {receipt['overall']!r} recomputed from its checks and raw outputs")
+
+
+def recompute_gate4(receipt: dict[str, Any]) -> tuple[list[Check] | None, list[BundleDefect]]:
+    """Gate 4's deferred-release checks from the receipt's ``gate4`` record (each worker's
+    setting and backend, the release's facts), by :mod:`kvprobe.evidence.gate4`; None for
+    receipts before /3, which record no such basis."""
+    if "gate4" not in receipt:
+        return None, []
+    algorithm = receipt["gate4"]["algorithm"]
+    if algorithm != gate4.ALGORITHM:
+        why = f"gate 4 was decided by {algorithm!r}; this kvprobe computes {gate4.ALGORITHM!r}"
+        return None, [ComparisonAlgorithmUnknown(RECEIPT, why)]
+    try:
+        checks = gate4.checks_from_basis(receipt["gate4"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, [RecomputeFailed(RECEIPT, f"gate 4's basis cannot be read: {type(exc).__name__}: {exc}")]
+    return checks, gate4_basis_defects(receipt)
+
+
+def marker_check_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+    """Each fix-marker check of gates 3 and 4 ("#PR in code") has the status its marker record
+    gives (unknown without target code), and a fix called absent because the release predates
+    it is so by the target's version."""
+    target = receipt["target"]
+    records = {} if target is None else {(m["gate"], m["pr"]): m for m in target["markers"]}
+    version = None if target is None else target["identity"].get("version")
+    found: list[BundleDefect] = []
+    for gate in receipt["gates"]:
+        for check in gate["checks"]:
+            pr = re.fullmatch(r"#(\d+) in code", check["name"])
+            if gate["number"] not in (3, 4) or pr is None:
+                continue
+            name, record = check["name"], records.get((gate["number"], int(pr[1])))
+            if record is None and target is not None:
+                found.append(RecordMismatch(RECEIPT, f"gate {gate['number']} check {name!r} has no marker record"))
+                continue
+            want = markers.STATUS[record["presence"]] if record else Status.UNKNOWN
+            if check["status"] != want.value:
+                found.append(
+                    ForgedVerdict(
+                        RECEIPT,
+                        f"gate {gate['number']} check {name!r} states {check['status']!r}; "
+                        f"its marker record gives {want.value!r}",
+                    )
+                )
+    for record in records.values():
+        if markers.NOT_IN_RELEASE in record["evidence"] and not markers.older_than(version, record["first_release"]):
+            found.append(
+                RecordMismatch(
+                    RECEIPT,
+                    f"marker #{record['pr']} is absent as 'not in this release', but the target's version "
+                    f"{version!r} is not before {record['first_release']}",
+                )
+            )
+    return found
+
+
+def gate4_basis_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+    """The basis agrees with the rest of the receipt: release facts only with a target, and the
+    same as the target's settings; every environment source is an input the receipt lists."""
+    basis = receipt["gate4"]
+    release, target = basis["release"], receipt["target"]
+    found: list[BundleDefect] = []
+    if (release is None) != (target is None or target.get("settings") is None):
+        found.append(RecordMismatch(RECEIPT, "gate 4's basis states release facts, but the receipt has no target code"))
+    elif release is not None:
+        settings = target["settings"]
+        stated = (release["default"], release["backends"] if release["capability_flag"] else None)
+        recorded = (settings.get("deferred_default"), settings.get("deferred_backends"))
+        if stated != recorded or release.get("declared") != settings.get("deferred_declared", release.get("declared")):
+            found.append(
+                RecordMismatch(RECEIPT, f"gate 4's release facts {stated} are not the target's settings {recorded}")
+            )
+    names = {i["name"] for kind in ("logs", "server_args", "env") for i in receipt["inputs"].get(kind, [])}
+    for role, workers in basis["workers"].items():
+        for worker in workers:
+            source = worker["env_source"]
+            if source is not None and not any(source.startswith((f"{n}:", f"{n} ")) for n in names):
+                found.append(RecordMismatch(RECEIPT, f"gate 4's {role} setting cites {source!r}, not an input"))
+    return found
+
+
+def gate4_check_defects(
+    stated: list[dict[str, Any]], recomputed: list[Check]
+) -> tuple[list[BundleDefect], list[tuple[Status, bool]]]:
+    """The receipt's deferred-release checks are exactly the recomputed ones (one per role);
+    returns the defects and the gate's checks with the recomputed ones in their place."""
+    want = {c.name: c for c in recomputed}
+    defects: list[BundleDefect] = []
+    names = [c["name"] for c in stated if c["name"] in want]
+    if sorted(names) != sorted(want):
+        defects.append(
+            ForgedVerdict(
+                RECEIPT, f"gate 4 states deferred-release checks {sorted(names)}; its basis gives {sorted(want)}"
+            )
+        )
+    checks = []
+    for c in stated:
+        if c["name"] not in want:
+            checks.append((Status(c["status"]), c["decides"]))
+            continue
+        check = want[c["name"]]
+        checks.append((check.status, check.decides))
+        if c["status"] != check.status.value:
+            defects.append(
+                ForgedVerdict(
+                    RECEIPT,
+                    f"gate 4 check {c['name']!r} states {c['status']!r}; "
+                    f"its recorded basis gives {check.status.value!r}",
+                )
+            )
+        elif diffs := json_diff(c, check.record().to_json(), f"gates[4].checks[{c['name']}]"):
+            defects.append(
+                ComparisonMismatch(RECEIPT, f"gate 4's checks differ from those recomputed: {_summary(diffs)}")
+            )
+    return defects, checks
 
 
 def gate2_experiments(receipt: dict[str, Any]) -> list[tuple[str, str]]:

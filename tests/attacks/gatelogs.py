@@ -2,7 +2,8 @@
 
 The formats (logging prefix, scheduler line, KV allocation line, ``server_args=`` and
 ``install_canary:``) are the ones kvprobe's serverlog module documents for SGLang
-0.5.19-0.5.22; tests/unit/test_gates_logs.py builds the full per-release variants.
+0.5.13-0.5.23; tests/unit/test_gates_deployments.py renders the per-release variants from
+the wheels' format strings.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ def startup_log(
     canary: bool = False,
     role_in_log: bool = True,
     after: tuple[str, ...] = (),
+    swa: int | None = None,
 ) -> str:
     """One worker's startup log: server_args (unless ``role_in_log`` is False), one KV
     allocation line per ``kv_tokens`` (default: the pool), the canary line, the scheduler
-    line, "ready", then ``after`` (lines logged while serving)."""
+    line, "ready", then ``after`` (lines logged while serving). ``swa``: a hybrid
+    sliding-window model as 0.5.13 logs it, its unlabelled SWA pool of ``swa`` tokens first."""
     count = [0]
 
     def line(text: str, ranks: str = " TP0") -> str:
@@ -53,8 +56,13 @@ def startup_log(
     if role_in_log:
         shown = args if isinstance(args, str) else repr(args or args_dict(mode))
         lines.append(line("server_args=" + shown, ranks=""))
+    if swa is not None:
+        lines.append(line(f"Use sliding window memory pool. full_layer_tokens={pool}, swa_layer_tokens={swa}"))
+        lines.append(line(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {swa}, KV size: 2.00 GB"))
     for tokens in kv_tokens or (pool,):
         lines.append(line(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {tokens}, KV size: 27.31 GB"))
+    if swa is not None:
+        lines.append(line(f"SWAKVPool mem usage: 29.31 GB, swa size: {swa}, full size: {pool}"))
     if canary:
         lines.append(
             line(

@@ -75,7 +75,7 @@ def test_a_downgrade_to_schema_1_does_not_escape_the_recompute(sandbox, gates_bu
     """Attack: the same forged pass, the receipt rewritten as /1 (which cites no experiment files)."""
     forge_gate2.graft(gates_bundle, written=unfixed(), decided=forge_gate2.as_fixed())
     receipt = forge.load(gates_bundle, "receipt.json")
-    del receipt["gate2"]
+    del receipt["gate2"], receipt["gate4"], receipt["inputs"]["env"]
     receipt["schema"] = "kvprobe.gates-receipt/1"
     (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
     forge.rehash(gates_bundle)

@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from tests import forge
 from tests.attacks.gatelogs import CONTEXT, INCIDENT, RAISED, args_dict, startup_log
 from tests.attacks.harness import assert_outcome, line_naming
 
@@ -171,3 +172,111 @@ def test_server_args_json_must_be_an_object_of_settings(sandbox):
     path.write_text(json.dumps(["not", "an", "object"]))
     result = sandbox.run("gates", "--server-args", str(path), "--out", sandbox.out)
     assert_outcome(sandbox, result, 2, "args.json")
+
+
+# --- logs as deployments write them (issue #27) ------------------------------------------------
+
+
+def test_a_compose_wrapped_incident_pool_fails(sandbox):
+    """Attack (own): the incident's 681,280-token prefill pool behind `docker compose logs`
+    prefixes in colour; today no line is read and every gate is unknown (exit 3)."""
+    wrapped = "".join(
+        f"\x1b[36msglang-prefill-1  |\x1b[0m {line}\n" for line in startup_log("prefill", INCIDENT).splitlines()
+    )
+    logs = write_logs(sandbox, prefill=wrapped, decode=startup_log("decode", RAISED))
+    result = gates(sandbox, *logs)
+    assert_outcome(sandbox, result, 1, "gate 1", "681,280")
+
+
+def test_a_restart_cannot_borrow_the_first_startups_canary(sandbox):
+    """Attack: startup 1 installed the canary, startup 2 (the server that runs) did not; today
+    gate 3 passes on the first startup's install_canary line."""
+    logs = write_logs(
+        sandbox,
+        **{role: startup_log(role, RAISED, canary=True) + startup_log(role, RAISED) for role in ("prefill", "decode")},
+    )
+    result = gates(sandbox, *logs)
+    assert_outcome(sandbox, result, 1, "gate 3", "read-integrity defence", "fail")
+
+
+def test_a_sliding_window_pool_is_not_failed_as_the_context_pool(sandbox):
+    """Regression guard (issue #27): a hybrid-SWA worker (SWA pool 960,000 first, full pool
+    1,200,000) is not failed on its SWA pool; nothing else fails, so exit 3."""
+    logs = write_logs(
+        sandbox, **{role: startup_log(role, 1_200_000, canary=True, swa=960_000) for role in ("prefill", "decode")}
+    )
+    result = gates(sandbox, *logs, "--json")
+    assert_outcome(sandbox, result, 3)
+    assert json.loads(result.out)["gates"][0]["status"] == "pass"
+
+
+def test_a_forged_deferred_release_basis_is_refused(sandbox):
+    """Attack: the decode env says deferred release is off; the publisher rewrites gate 4's basis
+    (setting on, release facts invented without any target code) and the check to what that
+    basis gives, then re-hashes. Verify must refuse the release facts it has no code for."""
+    env = sandbox.inputs / "decode.env"
+    env.write_text("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0\n")
+    logs = write_logs(sandbox, **{role: startup_log(role, RAISED, canary=True) for role in ("prefill", "decode")})
+    made = gates(sandbox, *logs, "--env", f"decode={env}")
+    assert made.code == 1, made.describe()
+
+    def forged(receipt: dict) -> None:
+        receipt["gate4"]["workers"]["decode"][0]["env_value"] = "1"
+        receipt["gate4"]["release"] = {
+            "declared": True,
+            "default": True,
+            "evidence": "sglang/srt/environ.py: invented",
+            "capability_flag": True,
+            "backends": ["mooncake"],
+        }
+        for check in receipt["gates"][3]["checks"]:
+            if check["name"] == "decode: deferred KV release":
+                check["status"], check["detail"] = "pass", "on (decode.env:1), backend 'mooncake' supports it"
+
+    forge.edit_receipt(sandbox.out, forged)
+    result = sandbox.run("verify", sandbox.out)
+    assert_outcome(sandbox, result, 1, "gate 4", "no target code")
+
+
+def test_deeply_nested_env_json_is_bad_input(sandbox):
+    """Attack: --env JSON nested 100,000 levels: bad input (exit 2) naming the file, never a
+    RecursionError, and nothing written."""
+    path = sandbox.inputs / "pod.json"
+    path.write_text('{"spec": ' * 100_000 + "1" + "}" * 100_000)
+    result = sandbox.run("gates", "--env", str(path), "--out", sandbox.out)
+    assert_outcome(sandbox, result, 2, "pod.json")
+    assert not sandbox.out.exists()
+
+
+def test_secrets_in_an_env_input_are_never_stored_or_printed(sandbox):
+    """Attack: the worker's env file and pod spec hold an HF token and an API key beside the
+    deferred-release setting; only the setting is used, the keys are listed as masked."""
+    env = sandbox.inputs / "decode.env"
+    env.write_text("HF_TOKEN=hf_SECRET789\nSGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=1\n")
+    spec = sandbox.inputs / "prefill-pod.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "sglang",
+                            "env": [
+                                {"name": "API_KEY", "value": "sk-live-SECRET123"},
+                                {"name": "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "value": "1"},
+                            ],
+                        }
+                    ]
+                }
+            }
+        )
+    )
+    logs = write_logs(sandbox, **{role: startup_log(role, RAISED, canary=True) for role in ("prefill", "decode")})
+    result = gates(sandbox, *logs, "--env", f"decode={env}", "--env", f"prefill={spec}", "--json")
+    assert_outcome(sandbox, result, 3)
+    assert not [where for where, text in _outputs(sandbox, result).items() if "SECRET" in text]
+    receipt = json.loads((sandbox.out / "receipt.json").read_text())
+    assert {e["name"]: e["redacted_keys"] for e in receipt["inputs"]["env"]} == {
+        "decode.env": ["hf_token"],
+        "prefill-pod.json": ["api_key"],
+    }

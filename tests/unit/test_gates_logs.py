@@ -475,7 +475,7 @@ def test_gate_4_deferred_release(tmp_path):
     tree = CodeTree(fake_tree(tmp_path / "t", fixed=True))
     code = code_settings(tree)
     src = sources_for(server_args_dict("0.5.22", "prefill"), server_args_dict("0.5.22", "decode"))
-    gate = settings.gate4(src, tree, code, [])
+    gate = settings.gate4(src, tree, code, [])[0]
     assert gate.status is Status.UNKNOWN  # env not observed
     assert "release default: on" in next(c for c in gate.checks if c.name == "decode: deferred KV release").detail
 
@@ -495,19 +495,19 @@ def test_gate_4_deferred_release(tmp_path):
             found[mode] = serverlog.read_args_file(path)
         return settings.collect_sources([], [(None, found[m].role, found[m]) for m in found])
 
-    assert settings.gate4(with_env("1"), tree, code, []).status is Status.PASS
-    assert settings.gate4(with_env("0"), tree, code, []).status is Status.FAIL
-    unsupported = settings.gate4(with_env("1", backend="ascend"), tree, code, [])
+    assert settings.gate4(with_env("1"), tree, code, [])[0].status is Status.PASS
+    assert settings.gate4(with_env("0"), tree, code, [])[0].status is Status.FAIL
+    unsupported = settings.gate4(with_env("1", backend="ascend"), tree, code, [])[0]
     assert unsupported.status is Status.FAIL
     assert "does not count" in next(c for c in unsupported.checks if c.name == "decode: deferred KV release").detail
     old = CodeTree(fake_tree(tmp_path / "old", fixed=False))
-    assert settings.gate4(with_env("1"), old, code_settings(old), []).status is Status.FAIL  # markers absent
+    assert settings.gate4(with_env("1"), old, code_settings(old), [])[0].status is Status.FAIL  # markers absent
 
 
 def test_gates_3_and_4_without_code_are_unknown():
     src = sources_for(None, None)
     assert settings.gate3(src, None, None, []).status is Status.UNKNOWN
-    gate4 = settings.gate4(src, None, None, [])
+    gate4 = settings.gate4(src, None, None, [])[0]
     assert gate4.status is Status.UNKNOWN
     assert all("no code to read" in c.detail for c in gate4.checks if c.name.startswith("#"))
 
@@ -526,7 +526,7 @@ def test_cli_writes_a_receipt_and_exits_1_on_the_incident_pool(tmp_path):
     doc = json.loads(result.stdout)
     assert [g["status"] for g in doc["gates"]] == ["fail", "unknown", "fail", "unknown"]
     receipt = json.loads((out / "receipt.json").read_text())
-    assert receipt["schema"] == "kvprobe.gates-receipt/2" and receipt["layer"] == "deployment"
+    assert receipt["schema"] == "kvprobe.gates-receipt/3" and receipt["layer"] == "deployment"
     assert json_bytes(GatesReceipt.from_json(receipt).to_json()) == (out / "receipt.json").read_bytes()
     assert receipt["workers"][0]["pools"][0]["pool_tokens"] == INCIDENT_POOL
     assert receipt["inputs"]["logs"][1]["role_flag"] == "decode"
@@ -575,8 +575,16 @@ def _rewrite_receipt(bundle: Path, change) -> str:
     return json.loads(result.stdout)["outcome"]
 
 
+def _as_schema_2(receipt: dict) -> None:
+    """A receipt as kvprobe wrote /2: no --env inputs, no gate4 basis."""
+    receipt["schema"] = "kvprobe.gates-receipt/2"
+    del receipt["gate4"]
+    del receipt["inputs"]["env"]
+
+
 def _as_schema_1(receipt: dict) -> None:
     """A receipt as kvprobe wrote /1 after inputs went by name: no gate2 basis."""
+    _as_schema_2(receipt)
     receipt["schema"] = "kvprobe.gates-receipt/1"
     del receipt["gate2"]
 
@@ -597,10 +605,21 @@ def test_gates_receipts_of_schema_1_verify_by_their_own_schema(tmp_path):
     assert _rewrite_receipt(later, _as_schema_1) == "verified"
 
 
+def test_gates_receipts_of_schema_2_verify_by_their_own_schema(tmp_path):
+    assert _rewrite_receipt(_gates_bundle(tmp_path), _as_schema_2) == "verified"
+
+
+def test_a_gates_receipt_of_schema_3_must_carry_its_gate4_basis(tmp_path):
+    def without_basis(receipt: dict) -> None:
+        del receipt["gate4"]
+
+    assert _rewrite_receipt(_gates_bundle(tmp_path), without_basis) == "failed"
+
+
 def test_a_gates_receipt_of_schema_2_must_have_the_second_shape(tmp_path):
     def path_shape_as_2(receipt: dict) -> None:
         basis = receipt["gate2"]
-        _as_first_shape(receipt)
+        _as_first_shape(receipt)  # /1's inputs under /2's id
         receipt.update(schema="kvprobe.gates-receipt/2", gate2=basis)  # only the inputs' shape is /1's
 
     assert _rewrite_receipt(_gates_bundle(tmp_path), path_shape_as_2) == "failed"
