@@ -602,6 +602,12 @@ def _limits(max_files: int, max_file_bytes: int, max_bytes: int) -> Limits:
     help="osv: the id the record is published under (CVE-, GHSA-, PYSEC-, ...) when the experiment "
     "declares none with a prefix OSV lists; its declared ids become aliases.",
 )
+@click.option(
+    "--allow-unanchored",
+    is_flag=True,
+    help="osv/openvex: write the record even for an experiment kvprobe does not ship from a bundle nothing "
+    "anchors (refused otherwise, exit 1); its caveats are stated inside it.",
+)
 @guarded
 def report_cmd(
     bundle: Path,
@@ -618,6 +624,7 @@ def report_cmd(
     author_role: str | None,
     subject_archive: Path | None,
     osv_id: str | None,
+    allow_unanchored: bool,
 ) -> int:
     """Render a bundle (directory or .tar.gz) that verifies for a security review (exit 1: it
     does not verify, as `kvprobe verify` says; 2: not a bundle, or nothing to state).
@@ -625,6 +632,8 @@ def report_cmd(
     An export drawn from a bundle that is not anchored (no --expect-manifest-sha256 or
     --attestation), or from an experiment kvprobe does not ship, says so inside itself
     (Markdown text, OpenVEX status notes, OSV details and database_specific) and on stderr.
+    An OSV or OpenVEX record of an unshipped experiment from an unanchored bundle is refused
+    (exit 1) unless --allow-unanchored.
 
     OpenVEX's document timestamp is when it is issued (now, or SOURCE_DATE_EPOCH); each
     statement's is the run's (the receipt's created_utc)."""
@@ -640,7 +649,14 @@ def report_cmd(
     if epoch is not None and not epoch.isdigit():
         raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds")
     issued = datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if epoch else None
-    opts = ExportOptions(author=author, role=author_role, issued=issued, archive=subject_archive, osv_id=osv_id)
+    opts = ExportOptions(
+        author=author,
+        role=author_role,
+        issued=issued,
+        archive=subject_archive,
+        osv_id=osv_id,
+        allow_unanchored_advisory=allow_unanchored,
+    )
     expected = parse_digest(expect_digest)
     signed = _signed_statement(attestation, key, expected)
     anchor = (

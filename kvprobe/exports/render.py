@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvprobe import files, schema
-from kvprobe.errors import BundleExistsError, UsageError
+from kvprobe.errors import BundleExistsError, UsageError, VerificationFailed
 from kvprobe.exports import gates, sweep
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.intoto import INTOTO_SCHEMA, intoto
@@ -38,6 +38,27 @@ class ExportOptions:
     issued: str | None = None
     archive: Path | None = None
     osv_id: str | None = None
+    allow_unanchored_advisory: bool = False  # an OSV/OpenVEX record of an unshipped, unanchored experiment
+
+
+# The formats scanners act on without a reader: pip-audit, osv-scanner and vexctl take their
+# affected/fixed statements as given.
+ADVISORIES = ("osv", "openvex")
+
+
+def _check_advisory_provenance(view: BundleView, fmt: str, opts: ExportOptions) -> None:
+    """Fail closed: an advisory record of an experiment kvprobe does not ship, from a bundle
+    nothing anchors, would publish the bundle author's own claims (its vulnerability id, fix
+    kind, probe code) as a scanner's fact. VerificationFailed (exit 1) unless anchored, or the
+    caller asked for it with its caveats inside (``allow_unanchored_advisory``)."""
+    prov = view.provenance
+    if prov.shipped or prov.anchor is not None or opts.allow_unanchored_advisory:
+        return
+    raise VerificationFailed(
+        f"refusing --format {fmt}: {prov.experiment} is not an experiment kvprobe ships and nothing anchors "
+        "the bundle (give --expect-manifest-sha256 HEX or --attestation FILE --key PUB), so the record would "
+        "state the bundle author's own claims as fact; --allow-unanchored writes it with those caveats inside"
+    )
 
 
 def render(view: BundleView, fmt: str, opts: ExportOptions = ExportOptions()) -> str:
@@ -72,6 +93,8 @@ def render(view: BundleView, fmt: str, opts: ExportOptions = ExportOptions()) ->
         doc, version = intoto(view, archive=opts.archive), INTOTO_SCHEMA
     else:
         doc, version = sweep.osv(view, modified=issued, osv_id_given=opts.osv_id), sweep.OSV_SCHEMA
+    if fmt in ADVISORIES:  # after the format's own refusals (author, fix kind), which name the input
+        _check_advisory_provenance(view, fmt, opts)
     schema.validate(doc, version, source=f"{fmt} document")
     return for_json(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)) + "\n"
 

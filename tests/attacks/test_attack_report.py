@@ -140,13 +140,19 @@ def test_infinite_number_does_not_crash_intoto(sandbox, forged):
 def test_relabelled_sweep_exports_say_they_are_unanchored_and_unshipped(sandbox):
     """Attack (#22 "Relabelled"): a copy of experiment A's sweep renamed, [vulnerability] set to a
     CVE and fix_kind "security". verify calls it self-consistent; today `report --format osv`
-    writes a CVE record with exit 0 and no caveat. Every export must say, inside itself and on
-    stderr, that the bundle only agrees with itself and that kvprobe does not ship its experiment."""
+    writes a CVE record with exit 0 and no caveat. An advisory record (OSV, OpenVEX) of it is
+    refused unless anchored or asked for with --allow-unanchored; every export says, inside
+    itself and on stderr, that the bundle only agrees with itself and that kvprobe does not ship
+    its experiment."""
     from tests.relabel import CVE, NEW_ID, relabelled_sweep
 
     bundle = relabelled_sweep(sandbox.inputs / "relabelled")
     assert sandbox.run("verify", bundle).code == 0
-    osv = sandbox.run("report", bundle, "--format", "osv")
+    for fmt in ("osv", "openvex"):
+        refused = sandbox.run("report", bundle, "--format", fmt, "--author", "a <a@b>")
+        assert_outcome(sandbox, refused, 1, "is not an experiment kvprobe ships")
+        assert refused.out == ""
+    osv = sandbox.run("report", bundle, "--format", "osv", "--allow-unanchored")
     assert_outcome(sandbox, osv, 0, "SELF-CONSISTENT ONLY")
     assert line_naming(osv.err, "UNSHIPPED EXPERIMENT", NEW_ID), osv.describe()
     record = json.loads(osv.out)
@@ -155,7 +161,9 @@ def test_relabelled_sweep_exports_say_they_are_unanchored_and_unshipped(sandbox)
     assert provenance["experiment_shipped_by_kvprobe"] is False
     assert provenance["anchor"].startswith("none")
     assert record["details"].startswith("SELF-CONSISTENT ONLY") and "UNSHIPPED EXPERIMENT" in record["details"]
-    vex = json.loads(sandbox.run("report", bundle, "--format", "openvex", "--author", "a <a@b>").out)
+    vex = json.loads(
+        sandbox.run("report", bundle, "--format", "openvex", "--author", "a <a@b>", "--allow-unanchored").out
+    )
     assert all("UNSHIPPED EXPERIMENT" in s["status_notes"] for s in vex["statements"])
     md = sandbox.run("report", bundle, "--format", "markdown").out
     assert "**Caveat:** SELF-CONSISTENT ONLY" in md and "**Caveat:** UNSHIPPED EXPERIMENT" in md

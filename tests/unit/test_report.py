@@ -582,7 +582,8 @@ def test_cli_report_to_stdout_and_file(tmp_path, fmt):
     bundle = tmp_path / "bundle"
     digest = verified_bundle(bundle)
     runner = CliRunner()
-    author = ["--author", "Security Team"] if fmt == "openvex" else []
+    digest_given = ["--expect-manifest-sha256", digest]  # an unshipped experiment's VEX needs an anchor
+    author = ["--author", "Security Team", *digest_given] if fmt == "openvex" else []
     env = {"SOURCE_DATE_EPOCH": "1767225600"}  # 2026-01-01: the two runs write the same bytes
     result = runner.invoke(main, ["report", str(bundle), "--format", fmt, *author], env=env, catch_exceptions=False)
     assert result.exit_code == 0, result.output
