@@ -108,7 +108,7 @@ def test_experiment_c_release_reproduces_on_real_sglang(tmp_path):
         assert {c["observation"] for c in cases.values()} == {"observed"}, side
 
 
-@pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b"])
+@pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b", "experiment-c"])
 def test_head_side_probes_hold_on_sglang_0_5_22(tmp_path, exp_id):
     """A third pinned target: a later refactor that breaks a probe must show, not hide."""
     code, summary, _ = run(tmp_path, exp_id, pins="later-release")
