@@ -57,13 +57,17 @@ NIXL_PREFILL_FIELDS = {
     "_staging_ctx": lambda: None,
 }
 
-# The drain-ACK protocol's entry points, checked before anything is built.
+# The drain-ACK protocol's prefill half, checked before anything is built: a release without
+# it (before 0.5.19) is not-present.
 PROTOCOL = (
     (CommonKVManager, "_maybe_ack_drained_abort"),
     (CommonKVManager, "register_deferred_ack_target"),
     (CommonKVManager, "_send_abort_ack"),
-    (NixlKVManager, "_handle_abort_notification"),
 )
+# Where the probe hands decode's ABORT to the real code (NIXL's bootstrap thread calls it, 0.5.19
+# onwards). A release with the protocol but without this method moved the handler: the probe
+# cannot reach its decision point there (could-not-observe), which is not absence.
+ABORT_HANDLER = "_handle_abort_notification"
 
 
 def declare(served: kp.Probe) -> None:
@@ -100,9 +104,13 @@ def _params(owner, name: str):
 
 
 def require_protocol() -> None:
-    """NotPresent unless this release has the drain-ACK protocol (0.5.19 onwards)."""
+    """NotPresent unless this release has the drain-ACK protocol (0.5.19 onwards); CannotObserve
+    if it has no NIXL ABORT handler to hand decode's ABORT to."""
     for owner, name in PROTOCOL:
         kp.require(owner, name)
+    if not callable(getattr(NixlKVManager, ABORT_HANDLER, None)):
+        raise kp.CannotObserve(f"NixlKVManager.{ABORT_HANDLER} is missing: this release handles decode's ABORT "
+                               "elsewhere, and the probe has no way to hand it one")
 
 
 # --- configuration and ranks, the way the scheduler process states them ----------
@@ -284,6 +292,14 @@ class DrainWorld:
 
     def ack_target_held(self, room: int) -> bool:
         return room in self.manager._deferred_ack_targets
+
+    def abort_accepted(self, room: int) -> bool:
+        """The handler took the ABORT as a drain-ACK request: it holds a target or already ACKed.
+
+        Expected on every side: an ABORT the release ignored (say, a frame layout it no longer
+        accepts) would otherwise read like the unfixed release's missing ACK.
+        """
+        return self.ack_target_held(room) or bool(self.wire.acks(room))
 
 
 def abort_message(room: int, port: int) -> list[bytes]:

@@ -88,6 +88,7 @@ def test_experiment_c_release_reproduces_on_real_sglang(tmp_path):
     assert cleared["ack_target_kept_after_clear"] == (False, True)
     assert cleared["acks_after_drain"] == (0, 1)
     assert cleared["acks_while_write_in_flight"] == (0, 0)  # the safety half: never before the drain
+    assert cleared["abort_accepted"] == (True, True)  # the ABORT was taken as a drain-ACK request on both
     # #41402: two decode ranks share the room; before, only the last ABORT sender is ACKed
     fanout = observed(summary, "drain_acks/fanout.two_decode_ranks")
     assert fanout["decode_ranks_acked_after_drain"] == (1, 2)
@@ -108,7 +109,7 @@ def test_experiment_c_release_reproduces_on_real_sglang(tmp_path):
         assert {c["observation"] for c in cases.values()} == {"observed"}, side
 
 
-@pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b"])
+@pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b", "experiment-c"])
 def test_head_side_probes_hold_on_sglang_0_5_22(tmp_path, exp_id):
     """A third pinned target: a later refactor that breaks a probe must show, not hide."""
     code, summary, _ = run(tmp_path, exp_id, pins="later-release")

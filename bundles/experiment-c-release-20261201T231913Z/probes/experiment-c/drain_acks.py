@@ -126,6 +126,7 @@ def _(obs: kp.Observations, world) -> None:
     obs.precondition("write_in_flight", world.outstanding(room) == 1)
     with obs.decision():
         world.abort_from(room, DECODE_RANKS[0][1])
+        obs.record("abort_accepted", world.abort_accepted(room))
         obs.record("status_after_abort", world.status(room))
         obs.record("acks_after_abort", len(world.wire.acks(room)))
         obs.record("failure_exception_raised", world.scheduler_sees_failed(room))
@@ -149,6 +150,7 @@ def _(obs: kp.Observations, world) -> None:
     obs.precondition("nothing_in_flight", world.outstanding(room) == 0)
     with obs.decision():
         world.abort_from(room, DECODE_RANKS[0][1])
+        obs.record("abort_accepted", world.abort_accepted(room))
         obs.record("status_after_abort", world.status(room))
         obs.record("acks_after_abort", len(world.wire.acks(room)))
         obs.record("failure_exception_raised", world.scheduler_sees_failed(room))
@@ -173,6 +175,7 @@ def _(obs: kp.Observations, world) -> None:
     obs.precondition("write_in_flight", world.outstanding(room) == 1)
     with obs.decision():
         world.abort_from(room, DECODE_RANKS[0][1])
+        obs.record("abort_accepted", world.abort_accepted(room))
         obs.record("acks_while_write_in_flight", len(world.wire.acks(room)))
         world.drain_chunk(room)
         obs.record("decode_ranks_acked_after_drain", _ranks(world, room))
@@ -197,6 +200,7 @@ def _(obs: kp.Observations, world) -> None:
     with obs.decision():
         for _agent, port in DECODE_RANKS:
             world.abort_from(room, port)
+        obs.record("abort_accepted", world.abort_accepted(room))
         obs.record("acks_while_write_in_flight", len(world.wire.acks(room)))
         world.drain_chunk(room)
         obs.record("decode_ranks_acked_after_drain", _ranks(world, room))
@@ -222,6 +226,7 @@ def _(obs: kp.Observations, world) -> None:
     with obs.decision():
         for _agent, port in DECODE_RANKS:
             world.abort_from(room, port)
+        obs.record("abort_accepted", world.abort_accepted(room))
         obs.record("failure_exception_raised", world.scheduler_sees_failed(room))
         obs.record("transfer_infos_cleared", room not in world.manager.transfer_infos)
         obs.record("ack_target_kept_after_clear", world.ack_target_held(room))
