@@ -418,20 +418,19 @@ def print_gates(console: Console, receipt: dict[str, Any], bundle: str, digest: 
 
 
 def print_gate_diagnostics(console: Console, receipt: dict[str, Any]) -> None:
-    """On stderr, per gate that did not pass: the gate's status, then one line per deciding
-    check that did not pass, with that check's own status (a gate that fails can hold an
-    unknown check: it is not printed as a failure)."""
+    """On stderr, per gate that did not pass: one line with the gate's status, then one line per
+    deciding check that did not pass with that check's own status (a gate that fails can hold
+    an unknown check: it is not printed under the gate's "fail")."""
     for gate in receipt["gates"]:
         if gate["status"] == "pass":
             continue
         style = _GATE_STYLE[gate["status"]]
-        head = f"gate {gate['number']}: [{style}]{gate['status']}[/]"
-        checks = [c for c in gate["checks"] if c["decides"] and c["status"] != "pass"]
-        for check in checks:
+        console.print(f"gate {gate['number']}: [{style}]{gate['status']}[/] — {data(gate['title'])}")
+        for check in (c for c in gate["checks"] if c["decides"] and c["status"] != "pass"):
             own = _GATE_STYLE[check["status"]]
-            console.print(f"{head} — {data(check['name'])}: [{own}]{check['status']}[/]: {data(check['detail'])}")
-        if not checks:
-            console.print(f"{head} — {data(gate['title'])}")
+            console.print(
+                f"gate {gate['number']}, {data(check['name'])}: [{own}]{check['status']}[/] — {data(check['detail'])}"
+            )
 
 
 def _age(seconds: float) -> str:
