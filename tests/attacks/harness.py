@@ -42,7 +42,8 @@ from tests import forge
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "bundles"
 MODEL_BUNDLE = COMMITTED / "model-model-20261201T112733Z"
-EXP_A_BUNDLE = COMMITTED / "experiment-a-release-20261201T141929Z"
+# the committed experiment A release bundle (republished under a new name when A changes)
+EXP_A_BUNDLE = max(COMMITTED.glob("experiment-a-release-*"), default=COMMITTED / "experiment-a-release-missing")
 
 MEMORY_CAP_MIB = 300  # a correctness bound: the README promises flat, tens-of-MiB verification
 # The child's address space is capped so that a runaway attack fails fast with MemoryError
