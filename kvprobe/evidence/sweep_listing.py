@@ -100,7 +100,7 @@ def _why_not(receipt: Mapping[str, Any], version: str) -> str:
 def _order(text: str) -> tuple[int, Version | str]:
     """Sort key: PEP 440 order; a string that is no version sorts last (step 4 refuses it)."""
     parsed = version_key(text)
-    return (0, parsed) if parsed is not None else (1, text)  # type: ignore[return-value]
+    return (0, parsed) if parsed is not None else (1, text)
 
 
 def ascending(versions: Sequence[str]) -> list[str]:

@@ -84,7 +84,8 @@ def timeline_svg(receipt: Mapping[str, Any]) -> str:
         parts.append(
             f'<rect x="{_LEFT}" y="{y}" width="14" height="14" fill="#ffffff" stroke="#000000" stroke-width="3"/>'
         )
-        parts.append(f'<text x="{_LEFT + 20}" y="{y + 11}">first fixed release: {escape(observed["first_fixed"])}</text>')
+        first = escape(observed["first_fixed"])
+        parts.append(f'<text x="{_LEFT + 20}" y="{y + 11}">first fixed release: {first}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

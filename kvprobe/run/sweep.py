@@ -24,9 +24,9 @@ from kvprobe.env.cache import default_cache_root
 from kvprobe.env.installer import pip_config
 from kvprobe.env.venv import load_profile
 from kvprobe.errors import BundleExistsError, CheckRunError, DigestMismatch, FetchError, UsageError
+from kvprobe.evidence.sweep_listing import unserved_reason
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
-from kvprobe.evidence.sweep_listing import unserved_reason
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, SweepReceipt
 from kvprobe.names import SIDES
 from kvprobe.progress import Reporter
@@ -136,11 +136,14 @@ def sweep_experiment(
             if not isinstance(pin, str)
         ]
         with reporter.step(f"sweeping {len(requests)} releases ({executor.name})"):
-            for outcome in executor.run(requests):
+            for done, outcome in enumerate(executor.run(requests), 1):
                 entry, env = accept_unit(outcome, expected, work)
                 if env is not None and expected.env is None:
                     expected = Expected(exp, staging, env)
                 units[outcome.request.pin.version] = entry
+                reporter.note(
+                    f"{done}/{len(requests)} {entry.version} {entry.classification.overall} ({entry.duration_s:.0f} s)"
+                )
         timings["units_s"] = time.monotonic() - clock
         ordered = tuple(units[v] for v in served)
         host = sweep_host(opts.jobs, executor.name)
@@ -161,11 +164,12 @@ PYPI_SIMPLE = "https://pypi.org/simple"  # pip's own default index
 
 def index_url() -> str:
     """The index pip reads releases from, as ``pip install`` is configured (its extra indexes
-    after it); PyPI when pip has no setting."""
+    and find-links after it); PyPI when pip has no index setting."""
     config = pip_config(Path(sys.prefix))
     if config.no_index:
         return "none (pip is configured with no-index)"
-    return " ".join([config.index_url or PYPI_SIMPLE, *config.extra_index_urls])
+    links = [f"find-links {link}" for link in config.find_links]
+    return " ".join([config.index_url or PYPI_SIMPLE, *config.extra_index_urls, *links])
 
 
 def _listed(version: str, pin: WheelPin | str, profile: str, serves: str | None) -> ListedRelease:

@@ -872,7 +872,9 @@ def sweep_experiment_defects(bundle: Bundle, receipt: SweepReceipt) -> list[Bund
         found.append(ExperimentMismatch(rel, f"the receipt disagrees with the bundled experiment: {_summary(diffs)}"))
     if data["profile"] != receipt.profile.name:
         found.append(
-            ExperimentMismatch(rel, f"profile {receipt.profile.name!r} is not the bundled experiment's ({data['profile']!r})")
+            ExperimentMismatch(
+                rel, f"profile {receipt.profile.name!r} is not the bundled experiment's ({data['profile']!r})"
+            )
         )
     return found + sweep_wheel_defects(receipt, data)
 

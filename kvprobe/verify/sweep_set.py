@@ -81,12 +81,12 @@ def _sequence(versions: list[str], where: str, defect: Defect) -> list[BundleDef
     for text, version in zip(versions, parsed, strict=True):
         if version in seen:
             found.append(
-                defect(RECEIPT, f"{where}: {text} and {seen[version]} are the same version (PEP 440): one release twice")
+                defect(RECEIPT, f"{where}: {text} and {seen[version]} are one version (PEP 440 equality): a twin")
             )
         seen.setdefault(version, text)
-    for (a, va), (b, vb) in zip(zip(versions, parsed), zip(versions[1:], parsed[1:]), strict=False):
-        if vb < va:
-            found.append(defect(RECEIPT, f"{where}: {b} is stored after {a}: not in version order"))
+    for i in range(1, len(parsed)):
+        if parsed[i] < parsed[i - 1]:
+            found.append(defect(RECEIPT, f"{where}: {versions[i]} is stored after {versions[i - 1]}: out of order"))
     return found
 
 
@@ -180,7 +180,7 @@ def _wheel_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
         version, file, digest = entry["version"], entry["file"], entry["sha256"]
         if (file is None) != (digest is None) or (file is None) == (entry["problem"] is None):
             found.append(
-                ListingMismatch(RECEIPT, f"listing {version}: a wheel file and sha256, or a problem, not both or neither")
+                ListingMismatch(RECEIPT, f"listing {version}: a wheel file and its sha256, or a problem, not both")
             )
             continue
         if file is None:
@@ -188,9 +188,7 @@ def _wheel_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
         if not names_release(file, package, version):
             found.append(PinMismatch(RECEIPT, f"listing {version}: {file!r} is not a wheel of {package} {version}"))
         if digest in owners and owners[digest] != version:
-            found.append(
-                PinMismatch(RECEIPT, f"sha256 {digest} is listed under {owners[digest]} and {version}: one wheel, two releases")
-            )
+            found.append(PinMismatch(RECEIPT, f"sha256 {digest} is under {owners[digest]} and {version}: two releases"))
         owners.setdefault(digest, version)
     listed = {e["version"]: e for e in listing["selected"]}
     for release in receipt["releases"]:
@@ -235,11 +233,6 @@ def rendered_defects(bundle: Bundle) -> list[BundleDefect]:
         if data is None:
             found += [defect(name, d.detail) for d in problems]
         elif data != render(receipt).encode("utf-8"):
-            found.append(
-                defect(
-                    name,
-                    "not what kvprobe renders from receipt.json (edited after the run"
-                    + (f", or rendered by kvprobe {made_by}: sweep it again with this kvprobe)" if made_by != __version__ else ")"),
-                )
-            )
+            other = f", or rendered by kvprobe {made_by}: sweep again with this one" if made_by != __version__ else ""
+            found.append(defect(name, f"not what kvprobe renders from receipt.json (edited after the run{other})"))
     return found
