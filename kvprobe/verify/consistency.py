@@ -37,6 +37,7 @@ from kvprobe.evidence import compare, gate2, sweep
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
+from kvprobe.evidence.sweep_listing import version_key
 from kvprobe.evidence.sweep_view import TIMELINE
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.model.sweep_receipt import SweepReceipt
@@ -901,6 +902,30 @@ def sweep_wheel_defects(receipt: SweepReceipt, data: dict[str, Any]) -> list[Bun
                     f"release {version}: wheel {wheel.package!r} {wheel.version!r} file {wheel.file!r} is "
                     f"not a wheel of {' or '.join(sorted(map(repr, packages))) or 'a package the experiment pins'} "
                     f"at {version}",
+                )
+            )
+    return found + _pinned_release_defects(receipt, pins)
+
+
+def _pinned_release_defects(receipt: SweepReceipt, pins: list[dict[str, Any]]) -> list[BundleDefect]:
+    """A release the bundled experiment pins by sha256 is that wheel in the listing and the
+    release alike: two releases' digests swapped shows here without asking the index."""
+    pinned = {}
+    for pin in pins:
+        for side in (pin.get("base"), pin.get("head")):
+            if isinstance(side, dict) and isinstance(side.get("version"), str):
+                pinned[version_key(side["version"])] = (side.get("file"), side.get("sha256"))
+    recorded = [(e.version, e.file, e.sha256) for e in receipt.listing.selected if e.file is not None]
+    recorded += [(r.version, r.wheel.file, r.wheel.sha256) for r in receipt.releases if r.wheel is not None]
+    found: list[BundleDefect] = []
+    for version, file, digest in recorded:
+        want = pinned.get(version_key(version))
+        if want is not None and want != (file, digest):
+            found.append(
+                PinMismatch(
+                    RECEIPT,
+                    f"release {version}: {file} sha256 {digest} is not the wheel the bundled experiment pins for "
+                    f"{version} ({want[0]} sha256 {want[1]})",
                 )
             )
     return found
