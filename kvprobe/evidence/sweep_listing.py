@@ -91,7 +91,9 @@ def _why_not(receipt: Mapping[str, Any], version: str) -> str:
     """Why ``version`` (a listed one older than anything observed) was not observed."""
     selected = {e["version"]: e for e in receipt["listing"]["selected"]}
     if version not in selected:
-        return f"outside --releases {receipt['spec']}"
+        profile = receipt["profile"]
+        floor = unserved_reason(profile["name"], profile["serves"], version)
+        return f"outside --releases {receipt['spec']}" + (f"; {floor}" if floor else "")
     if selected[version]["not_run"] is not None:
         return str(selected[version]["not_run"])
     return f"{version} ran but could not be observed (see its release entry)"

@@ -195,3 +195,11 @@ def test_readme_says_the_oldest_release_observed_and_why_older_ones_were_not():
     assert "oldest release observed: 0.5.13; not observed: 0.5.10, 0.5.11, 0.5.12 (older than the profile" in text
     assert "Introduced (observed): 0.5.19" in text and "First fixed release: 0.5.21." in text
     assert "- affected: 0.5.19, 0.5.20" in text
+
+
+def test_releases_outside_the_spec_are_not_observed_for_the_spec_and_the_profiles_floor_both():
+    r = sweep(B, spec="0.5.13..0.5.21")
+    r["listing"]["selected"] = [e for e in r["listing"]["selected"] if e["not_run"] is None]
+    r["unserved"] = []
+    assert release_set_defects(r, []) == []
+    assert observed_range(r)["not_observed_reason"] == f"outside --releases 0.5.13..0.5.21; {FLOOR}"
