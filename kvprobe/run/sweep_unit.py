@@ -327,7 +327,10 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
     stamp = ran.started.strftime("%Y%m%dT%H%M%SZ")
     per_release = [r.duration_s for r in ran.releases]
     releases = [r.to_json() for r in ran.releases]
-    observed = observed_range({"releases": releases, "listing": ran.listing.to_json(), "spec": ran.spec})
+    profile_ref = ProfileRef(profile.name, profile.serves)
+    observed = observed_range(
+        {"releases": releases, "listing": ran.listing.to_json(), "spec": ran.spec, "profile": profile_ref.to_json()}
+    )
     timings = {**ran.timings, "release_max_s": max(per_release), "release_min_s": min(per_release)}
     return SweepReceipt(
         schema=SWEEP_RECEIPT_SCHEMA,
@@ -343,7 +346,7 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
             exp.fix,
             exp.vulnerability,
         ),
-        profile=ProfileRef(profile.name, profile.serves),
+        profile=profile_ref,
         spec=ran.spec,
         listing=ran.listing,
         algorithm=classify.ALGORITHM,
