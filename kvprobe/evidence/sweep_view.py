@@ -28,7 +28,7 @@ COLOURS = {
     "not-present": ("#56b4e9", "not present"),
     NOT_SERVED: ("#eeeeee", "not served by the profile"),
 }
-_BOX, _GAP, _LEFT, _TOP = 56, 6, 16, 56
+_BOX, _GAP, _LEFT, _TOP = 56, 6, 16, 100
 
 
 def timeline_rows(receipt: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -45,7 +45,7 @@ def timeline_svg(receipt: Mapping[str, Any]) -> str:
     """The releases as coloured boxes left to right, labelled, with a legend."""
     rows = timeline_rows(receipt)
     observed = observed_range(receipt)
-    width = max(_LEFT * 2 + len(rows) * (_BOX + _GAP), 560)
+    width = max(_LEFT * 2 + len(rows) * (_BOX + _GAP), 720)
     used = [c for c in COLOURS if c in {cls for _, cls in rows}]
     height = _TOP + _BOX + 40 + 20 * len(used) + 20
     title = f"{receipt['experiment']['id']}: releases by classification"
@@ -55,8 +55,9 @@ def timeline_svg(receipt: Mapping[str, Any]) -> str:
         f"<title>{escape(title)}</title>",
         '<rect width="100%" height="100%" fill="#ffffff"/>',
         f'<text x="{_LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>',
-        f'<text x="{_LEFT}" y="40" font-size="11">{escape(oldest_line(receipt, observed))}</text>',
     ]
+    for k, line in enumerate(oldest_lines(receipt, observed)):
+        parts.append(f'<text x="{_LEFT}" y="{40 + 15 * k}" font-size="11">{escape(line)}</text>')
     for i, (version, cls) in enumerate(rows):
         x = _LEFT + i * (_BOX + _GAP)
         fill = COLOURS[cls][0]
@@ -68,8 +69,8 @@ def timeline_svg(receipt: Mapping[str, Any]) -> str:
         )
         if first_fixed:
             parts.append(
-                f'<text x="{x + _BOX / 2}" y="{_TOP + _BOX / 2 + 4}" text-anchor="middle" font-size="10" '
-                f'font-weight="bold" fill="#ffffff">first fixed</text>'
+                f'<text x="{x + _BOX / 2}" y="{_TOP - 6}" text-anchor="middle" font-size="10" '
+                f'font-weight="bold">first fixed</text>'
             )
         parts.append(
             f'<text x="{x + _BOX / 2}" y="{_TOP + _BOX + 16}" text-anchor="middle" font-size="10">'
@@ -90,16 +91,25 @@ def timeline_svg(receipt: Mapping[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def oldest_line(receipt: Mapping[str, Any], observed: Mapping[str, Any] | None = None) -> str:
-    """The oldest release observed, and why older ones on the index were not."""
+def oldest_lines(receipt: Mapping[str, Any], observed: Mapping[str, Any] | None = None) -> list[str]:
+    """The oldest release observed, the older ones on the index that were not, and why (the
+    timeline's three lines)."""
     observed = observed or observed_range(receipt)
     oldest = observed["oldest"]
     head = f"oldest release observed: {oldest}" if oldest else "no release was observed"
     older = observed["not_observed"]
     if not older:
-        return f"{head}; the index lists no older release"
+        return [head, "the index lists no older release"]
     shown = ", ".join(older[-3:]) + (f" and {len(older) - 3} older" if len(older) > 3 else "")
-    return f"{head}; not observed: {shown} ({observed['not_observed_reason']})"
+    return [head, f"not observed: {shown}", f"why: {observed['not_observed_reason']}"]
+
+
+def oldest_line(receipt: Mapping[str, Any], observed: Mapping[str, Any] | None = None) -> str:
+    """The oldest release observed, and why older ones on the index were not (one line)."""
+    head, *rest = oldest_lines(receipt, observed)
+    if len(rest) == 1:
+        return f"{head}; {rest[0]}"
+    return f"{head}; {rest[0]} ({rest[1].removeprefix('why: ')})"
 
 
 def range_lines(receipt: Mapping[str, Any]) -> list[str]:
