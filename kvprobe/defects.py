@@ -252,6 +252,23 @@ class ReadmeMismatch(ConsistencyDefect, code="readme-mismatch"):
     """README.md (what a reviewer reads first) is not the one kvprobe renders from the receipt."""
 
 
+class RenderedMismatch(ConsistencyDefect, code="rendered-mismatch"):
+    """A sweep's timeline.svg is not the picture kvprobe renders from the receipt."""
+
+
+class ReleaseSetDefect(ConsistencyDefect, code="release-set"):
+    """A sweep's releases are not its listing's range: twins, out of order, missing, or
+    not run without the profile's reason."""
+
+
+class ListingMismatch(ConsistencyDefect, code="listing-mismatch"):
+    """A sweep's listing disagrees with itself, its spec or its releases' wheels."""
+
+
+class RangeMismatch(ConsistencyDefect, code="range-mismatch"):
+    """A sweep's observed range (oldest, introduced, first fixed) is not what its releases give."""
+
+
 # --- step 5: authenticity, step 6: rerun -------------------------------------------------
 
 
@@ -270,6 +287,10 @@ class RerunDiffers(BundleDefect, code="rerun-differs"):
     """Step 6: the rerun observed something other than the bundle."""
 
     step = 6
+
+
+class ListingChanged(RerunDiffers, code="listing-changed"):
+    """The index lists other releases in a sweep's range than the bundle's listing recorded."""
 
 
 class IndexServesOtherBytes(RerunDiffers, code="index-serves-other-bytes"):

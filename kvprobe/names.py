@@ -29,7 +29,7 @@ GATES_RECEIPT_SCHEMA = "kvprobe.gates-receipt/3"
 GATES_RECEIPT_SCHEMA_2 = "kvprobe.gates-receipt/2"
 # /1 bundles (inputs by path, later by name under the same id) still verify by their own schema
 GATES_RECEIPT_SCHEMA_1 = "kvprobe.gates-receipt/1"
-SWEEP_RECEIPT_SCHEMA = "kvprobe.sweep-receipt/1"
+SWEEP_RECEIPT_SCHEMA = "kvprobe.sweep-receipt/2"
 MANIFEST_SCHEMA = "kvprobe.manifest/1"
 PROBE_OUTPUT_SCHEMA = "kvprobe.probe-output/1"
 TEST_RUN_SCHEMA = "kvprobe.test-run/1"

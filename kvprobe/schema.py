@@ -41,11 +41,20 @@ KNOWN = {
     "osv": "vendor/osv-schema.json",
 }
 
+# Versions this kvprobe no longer reads, and why: an honest refusal, not "upgrade kvprobe".
+RETIRED = {
+    "kvprobe.sweep-receipt/1": "kvprobe.sweep-receipt/1 is no longer read: it records no release listing, so "
+    "whether its releases are complete, in order and the index's own cannot be checked; sweep again with "
+    "this kvprobe (it writes kvprobe.sweep-receipt/2)",
+}
+
 
 @cache
 def _validator(version: str) -> Draft202012Validator:
     from jsonschema import Draft202012Validator
 
+    if version in RETIRED:
+        raise SchemaError(RETIRED[version])
     try:
         filename = KNOWN[version]
     except KeyError:

@@ -463,8 +463,11 @@ def sweep_cmd(
     as_json: bool,
 ) -> int:
     """Classify each release in a range as affected, fixed, mixed, could not observe or not
-    present, into one sweep bundle (exit 0 every release observed, 3 some could not be)."""
-    from kvprobe.cli.console import RichReporter, stderr_console
+    present, into one sweep bundle (exit 0 every release observed, 3 some could not be).
+
+    Results on stdout (one line per release, the bundle, its manifest sha256); progress on
+    stderr, a line per release as it is classified."""
+    from kvprobe.cli.console import print_sweep_summary
     from kvprobe.experiments import experiment
     from kvprobe.run.sweep import SweepOptions, sweep_experiment
 
@@ -480,12 +483,13 @@ def sweep_cmd(
     )
     if jobs is not None:
         opts.jobs = jobs
-    console = stderr_console()
-    result = sweep_experiment(experiment.load(experiment_id), opts, RichReporter(console))
+    exp = experiment.load(experiment_id)
+    streams = _streams(as_json)
+    _warn_shadowing(streams, exp.id)
+    result = sweep_experiment(exp, opts, streams.reporter())
     receipt = result.receipt
-    for release in receipt.releases:
-        console.print(f"{release.version:>14}  {release.classification.overall}", markup=False, highlight=False)
-    console.print(f"bundle: {result.bundle}  manifest sha256 {result.manifest_sha256}", markup=False, highlight=False)
+    if streams.results:
+        print_sweep_summary(streams.out, receipt.to_json(), str(result.bundle), result.manifest_sha256)
     if as_json:
         emit_json({"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": receipt.summary})
     unobserved = {"could-not-observe", "not-present"} & set(receipt.summary)

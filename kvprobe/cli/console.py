@@ -327,6 +327,20 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
     console.print(f"manifest sha256: {digest}")
 
 
+def print_sweep_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str) -> None:
+    """One line per release in version order (its class, and why when it is not affected or
+    fixed), the bundle and its digest: `kvprobe sweep`'s results on stdout."""
+    from kvprobe.evidence.sweep_listing import ascending
+
+    by_version = {r["version"]: r for r in receipt["releases"]}
+    for version in ascending(list(by_version)):
+        cls = by_version[version]["classification"]
+        why = f"  {data('; '.join(cls['reasons'][:2]))}" if cls["reasons"] else ""
+        console.print(f"{data(version)}  {data(cls['overall'])}{why}", highlight=False)
+    console.print(f"bundle: {data(bundle)}", highlight=False)
+    console.print(f"manifest sha256: {digest}", highlight=False)
+
+
 def print_run_diagnostics(console: Console, receipt: dict[str, Any]) -> None:
     """On stderr: every upstream test file a side could not collect, and why."""
     for summary in receipt["comparison"]["test_summary"].values():

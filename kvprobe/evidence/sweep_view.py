@@ -1,7 +1,10 @@
 """What a sweep receipt looks like to a reader: the release table, the SVG timeline of
 releases coloured by classification, and the bundle's README (which embeds both).
 
-Hand-written SVG text (no plotting library): one box per release, oldest left.
+Hand-written SVG text (no plotting library): one box per release, oldest left whatever
+order the receipt stores them in, the first fixed release marked. `verify` renders both
+files again from the receipt and compares them byte for byte, so nothing but what this
+module writes (no script, no foreign element) survives in a bundle that verifies.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from kvprobe.evidence.sweep import NOT_SERVED
+from kvprobe.evidence.sweep_listing import ascending, observed_range
+from kvprobe.text import for_markdown, for_terminal
 
 TIMELINE = "timeline.svg"
 
@@ -23,7 +28,7 @@ COLOURS = {
     "not-present": ("#56b4e9", "not present"),
     NOT_SERVED: ("#eeeeee", "not served by the profile"),
 }
-_BOX, _GAP, _LEFT, _TOP = 56, 6, 16, 40
+_BOX, _GAP, _LEFT, _TOP = 56, 6, 16, 100
 
 
 def timeline_rows(receipt: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -32,16 +37,17 @@ def timeline_rows(receipt: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = [(r["version"], r["classification"]["overall"]) for r in receipt["releases"]]
     if receipt["spec"] is not None:
         rows += [(v, NOT_SERVED) for v in receipt["unserved"]]
-    order = {v: i for i, v in enumerate(receipt["unserved"] + [r["version"] for r in receipt["releases"]])}
+    order = {v: i for i, v in enumerate(ascending([v for v, _ in rows]))}
     return sorted(rows, key=lambda row: order[row[0]])
 
 
 def timeline_svg(receipt: Mapping[str, Any]) -> str:
     """The releases as coloured boxes left to right, labelled, with a legend."""
     rows = timeline_rows(receipt)
-    width = max(_LEFT * 2 + len(rows) * (_BOX + _GAP), 560)
+    observed = observed_range(receipt)
+    width = max(_LEFT * 2 + len(rows) * (_BOX + _GAP), 720)
     used = [c for c in COLOURS if c in {cls for _, cls in rows}]
-    height = _TOP + _BOX + 40 + 20 * len(used)
+    height = _TOP + _BOX + 40 + 20 * len(used) + 20
     title = f"{receipt['experiment']['id']}: releases by classification"
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -50,13 +56,22 @@ def timeline_svg(receipt: Mapping[str, Any]) -> str:
         '<rect width="100%" height="100%" fill="#ffffff"/>',
         f'<text x="{_LEFT}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>',
     ]
+    for k, line in enumerate(oldest_lines(receipt, observed)):
+        parts.append(f'<text x="{_LEFT}" y="{40 + 15 * k}" font-size="11">{escape(line)}</text>')
     for i, (version, cls) in enumerate(rows):
         x = _LEFT + i * (_BOX + _GAP)
         fill = COLOURS[cls][0]
+        first_fixed = version == observed["first_fixed"]
+        stroke = ' stroke="#000000" stroke-width="3"' if first_fixed else ' stroke="#333333"'
         parts.append(
-            f'<rect x="{x}" y="{_TOP}" width="{_BOX}" height="{_BOX}" rx="4" fill="{fill}" stroke="#333333">'
-            f"<title>{escape(version)}: {escape(cls)}</title></rect>"
+            f'<rect x="{x}" y="{_TOP}" width="{_BOX}" height="{_BOX}" rx="4" fill="{fill}"{stroke}>'
+            f"<title>{escape(version)}: {escape(cls)}{' (first fixed release)' if first_fixed else ''}</title></rect>"
         )
+        if first_fixed:
+            parts.append(
+                f'<text x="{x + _BOX / 2}" y="{_TOP - 6}" text-anchor="middle" font-size="10" '
+                f'font-weight="bold">first fixed</text>'
+            )
         parts.append(
             f'<text x="{x + _BOX / 2}" y="{_TOP + _BOX + 16}" text-anchor="middle" font-size="10">'
             f"{escape(version)}</text>"
@@ -65,18 +80,73 @@ def timeline_svg(receipt: Mapping[str, Any]) -> str:
         y = _TOP + _BOX + 34 + 20 * j
         parts.append(f'<rect x="{_LEFT}" y="{y}" width="14" height="14" fill="{COLOURS[cls][0]}" stroke="#333333"/>')
         parts.append(f'<text x="{_LEFT + 20}" y="{y + 11}">{escape(COLOURS[cls][1])}</text>')
+    if observed["first_fixed"] is not None:
+        y = _TOP + _BOX + 34 + 20 * len(used)
+        parts.append(
+            f'<rect x="{_LEFT}" y="{y}" width="14" height="14" fill="#ffffff" stroke="#000000" stroke-width="3"/>'
+        )
+        first = escape(observed["first_fixed"])
+        parts.append(f'<text x="{_LEFT + 20}" y="{y + 11}">first fixed release: {first}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
 
+def oldest_lines(receipt: Mapping[str, Any], observed: Mapping[str, Any] | None = None) -> list[str]:
+    """The oldest release observed, the older ones on the index that were not, and why (the
+    timeline's three lines)."""
+    observed = observed or observed_range(receipt)
+    oldest = observed["oldest"]
+    head = f"oldest release observed: {oldest}" if oldest else "no release was observed"
+    older = observed["not_observed"]
+    if not older:
+        return [head, "the index lists no older release"]
+    shown = ", ".join(older[-3:]) + (f" and {len(older) - 3} older" if len(older) > 3 else "")
+    return [head, f"not observed: {shown}", f"why: {observed['not_observed_reason']}"]
+
+
+def oldest_line(receipt: Mapping[str, Any], observed: Mapping[str, Any] | None = None) -> str:
+    """The oldest release observed, and why older ones on the index were not (one line)."""
+    head, *rest = oldest_lines(receipt, observed)
+    if len(rest) == 1:
+        return f"{head}; {rest[0]}"
+    return f"{head}; {rest[0]} ({rest[1].removeprefix('why: ')})"
+
+
+def range_lines(receipt: Mapping[str, Any]) -> list[str]:
+    """README lines: the oldest release observed and why older ones were not, the observed
+    introduced boundary (or that none was observed), the first fixed release."""
+    observed = observed_range(receipt)
+    lines = [f"- {_cell(oldest_line(receipt, observed))}."]
+    if observed["introduced"] is not None:
+        lines.append(
+            f"- Introduced (observed): {observed['introduced']}, the oldest affected release; the release "
+            "before it is not-present."
+        )
+    else:
+        lines.append(
+            "- Introduced: not observed (no not-present release before the oldest affected one): "
+            "the affected range's start is unknown."
+        )
+    first = observed["first_fixed"]
+    lines.append(f"- First fixed release: {first}." if first else "- No fixed release newer than every affected one.")
+    return lines
+
+
+def _code(text: Any) -> str:
+    """A code span that ``text`` cannot leave (no backtick, one line, controls escaped)."""
+    return "`" + for_terminal(str(text)).replace("`", "'") + "`"
+
+
 def _cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "'")
+    """Receipt text as inert Markdown (kvprobe.text's one neutraliser): no HTML, link or cell break."""
+    return for_markdown(text)
 
 
 def release_table(receipt: Mapping[str, Any]) -> list[str]:
     """One markdown row per release that ran: class, the wheel's sha256, and why."""
     lines = ["| release | classification | cases | wheel sha256 | why |", "| --- | --- | --- | --- | --- |"]
-    for release in receipt["releases"]:
+    order = {v: i for i, v in enumerate(ascending([r["version"] for r in receipt["releases"]]))}
+    for release in sorted(receipt["releases"], key=lambda r: order[r["version"]]):
         cls = release["classification"]
         wheel = release["wheel"]
         digest = f"`{wheel['sha256'][:16]}…`" if wheel else "none"
@@ -102,8 +172,8 @@ def unserved_line(receipt: Mapping[str, Any]) -> str | None:
     profile = receipt["profile"]
     shown = ", ".join(unserved[-8:]) + (f" and {len(unserved) - 8} older" if len(unserved) > 8 else "")
     return (
-        f"Not run: {len(unserved)} selected releases that profile `{profile['name']}` does not serve "
-        f"(`{profile['serves']}`): {_cell(shown)}."
+        f"Not run: {len(unserved)} selected releases that profile {_code(profile['name'])} does not serve "
+        f"({_code(profile['serves'])}): {_cell(shown)}."
     )
 
 
@@ -116,13 +186,15 @@ def render_readme(receipt: dict[str, Any]) -> str:
         "",
         _cell(exp["title"]),
         "",
-        f"Releases: `{receipt['spec'] or 'every release on the index the profile serves'}`; "
-        f"profile `{receipt['profile']['name']}` (serves `{receipt['profile']['serves']}`); "
+        f"Releases: {_code(receipt['spec'] or 'every release on the index the profile serves')}; "
+        f"profile {_code(receipt['profile']['name'])} (serves {_code(receipt['profile']['serves'])}); "
         f"run `{receipt['run_id']}` at {receipt['created_utc']}.",
         "",
         f"![releases by classification]({TIMELINE})",
         "",
-        *(f"- {cls}: {', '.join(versions)}" for cls, versions in sorted(summary.items())),
+        *range_lines(receipt),
+        "",
+        *(f"- {cls}: {_cell(', '.join(ascending(versions)))}" for cls, versions in sorted(summary.items())),
         "",
         *release_table(receipt),
         "",
@@ -131,8 +203,12 @@ def render_readme(receipt: dict[str, Any]) -> str:
     if line:
         lines += [line, ""]
     lines += [
+        f"Release listing: {_code(receipt['listing']['package'])} on {_cell(receipt['listing']['index'])}, "
+        f"read {receipt['listing']['read_utc']}: {len(receipt['listing']['versions'])} versions, "
+        f"{len(receipt['listing']['selected'])} in the range.",
+        "",
         "Each release's raw probe outputs are under `raw/<version>/probes/`; the classification",
-        f"(`{receipt['algorithm']}`) is recomputed from them by `kvprobe verify <this directory>`.",
+        f"(`{receipt['algorithm']}`), the range and this file are recomputed by `kvprobe verify <this directory>`.",
         "",
         "What this shows: " + _cell(receipt["evidence"]["shows"]),
         "",

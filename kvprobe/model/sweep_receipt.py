@@ -1,4 +1,4 @@
-"""The sweep receipt (schemas/sweep-receipt.schema.json, kvprobe.sweep-receipt/1) as frozen
+"""The sweep receipt (schemas/sweep-receipt.schema.json, kvprobe.sweep-receipt/2) as frozen
 dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as the run
 receipt, and its parts where a sweep records the same thing (the tool, cited files, a probe's
 record, the env), so ``SweepReceipt.from_json(doc).to_json() == doc``.
@@ -61,6 +61,46 @@ class WheelRecord(Part):
 
 
 @dataclass(frozen=True)
+class ListedRelease(Part):
+    """A version the index listed within the sweep's range: the wheel it served for it (None,
+    ``problem`` says why: the index named none), and why the sweep did not run it (None: a
+    release entry holds it)."""
+
+    version: str
+    file: str | None
+    sha256: str | None
+    problem: str | None
+    not_run: str | None
+
+
+@dataclass(frozen=True)
+class Listing(Part):
+    """The release listing the sweep worked from: the package on which index, when it was read,
+    every version the index listed (for the wheel tags swept), and those the range selected."""
+
+    package: str
+    index: str
+    read_utc: str
+    versions: tuple[str, ...]
+    selected: tuple[ListedRelease, ...]
+
+
+@dataclass(frozen=True)
+class ObservedRange(Part):
+    """What the sweep observed of the range (evidence.sweep_listing.observed_range): the oldest
+    release observed, an observed ``introduced`` (the oldest affected release with a
+    not-present one before it; None: not observed), the first fixed release, and the listed
+    versions older than anything observed, with why the newest of them was not."""
+
+    algorithm: str
+    oldest: str | None
+    introduced: str | None
+    first_fixed: str | None
+    not_observed: tuple[str, ...]
+    not_observed_reason: str | None
+
+
+@dataclass(frozen=True)
 class Classification(Part):
     """evidence/sweep's classification of one release, as it wrote it."""
 
@@ -97,6 +137,7 @@ class SweepReceipt(ReceiptHead):
     experiment: SweepExperimentRef
     profile: ProfileRef
     spec: str | None
+    listing: Listing
     algorithm: str
     env: EnvRecord | None  # None (written {}): no unit came back to say which env it ran in
     host: Mapping[str, Any]
@@ -105,6 +146,7 @@ class SweepReceipt(ReceiptHead):
     releases: tuple[ReleaseRecord, ...]
     unserved: tuple[str, ...]
     summary: Mapping[str, list[str]]
+    observed: ObservedRange
     evidence: ScopeRecord
     timings: Mapping[str, float]
 

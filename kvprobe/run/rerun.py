@@ -153,6 +153,11 @@ def _rerun_releases(
 
     published = SweepReceipt.from_json(bundle.accepted_receipt)  # accepted by step 2's schema check
     try:
+        moved, listing_notes = rerun_sweep.listing_findings(published, work / "listing")
+        notes += listing_notes
+        if moved:  # the range itself is not the index's: re-running its releases would not mend it
+            return step_result(6, moved, "not re-run: the index's listing differs from the bundle's", notes)
+        notes.append(f"the index's listing of {published.listing.package} in the range is the bundle's")
         changed = rerun_sweep.index_findings(published, versions, work / "resolve")
         same = [v for v in versions if v not in changed]
         if not same:

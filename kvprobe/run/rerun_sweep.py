@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvprobe.defects import IndexServesOtherBytes, RerunDiffers
+from packaging.version import Version
+
+from kvprobe.defects import IndexServesOtherBytes, ListingChanged, RerunDiffers
 from kvprobe.errors import UsageError
 from kvprobe.evidence.compare import case_table
 from kvprobe.model.sweep_receipt import Classification, ReleaseRecord, SweepReceipt
@@ -37,6 +39,53 @@ def chosen_releases(receipt: SweepReceipt, spec: str | None) -> list[str]:
     if not chosen:
         raise UsageError(f"--release {spec!r} names none of the releases this sweep ran ({', '.join(ran)})")
     return chosen
+
+
+def listing_findings(receipt: SweepReceipt, scratch: Path) -> tuple[list[RerunDiffers], list[str]]:
+    """The index's release listing read again and compared with the one the bundle recorded:
+    (findings, notes). A version the index lists now that the bundle's listing lacks, older
+    than the newest it recorded, is a finding (the range the bundle drew is not the index's:
+    a release was left out); a newer one is a note (published since). A version the bundle
+    listed that the index no longer lists (yanked and removed, or deleted) is a finding in
+    the sweep's range, a note outside it. FetchError when the index cannot be asked."""
+    listing = receipt.listing
+    files = [e.file for e in listing.selected if e.file] + [r.wheel.file for r in receipt.releases if r.wheel]
+    now = releases.index_versions(listing.package, platform_args(files[0]) if files else [], scratch / "index")
+    recorded = {Version(v): v for v in listing.versions}
+    current = {Version(v): v for v in now}
+    newest = max(recorded, default=None)
+    in_range = {Version(e.version) for e in listing.selected}
+    spec = receipt.spec
+    union = sorted({*recorded.values(), *current.values()}, key=Version)
+    range_now = {Version(v) for v in (releases.select(spec, union, option="spec") if spec else union)}
+    findings: list[RerunDiffers] = []
+    notes: list[str] = []
+    for version in sorted(set(current) - set(recorded)):
+        text = current[version]
+        if newest is not None and version < newest:
+            selects = f", and the sweep's range {spec or '(every release)'} selects it" if version in range_now else ""
+            findings.append(
+                ListingChanged(
+                    RECEIPT,
+                    f"the index lists {text}, older than {recorded[newest]}{selects}; the bundle's listing, read "
+                    f"{listing.read_utc}, does not hold it: the range was drawn from a release set not the index's",
+                )
+            )
+        else:
+            notes.append(f"the index lists {text}, published since the sweep read its listing ({listing.read_utc})")
+    for version in sorted(set(recorded) - set(current)):
+        text = recorded[version]
+        if version in in_range:
+            findings.append(
+                ListingChanged(
+                    RECEIPT,
+                    f"the index no longer lists {text}, which the sweep's range held (yanked and removed, or "
+                    "deleted): it cannot be re-run",
+                )
+            )
+        else:
+            notes.append(f"the index no longer lists {text} (outside the sweep's range)")
+    return findings, notes
 
 
 def index_findings(receipt: SweepReceipt, versions: list[str], scratch: Path) -> dict[str, RerunDiffers]:

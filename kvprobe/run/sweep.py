@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,11 +21,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvprobe.env.cache import default_cache_root
+from kvprobe.env.installer import pip_config
 from kvprobe.env.venv import load_profile
 from kvprobe.errors import BundleExistsError, CheckRunError, DigestMismatch, FetchError, UsageError
+from kvprobe.evidence.sweep_listing import unserved_reason
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
-from kvprobe.model.sweep_receipt import SweepReceipt
+from kvprobe.model.sweep_receipt import ListedRelease, Listing, SweepReceipt
 from kvprobe.names import SIDES
 from kvprobe.progress import Reporter
 from kvprobe.run.sweep_unit import (
@@ -92,8 +95,9 @@ def sweep_experiment(
             executor = _cluster_executor(exp, opts, held)  # before anything else: a bad --address fails fast
         with reporter.step(f"{package}: releases on the index"):
             available = releases.index_versions(package, flags, work / "index")
+        read_utc = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         chosen = releases.select(opts.releases, available) if opts.releases else available
-        served = [v for v in chosen if releases.serves(profile.serves, v)]
+        served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
         unserved = [v for v in chosen if v not in served]
         if not served:
             raise UsageError(
@@ -112,7 +116,15 @@ def sweep_experiment(
         copy_into_bundle(exp, staging)
         clock = time.monotonic()
         with reporter.step(f"{package}: each release's wheel on the index"):
-            pins = _resolve(package, flags, served, work, opts.jobs)
+            pins = _resolve(package, flags, chosen, work, opts.jobs)  # unserved ones too: the listing has them
+        listing = Listing(
+            package,
+            index_url(),
+            read_utc,
+            tuple(available),
+            tuple(_listed(v, pins[v], profile.name, profile.serves) for v in chosen),
+        )
+        pins = {v: pins[v] for v in served}
         local_env = executor.prepared.env if isinstance(executor, LocalExecutor) else None
         timings["resolve_s"] = time.monotonic() - clock  # units_s includes it, as before units had it
         expected = Expected(exp, staging, local_env)
@@ -124,16 +136,19 @@ def sweep_experiment(
             if not isinstance(pin, str)
         ]
         with reporter.step(f"sweeping {len(requests)} releases ({executor.name})"):
-            for outcome in executor.run(requests):
+            for done, outcome in enumerate(executor.run(requests), 1):
                 entry, env = accept_unit(outcome, expected, work)
                 if env is not None and expected.env is None:
                     expected = Expected(exp, staging, env)
                 units[outcome.request.pin.version] = entry
+                reporter.note(
+                    f"{done}/{len(requests)} {entry.version} {entry.classification.overall} ({entry.duration_s:.0f} s)"
+                )
         timings["units_s"] = time.monotonic() - clock
         ordered = tuple(units[v] for v in served)
         host = sweep_host(opts.jobs, executor.name)
         receipt = sweep_receipt(
-            exp, SweepRun(opts.releases, started, expected.env, ordered, tuple(unserved), timings, host)
+            exp, SweepRun(opts.releases, listing, started, expected.env, ordered, tuple(unserved), timings, host)
         )
         digest = seal_sweep(receipt, staging, final, check=_verify_on_write)
         return SweepResult(final, receipt, digest)
@@ -142,6 +157,28 @@ def sweep_experiment(
         shutil.rmtree(work, ignore_errors=True)
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+PYPI_SIMPLE = "https://pypi.org/simple"  # pip's own default index
+
+
+def index_url() -> str:
+    """The index pip reads releases from, as ``pip install`` is configured (its extra indexes
+    and find-links after it); PyPI when pip has no index setting."""
+    config = pip_config(Path(sys.prefix))
+    if config.no_index:
+        return "none (pip is configured with no-index)"
+    links = [f"find-links {link}" for link in config.find_links]
+    return " ".join([config.index_url or PYPI_SIMPLE, *config.extra_index_urls, *links])
+
+
+def _listed(version: str, pin: WheelPin | str, profile: str, serves: str | None) -> ListedRelease:
+    """A selected version as the listing records it: its wheel (or why the index named none),
+    and why the sweep does not run it (the profile does not serve it)."""
+    reason = unserved_reason(profile, serves, version)
+    if isinstance(pin, str):
+        return ListedRelease(version, None, None, pin, reason)
+    return ListedRelease(version, pin.filename, pin.sha256, None, reason)
 
 
 def _cluster_executor(exp: Experiment, opts: SweepOptions, held: contextlib.ExitStack) -> Executor:

@@ -35,6 +35,7 @@ from kvprobe.evidence import sweep as classify
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
 from kvprobe.evidence.safetree import Limits
+from kvprobe.evidence.sweep_listing import observed_range
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.experiments import experiment
 from kvprobe.files import write_atomic
@@ -42,6 +43,9 @@ from kvprobe.model.receipt import CheckMode, EnvRecord, ProbeRecord, ScopeRecord
 from kvprobe.model.records import Experiment, PinSet, ProbeCheck, SourceKind, WheelPin
 from kvprobe.model.sweep_receipt import (
     Classification,
+    ListedRelease,
+    Listing,
+    ObservedRange,
     ProfileRef,
     ReleaseExecution,
     ReleaseRecord,
@@ -181,7 +185,16 @@ def produce_unit(
         staging = work / "staging"
         experiment.copy_into_bundle(exp, staging)
         entry = run_unit(exp, prepared, request, staging, work / "scratch", reporter)
-        ran = SweepRun(request.pin.version, started, prepared.env, (entry,), (), {}, sweep_host(1, "unit"))
+        ran = SweepRun(
+            request.pin.version,
+            unit_listing(request.pin, started),
+            started,
+            prepared.env,
+            (entry,),
+            (),
+            {},
+            sweep_host(1, "unit"),
+        )
         receipt = sweep_receipt(exp, ran)
         seal_sweep(receipt, staging, work / "bundle")
         return pack(work / "bundle", work / "unit.tar.gz").archive.read_bytes()
@@ -283,12 +296,24 @@ def sweep_host(jobs: int, executor: str) -> dict[str, Any]:
     return {**host_facts(), "jobs": jobs, "executor": executor}
 
 
+# A unit reads no index: its listing is the one pin its driver handed it.
+UNIT_INDEX = "the wheel pin the sweep driver handed this unit"
+
+
+def unit_listing(pin: WheelPin, started: datetime) -> Listing:
+    """A unit's listing: the release its driver resolved, and nothing else."""
+    entry = ListedRelease(pin.version, pin.filename, pin.sha256, None, None)
+    return Listing(pin.package, UNIT_INDEX, started.strftime("%Y-%m-%dT%H:%M:%SZ"), (pin.version,), (entry,))
+
+
 @dataclass(frozen=True)
 class SweepRun:
     """What a sweep (or one unit) ran, for its receipt: ``spec`` the --releases SPEC (a unit:
-    its version), ``env`` the env its units ran in (None: no unit said)."""
+    its version), ``listing`` the index's releases it worked from, ``env`` the env its units
+    ran in (None: no unit said)."""
 
     spec: str | None
+    listing: Listing
     started: datetime
     env: EnvRecord | None
     releases: tuple[ReleaseRecord, ...]
@@ -301,6 +326,11 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
     profile = load_profile(exp.profile)
     stamp = ran.started.strftime("%Y%m%dT%H%M%SZ")
     per_release = [r.duration_s for r in ran.releases]
+    releases = [r.to_json() for r in ran.releases]
+    profile_ref = ProfileRef(profile.name, profile.serves)
+    observed = observed_range(
+        {"releases": releases, "listing": ran.listing.to_json(), "spec": ran.spec, "profile": profile_ref.to_json()}
+    )
     timings = {**ran.timings, "release_max_s": max(per_release), "release_min_s": min(per_release)}
     return SweepReceipt(
         schema=SWEEP_RECEIPT_SCHEMA,
@@ -316,8 +346,9 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
             exp.fix,
             exp.vulnerability,
         ),
-        profile=ProfileRef(profile.name, profile.serves),
+        profile=profile_ref,
         spec=ran.spec,
+        listing=ran.listing,
         algorithm=classify.ALGORITHM,
         env=ran.env,
         host=ran.host,
@@ -325,7 +356,8 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
         expectations=_expect(exp),
         releases=ran.releases,
         unserved=ran.unserved,
-        summary=classify.summary([r.to_json() for r in ran.releases]),
+        summary=classify.summary(releases),
+        observed=ObservedRange.from_json(observed),
         evidence=ScopeRecord(
             shows=exp.scope.shows,
             does_not_show=exp.scope.does_not_show,

@@ -37,11 +37,14 @@ from kvprobe.evidence import compare, gate2, gate4, markers, sweep
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
+from kvprobe.evidence.sweep_listing import version_key
+from kvprobe.evidence.sweep_view import TIMELINE
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
 from kvprobe.sources.wheel import names_release
 from kvprobe.verify.result import StepResult, step_result
+from kvprobe.verify.sweep_set import range_defects, release_set_defects, rendered_defects
 
 _MAX_DIFFS = 8
 
@@ -896,12 +899,16 @@ def gates_probe_defects(bundle: Bundle) -> list[BundleDefect]:
 
 def step_sweep_consistency(bundle: Bundle) -> StepResult:
     """Cited files are the manifest's and where they belong; each release's classification and
-    the summary are recomputed from the raw outputs and the bundled experiment's [expect]."""
+    the summary are recomputed from the raw outputs and the bundled experiment's [expect]; the
+    release set is the listing's range (verify/sweep_set), the observed range follows from the
+    releases, and README.md and timeline.svg are what kvprobe renders from the receipt."""
     receipt = bundle.accepted_receipt
     typed = SweepReceipt.from_json(receipt)  # step 2 held it to the sweep receipt schema
     exp = typed.experiment
+    notes: list[str] = []
     cited = [("experiment.file", {"path": exp.file, "sha256": exp.sha256}), *gates_citations(receipt["releases"])]
     defects = citation_defects(cited, bundle.listed()) + sweep_placement_defects(typed)
+    defects += release_set_defects(receipt, notes)
     if typed.algorithm != sweep.ALGORITHM:
         defects.append(
             ComparisonAlgorithmUnknown(
@@ -910,9 +917,16 @@ def step_sweep_consistency(bundle: Bundle) -> StepResult:
         )
     else:
         defects += sweep_recompute_defects(bundle)
+    defects += range_defects(receipt) + rendered_defects(bundle)
     if bundle.experiment is not None:
         defects += sweep_experiment_defects(bundle, typed)
-    return step_result(4, defects, f"{len(typed.releases)} release classifications recomputed from raw outputs")
+    return step_result(
+        4,
+        defects,
+        f"{len(typed.releases)} release classifications recomputed from raw outputs; the release set checked "
+        f"against the listing ({len(typed.listing.selected)} in the range); README.md and {TIMELINE} re-rendered",
+        notes,
+    )
 
 
 def sweep_placement_defects(receipt: SweepReceipt) -> list[BundleDefect]:
@@ -978,6 +992,12 @@ def sweep_experiment_defects(bundle: Bundle, receipt: SweepReceipt) -> list[Bund
     diffs = json_diff(stated, declared, "experiment")
     if diffs:
         found.append(ExperimentMismatch(rel, f"the receipt disagrees with the bundled experiment: {_summary(diffs)}"))
+    if data["profile"] != receipt.profile.name:
+        found.append(
+            ExperimentMismatch(
+                rel, f"profile {receipt.profile.name!r} is not the bundled experiment's ({data['profile']!r})"
+            )
+        )
     return found + sweep_wheel_defects(receipt, data)
 
 
@@ -1003,6 +1023,30 @@ def sweep_wheel_defects(receipt: SweepReceipt, data: dict[str, Any]) -> list[Bun
                     f"release {version}: wheel {wheel.package!r} {wheel.version!r} file {wheel.file!r} is "
                     f"not a wheel of {' or '.join(sorted(map(repr, packages))) or 'a package the experiment pins'} "
                     f"at {version}",
+                )
+            )
+    return found + _pinned_release_defects(receipt, pins)
+
+
+def _pinned_release_defects(receipt: SweepReceipt, pins: list[dict[str, Any]]) -> list[BundleDefect]:
+    """A release the bundled experiment pins by sha256 is that wheel in the listing and the
+    release alike: two releases' digests swapped shows here without asking the index."""
+    pinned = {}
+    for pin in pins:
+        for side in (pin.get("base"), pin.get("head")):
+            if isinstance(side, dict) and isinstance(side.get("version"), str):
+                pinned[version_key(side["version"])] = (side.get("file"), side.get("sha256"))
+    recorded = [(e.version, e.file, e.sha256) for e in receipt.listing.selected if e.file is not None]
+    recorded += [(r.version, r.wheel.file, r.wheel.sha256) for r in receipt.releases if r.wheel is not None]
+    found: list[BundleDefect] = []
+    for version, file, digest in recorded:
+        want = pinned.get(version_key(version))
+        if want is not None and want != (file, digest):
+            found.append(
+                PinMismatch(
+                    RECEIPT,
+                    f"release {version}: {file} sha256 {digest} is not the wheel the bundled experiment pins for "
+                    f"{version} ({want[0]} sha256 {want[1]})",
                 )
             )
     return found

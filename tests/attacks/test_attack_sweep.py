@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from kvprobe.evidence.sweep import summary
+from kvprobe.evidence.sweep_listing import observed_range
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.resources import builtin_probes_dir
 from tests import forge
@@ -25,9 +27,12 @@ RELEASE = "0.5.20"
 
 
 def _rederive(bundle: Path, change) -> None:
-    """Edit the sweep receipt, then re-render README.md and the timeline and re-hash."""
+    """Edit the sweep receipt, then re-derive all a forger can (the summary, the observed
+    range), re-render README.md and the timeline and re-hash: a genuine resealed bundle."""
     receipt = forge.load(bundle, "receipt.json")
     change(receipt)
+    receipt["summary"] = summary(receipt["releases"])
+    receipt["observed"] = observed_range(receipt)
     (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
     (bundle / "README.md").write_text(render_readme(receipt), encoding="utf-8")
     (bundle / TIMELINE).write_text(timeline_svg(receipt), encoding="utf-8")
@@ -122,3 +127,220 @@ def test_the_experiment_a_sweep_quotes_is_the_bundled_one(sandbox, anchored_swee
     _rederive(anchored_sweep, lambda receipt: receipt["experiment"].update(claim))
     result = sandbox.run("verify", anchored_sweep)
     assert_outcome(sandbox, result, 1, "experiment-mismatch", "the receipt disagrees with the bundled experiment")
+
+
+# --- the release set: order, completeness, identity (issue 22) -------------------------------
+#
+# Each forgery below starts from a genuine sweep bundle, keeps every raw output genuine and
+# reseals (summary, observed range, README.md, timeline.svg, manifest): kvprobe before the
+# sweep receipt recorded its listing verified each of them, and `report --format osv` drew a
+# false range from it.
+
+FLOOR = "older than the profile's floor: profile sglang-cpu serves >=0.5.13"
+
+
+def _release(receipt, version):
+    (found,) = [r for r in receipt["releases"] if r["version"] == version]
+    return found
+
+
+def _listed(receipt, version):
+    (found,) = [e for e in receipt["listing"]["selected"] if e["version"] == version]
+    return found
+
+
+def _sorted_key(receipt):
+    return [r["version"] for r in receipt["releases"]]
+
+
+def test_order_a_later_release_stored_before_an_earlier_one_is_refused(sandbox, anchored_sweep):
+    """Attack: 0.5.21 listed before 0.5.20; an export walking the receipt's order drew the
+    fixed event at the wrong release."""
+
+    def change(receipt):
+        versions = _sorted_key(receipt)
+        i, j = versions.index("0.5.20"), versions.index("0.5.21")
+        receipt["releases"][i], receipt["releases"][j] = receipt["releases"][j], receipt["releases"][i]
+
+    _rederive(anchored_sweep, change)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "release-set", "0.5.20 is stored after 0.5.21")
+
+
+def test_order_fixed_releases_stored_first_is_refused(sandbox, anchored_sweep):
+    """Attack: the fixed releases first, so the export reads one open affected range."""
+
+    def change(receipt):
+        receipt["releases"].sort(key=lambda r: r["classification"]["overall"] != "fixed")
+
+    _rederive(anchored_sweep, change)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "release-set", "out of order")
+
+
+def test_completeness_a_release_deleted_from_the_range_is_refused(sandbox, anchored_sweep):
+    """Attack: the 0.5.20 entry and its raw outputs deleted; the listing still holds it."""
+
+    def change(receipt):
+        receipt["releases"].remove(_release(receipt, RELEASE))
+
+    _rederive(anchored_sweep, change)
+    for top in ("raw", "logs"):
+        forge_tree = anchored_sweep / top / RELEASE
+        for path in sorted(forge_tree.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        forge_tree.rmdir()
+    forge.rehash(anchored_sweep)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "release-set", f"holds {RELEASE}", "incomplete")
+
+
+def test_completeness_a_served_release_moved_to_unserved_is_refused(sandbox, anchored_sweep):
+    """Attack: 0.5.20 'not served by the profile', with the profile's own wording, although
+    the profile serves it: verify recomputes the reason."""
+
+    def change(receipt):
+        receipt["releases"].remove(_release(receipt, RELEASE))
+        receipt["unserved"].append(RELEASE)
+        _listed(receipt, RELEASE)["not_run"] = FLOOR
+
+    _rederive(anchored_sweep, change)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "release-set", f"release {RELEASE}", "must be a release entry")
+
+
+def test_completeness_a_spec_rewritten_against_the_listing_is_refused(sandbox, anchored_sweep):
+    """Attack: the spec widened to 0.5.10..0.5.23 as if older releases had been swept."""
+    _rederive(anchored_sweep, lambda receipt: receipt.update(spec="0.5.10..0.5.23"))
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "listing-mismatch", "spec '0.5.10..0.5.23' selects")
+
+
+@pytest.mark.parametrize("twin", ["0.5.20.0", "0.5.020"])
+def test_identity_a_twin_of_a_release_is_refused(sandbox, anchored_sweep, twin):
+    """Attack: 0.5.20.0 or 0.5.020 (== 0.5.20 under PEP 440) added as another release with
+    0.5.19's raw outputs and wheel digest, in the listing too."""
+    source = anchored_sweep / "raw" / "0.5.19"
+    target = anchored_sweep / "raw" / twin
+    target.mkdir()
+    (target / "probes").mkdir()
+    for path in sorted((source / "probes").iterdir()):
+        (target / "probes" / path.name).write_bytes(path.read_bytes())
+
+    def change(receipt):
+        copy = forge.load(anchored_sweep, "receipt.json")
+        twin_release = _release(copy, "0.5.19")
+        twin_release["version"] = twin
+        twin_release["wheel"]["version"] = twin
+        twin_release["wheel"]["file"] = f"sglang-{twin}-cp311-cp311-manylinux_2_34_x86_64.whl"
+        for probe in twin_release["probes"]:
+            if probe["raw"]:
+                probe["raw"]["path"] = probe["raw"]["path"].replace("raw/0.5.19/", f"raw/{twin}/")
+        receipt["releases"].insert(_sorted_key(receipt).index("0.5.20") + 1, twin_release)
+        entry = {**_listed(receipt, "0.5.19"), "version": twin, "file": twin_release["wheel"]["file"]}
+        receipt["listing"]["selected"].insert(
+            receipt["listing"]["selected"].index(_listed(receipt, "0.5.20")) + 1, entry
+        )
+        receipt["listing"]["versions"].insert(receipt["listing"]["versions"].index("0.5.20") + 1, twin)
+
+    _rederive(anchored_sweep, change)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, f"{twin} and 0.5.20 are one version", "twin")
+
+
+def test_identity_two_releases_wheel_digests_swapped_is_refused(sandbox, anchored_sweep):
+    """Attack: 0.5.20's and 0.5.21's wheel sha256 swapped, in the listing and the releases
+    alike (each digest still stands under one version)."""
+
+    def change(receipt):
+        a, b = _release(receipt, "0.5.20")["wheel"], _release(receipt, "0.5.21")["wheel"]
+        a["sha256"], b["sha256"] = b["sha256"], a["sha256"]
+        la, lb = _listed(receipt, "0.5.20"), _listed(receipt, "0.5.21")
+        la["sha256"], lb["sha256"] = lb["sha256"], la["sha256"]
+
+    _rederive(anchored_sweep, change)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "pin-mismatch", "release 0.5.20", "not the wheel the bundled experiment pins")
+
+
+def test_identity_a_digest_under_two_versions_is_refused(sandbox, anchored_sweep):
+    """Attack: 0.5.19's wheel digest recorded for 0.5.18 too (listing and release)."""
+
+    def change(receipt):
+        digest = _release(receipt, "0.5.19")["wheel"]["sha256"]
+        _release(receipt, "0.5.18")["wheel"]["sha256"] = digest
+        _listed(receipt, "0.5.18")["sha256"] = digest
+
+    _rederive(anchored_sweep, change)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "pin-mismatch", "is under 0.5.18 and 0.5.19")
+
+
+# --- the rendered files -----------------------------------------------------------------------
+
+
+def test_a_readme_that_says_every_release_is_fixed_is_refused(sandbox, anchored_sweep):
+    """Attack: README.md (what a reviewer reads first) says every release is fixed."""
+    readme = anchored_sweep / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    readme.write_text(text.replace("| affected |", "| fixed |").replace("- affected: ", "- fixed: "), encoding="utf-8")
+    forge.rehash(anchored_sweep)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "readme-mismatch", "README.md", "not what kvprobe renders")
+
+
+def test_an_all_green_timeline_with_a_script_is_refused(sandbox, anchored_sweep):
+    """Attack: timeline.svg, which reviewers embed, all green and carrying a <script>."""
+    svg = anchored_sweep / TIMELINE
+    text = svg.read_text(encoding="utf-8").replace('fill="#d55e00"', 'fill="#009e73"')
+    svg.write_text(text.replace("</svg>", "<script>alert(document.domain)</script></svg>"), encoding="utf-8")
+    forge.rehash(anchored_sweep)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "rendered-mismatch", TIMELINE, "not what kvprobe renders")
+
+
+# --- verify --rerun reads the listing again -----------------------------------------------------
+
+
+def _local_index(sandbox, versions: list[str], filename) -> dict[str, str]:
+    """A PEP 503 index in the sandbox listing ``versions`` (names only: listing needs no
+    bytes), and pip's environment pointing at it alone."""
+    root = sandbox.inputs / "index" / "sglang"
+    root.mkdir(parents=True)
+    links = "".join(f'<a href="{filename(v)}">{filename(v)}</a>\n' for v in versions)
+    (root / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+    return {"PIP_INDEX_URL": (sandbox.inputs / "index").as_uri(), "PIP_CONFIG_FILE": "/dev/null"}
+
+
+def test_rerun_of_a_truncated_range_finds_the_release_the_listing_left_out(sandbox, anchored_sweep):
+    """Attack: a 0.5.19..0.5.21 sweep with 0.5.20 cut from its releases, its raw outputs and
+    its listing alike: self-consistent, so step 4 passes, and `verify --rerun` re-ran '2 of 2
+    releases'. The rerun reads the index's listing again first: 0.5.20 is on it."""
+    genuine = forge.load(anchored_sweep, "receipt.json")
+    files = {e["version"]: e["file"] for e in genuine["listing"]["selected"]}
+
+    def change(receipt):
+        receipt["spec"] = "0.5.19..0.5.21"
+        receipt["releases"] = [r for r in receipt["releases"] if r["version"] in ("0.5.19", "0.5.21")]
+        receipt["listing"]["versions"].remove(RELEASE)
+        receipt["listing"]["selected"] = [
+            e for e in receipt["listing"]["selected"] if e["version"] in ("0.5.19", "0.5.21")
+        ]
+
+    _rederive(anchored_sweep, change)
+    for top in ("raw", "logs"):
+        for version in {*files} - {"0.5.19", "0.5.21"}:
+            tree = anchored_sweep / top / version
+            for path in sorted(tree.rglob("*"), reverse=True):
+                path.unlink() if path.is_file() else path.rmdir()
+            tree.rmdir()
+    forge.rehash(anchored_sweep)
+    assert_outcome(sandbox, sandbox.run("verify", anchored_sweep), 0)  # step 4 cannot see it
+    env = _local_index(
+        sandbox,
+        list(genuine["listing"]["versions"]),
+        lambda v: files.get(v, f"sglang-{v}-cp311-cp311-manylinux_2_34_x86_64.whl"),
+    )
+    # pip asks `rustc --version` for its user agent; a rustup shim then writes its settings in HOME
+    result = sandbox.run("verify", anchored_sweep, "--rerun", env=env, timeout=120, allow=(sandbox.home / ".rustup",))
+    assert_outcome(sandbox, result, 1, "listing-changed", f"the index lists {RELEASE}", "does not hold it")

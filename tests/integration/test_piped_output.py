@@ -88,6 +88,9 @@ def test_a_project_folder_that_shadows_a_built_in_is_reported(tmp_path):
         warning = [line for line in result.stderr.splitlines() if "shadows" in line]
         assert warning and "./probes" in warning[0] and "built-in" in warning[0], result.stderr
     assert "source: ./probes" in kvprobe(tmp_path, "show", "model").stdout
+    swept = kvprobe(tmp_path, "sweep", "model")  # warned before the sweep refuses (no wheel pins)
+    assert swept.returncode == 2 and "no wheel pin set" in swept.stderr
+    assert any("shadows" in line and "./probes" in line for line in swept.stderr.splitlines()), swept.stderr
 
 
 def test_model_run_verify_report_and_pack(tmp_path):

@@ -248,6 +248,7 @@ def _forge_observation(bundle: Path, version: str, case: str, name: str, value) 
     re-derived, so steps 1-4 pass and only a rerun can tell."""
     from kvprobe.evidence import manifest
     from kvprobe.evidence import sweep as classify
+    from kvprobe.evidence.sweep_listing import observed_range
     from kvprobe.evidence.sweep_view import render_readme, timeline_svg
 
     rel = f"raw/{version}/probes/scrub.json"
@@ -260,6 +261,7 @@ def _forge_observation(bundle: Path, version: str, case: str, name: str, value) 
     problems = classify.release_problems(release)
     release["classification"] = classify.classify_release(receipt["expectations"], {"scrub": doc}, problems)
     receipt["summary"] = classify.summary(receipt["releases"])
+    receipt["observed"] = observed_range(receipt)
     write_json(bundle / "receipt.json", receipt)
     (bundle / "README.md").write_text(render_readme(receipt))
     (bundle / "timeline.svg").write_text(timeline_svg(receipt))
@@ -311,3 +313,51 @@ def test_verify_rerun_refuses_a_release_the_index_now_serves_as_other_bytes(worl
     now = hashlib.sha256(swapped["1.1"].read_bytes()).hexdigest()
     assert defect["detail"].startswith(f"release 1.1: the index now serves scrubkv-1.1-py3-none-any.whl sha256 {now}")
     assert defect["detail"].endswith("so it was not re-run")
+
+
+def test_sweep_results_go_to_stdout_and_a_progress_line_per_release_to_stderr(world, sweep, tmp_path, monkeypatch):
+    """The stream rule, as `run` follows it: results on stdout, progress on stderr, -q honoured."""
+    _env(world, monkeypatch)
+    out = tmp_path / "sweep"
+    result = sweep("sweep", "scrub-sweep", "--releases", "1.1,2.0", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    digest = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["1.1  affected", "2.0  fixed"]
+    assert lines[2:] == [f"bundle: {out}", f"manifest sha256: {digest}"]
+    progress = [line.split(" (")[0].split() for line in result.stderr.splitlines() if "/2 " in line]
+    assert sorted(p[1] for p in progress) == ["1/2", "2/2"]  # units finish in any order
+    assert sorted(" ".join(p[2:]) for p in progress) == ["1.1 affected", "2.0 fixed"]
+    quiet = sweep("sweep", "scrub-sweep", "--releases", "2.0", "--out", str(tmp_path / "quiet"), "-q")
+    assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout.splitlines()[0] == "2.0  fixed"
+
+
+def test_sweep_records_its_listing_and_rerun_finds_a_release_the_listing_lacks(world, sweep, tmp_path, monkeypatch):
+    """The receipt records the index's listing (every version, each selected one's file and
+    sha256); `verify --rerun` reads it again: a release older than the newest listed that the
+    bundle's listing lacks fails step 6 before anything runs, a newer one is a note."""
+    _env(world, monkeypatch)
+    out = tmp_path / "sweep"
+    sweep("sweep", "scrub-sweep", "--releases", "1.1..2.0", "--out", str(out), "--json")
+    listing = json.loads((out / "receipt.json").read_text())["listing"]
+    assert listing["versions"] == ["1.0", "1.1", "2.0", "2.1"] and listing["read_utc"]
+    assert [(e["version"], e["file"], e["not_run"]) for e in listing["selected"]] == [
+        ("1.1", "scrubkv-1.1-py3-none-any.whl", None),
+        ("2.0", "scrubkv-2.0-py3-none-any.whl", None),
+    ]
+    wheels = {v: world["root"] / "simple" / "scrubkv" / f"scrubkv-{v}-py3-none-any.whl" for v in ("1.1", "2.0")}
+    assert [e["sha256"] for e in listing["selected"]] == [
+        hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels.values()
+    ]
+
+    later = make_index(tmp_path / "later", {**RELEASES, "1.5": RELEASES["1.1"], "3.0": RELEASES["2.0"]})
+    assert later
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "later" / "simple").as_uri())
+    result = sweep("verify", str(out), "--rerun", "--trust-bundle-code", "--json")
+    assert result.exit_code == 1, result.stdout
+    step6 = json.loads(result.stdout)["steps"][5]
+    (defect,) = step6["defects"]
+    assert defect["code"] == "listing-changed"
+    assert defect["detail"].startswith("the index lists 1.5, older than 2.1, and the sweep's range 1.1..2.0 selects it")
+    assert any("the index lists 3.0, published since the sweep" in note for note in step6["notes"])
+    assert step6["summary"].startswith("not re-run")

@@ -1,4 +1,4 @@
-"""Sweep units of experiment-a on a stand-in release (a small wheel named sglang 0.5.20 on a
+"""Sweep units of experiment-a on a stand-in release (a small wheel named sglang 0.5.19 on a
 local find-links directory): no SGLang, no network, real probe processes.
 
 - A unit run by the local executor finds experiments where its driver does. `verify --rerun`
@@ -38,13 +38,15 @@ def stand_in(tmp_path, monkeypatch) -> tuple[Experiment, UnitRequest, Prepared]:
     monkeypatch.chdir(tmp_path / "cwd")
     links = tmp_path / "links"
     links.mkdir()
-    wheel = build_wheel(links, "sglang", "0.5.20")  # the probes find no SGLang code in it
+    # the probes find no SGLang code in it; a release experiment-a does not pin (a pinned one
+    # must be the pinned wheel: verify holds a sweep's release to the experiment's sha256)
+    wheel = build_wheel(links, "sglang", "0.5.19")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     installed = installed_experiment("experiment-a")
     assert installed is not None
     exp = load_file(installed / "experiment.toml")
-    pin = WheelPin("sglang", "0.5.20", wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())
+    pin = WheelPin("sglang", "0.5.19", wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())
     request = UnitRequest(exp.id, exp.file_sha256, pin, 60.0, None, tmp_path / "cache")
     env = EnvRecord("test", "3", exp.profile, None, None, {}, None, None)
     return exp, request, Prepared(env, sys.executable, {}, WheelSource(tmp_path / "cache"))
@@ -77,13 +79,13 @@ def test_a_unit_that_would_overfill_the_sweep_is_refused_not_merged(stand_in, tm
     assert env is None
     assert entry.classification.overall == "could-not-observe"
     assert entry.problem is not None and "would take the sweep past 100 files" in entry.problem
-    assert not (staging / "raw" / "0.5.20").exists()
+    assert not (staging / "raw" / "0.5.19").exists()
 
     room = Expected(exp, tmp_path / "empty", prepared.env, limits)
     copy_into_bundle(exp, room.staging)
     entry, env = accept_unit(outcome, room, tmp_path)
     assert entry.problem is None and env == prepared.env  # with room, the same unit is merged
-    assert (room.staging / "raw" / "0.5.20").is_dir()
+    assert (room.staging / "raw" / "0.5.19").is_dir()
 
 
 def _count(root: Path) -> int:

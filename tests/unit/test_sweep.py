@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import xml.etree.ElementTree as ET
 
 import pytest
+from packaging.version import Version
 
 from kvprobe import schema
 from kvprobe.errors import UsageError
 from kvprobe.evidence.sweep import classify_release, release_problems, summary
+from kvprobe.evidence.sweep_listing import observed_range
 from kvprobe.evidence.sweep_view import COLOURS, timeline_svg
 from kvprobe.exports import sweep as sweep_exports
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.render import ExportOptions, render
+from kvprobe.names import SWEEP_RECEIPT_SCHEMA
 from kvprobe.sources.releases import select, serves
 
 INDEX = ["0.5.12", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
@@ -126,10 +130,27 @@ def release(version, overall):
     }
 
 
+def listing(releases, unserved=(), older=("0.5.12",)):
+    """A sweep's listing: ``older`` below the range, the releases, the unserved ones."""
+    ran = [(r["version"], None) for r in releases]
+    not_run = [(v, "older than the profile's floor: profile sglang-cpu serves >=0.5.13") for v in unserved]
+    selected = sorted(ran + not_run, key=lambda row: Version(row[0]))
+    return {
+        "package": "sglang",
+        "index": "https://pypi.org/simple",
+        "read_utc": "2026-12-01T00:00:00Z",
+        "versions": sorted({*older, *(v for v, _ in selected)}, key=Version),
+        "selected": [
+            {"version": v, "file": f"sglang-{v}-py3-none-any.whl", "sha256": None, "problem": None, "not_run": why}
+            for v, why in selected
+        ],
+    }
+
+
 def receipt(classes, spec="0.5.13..0.5.23", unserved=()):
     releases = [release(v, c) for v, c in classes]
-    return {
-        "schema": "kvprobe.sweep-receipt/1",
+    doc = {
+        "schema": SWEEP_RECEIPT_SCHEMA,
         "tool": {"name": "kvprobe", "version": "0"},
         "run_id": "experiment-b-sweep-x",
         "created_utc": "2026-12-01T00:00:00Z",
@@ -144,6 +165,7 @@ def receipt(classes, spec="0.5.13..0.5.23", unserved=()):
         },
         "profile": {"name": "sglang-cpu", "serves": ">=0.5.13"},
         "spec": spec,
+        "listing": listing(releases, unserved),
         "algorithm": "kvprobe.sweep/1",
         "env": {},
         "host": {},
@@ -152,13 +174,18 @@ def receipt(classes, spec="0.5.13..0.5.23", unserved=()):
         "releases": releases,
         "unserved": list(unserved),
         "summary": summary(releases),
+        "observed": {},
         "evidence": {"shows": "s", "does_not_show": [], "limits": []},
         "timings": {},
     }
+    for entry in doc["listing"]["selected"]:
+        entry["sha256"] = hashlib.sha256(entry["version"].encode()).hexdigest()
+    doc["observed"] = observed_range(doc)
+    return doc
 
 
 def view(r):
-    schema.validate(r, "kvprobe.sweep-receipt/1", source="test")
+    schema.validate(r, SWEEP_RECEIPT_SCHEMA, source="test")
     return BundleView(r, {"files": [{"path": "receipt.json", "sha256": "c" * 64}]}, "d" * 64)
 
 
@@ -217,7 +244,7 @@ def test_the_timeline_has_one_box_per_release_in_its_classification_colour():
     assert titles == [
         ("0.5.12: not-served", COLOURS["not-served"][0]),
         ("0.5.19: affected", COLOURS["affected"][0]),
-        ("0.5.20: fixed", COLOURS["fixed"][0]),
+        ("0.5.20: fixed (first fixed release)", COLOURS["fixed"][0]),
     ]
 
 

@@ -18,13 +18,14 @@ from kvprobe.files import json_bytes, write_json
 from kvprobe.model import sweep_receipt as model
 from kvprobe.model.receipt import CheckMode, EnvRecord, FileRef, ProbeRecord, ScopeRecord, Tool
 from kvprobe.model.records import Fix, Vulnerability
+from kvprobe.names import SWEEP_RECEIPT_SCHEMA
 from kvprobe.verify.steps import VerifyOptions, verify_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = sorted(
     p
     for p in (ROOT / "bundles").glob("*-sweep-*/receipt.json")
-    if json.loads(p.read_bytes())["schema"] == "kvprobe.sweep-receipt/1"
+    if json.loads(p.read_bytes())["schema"] == SWEEP_RECEIPT_SCHEMA
 )
 
 
@@ -65,6 +66,9 @@ def _parts() -> list[tuple[type, dict[str, Any]]]:
         (Fix, props["experiment"]["properties"]["fix"]),
         (Vulnerability, props["experiment"]["properties"]["vulnerability"]),
         (model.ProfileRef, props["profile"]),
+        (model.Listing, props["listing"]),
+        (model.ListedRelease, props["listing"]["properties"]["selected"]["items"]),
+        (model.ObservedRange, props["observed"]),
         (EnvRecord, props["env"]["oneOf"][1]),
         (ScopeRecord, props["evidence"]),
         (model.ReleaseRecord, release),
@@ -109,3 +113,18 @@ def test_a_receipt_with_a_key_missing_or_added_is_refused_at_step_2_before_any_t
     assert documents.status == "fail"
     assert any(isinstance(d, SchemaViolation) and found in d.message for d in documents.defects)
     assert consistency.status == "skipped"  # step 4 (and the typed readers) never saw it
+
+
+def test_a_sweep_receipt_of_a_retired_version_is_refused_with_why(tmp_path):
+    """kvprobe.sweep-receipt/1 recorded no release listing: its release set cannot be checked,
+    so it is refused at step 2 with the reason and what to do, not verified on faith."""
+    bundle = tmp_path / "sweep"
+    shutil.copytree(SWEEPS[0].parent, bundle)
+    receipt = json.loads((bundle / "receipt.json").read_bytes())
+    receipt["schema"] = "kvprobe.sweep-receipt/1"
+    write_json(bundle / "receipt.json", receipt)
+    report = verify_dir(bundle, VerifyOptions())
+    (defect,) = report.steps[1].defects
+    assert defect.code == "schema-unknown-version"
+    assert "records no release listing" in defect.detail and "sweep again" in defect.detail
+    assert report.outcome == "failed"
