@@ -6,7 +6,21 @@ import textwrap
 
 import pytest
 
-from tests.mutations import Define, Edit, Hunks, ImportName, SpecError, apply, judge, statements
+from kvprobe.experiments import experiment as experiments
+from kvprobe.model.records import SourceKind
+from tests.mutations import (
+    Define,
+    Edit,
+    Hunks,
+    ImportName,
+    MutantRepo,
+    MutationSpec,
+    SpecError,
+    apply,
+    experiment_copy,
+    judge,
+    statements,
+)
 
 BASE = textwrap.dedent(
     '''
@@ -207,3 +221,27 @@ def test_judge_reads_flips_controls_and_unobserved_cases_per_side():
 def test_judge_without_a_discriminating_observation_is_not_ok():
     rows = [_row("p/c", "sent", 1, 1, 1, 1)]  # a probe whose expectations never differ
     assert not judge(_receipt(rows), side="base").ok
+
+
+@pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b"])
+def test_experiment_copy_is_the_experiment_plus_a_git_pin_set_of_the_mutants(tmp_path, exp_id):
+    spec = MutationSpec(exp_id, prs=(1,), changes=(), releases=("0", "1"))
+    repo = MutantRepo(tmp_path / "repo", "a" * 40, "b" * 40, "c" * 40, "d" * 40)
+    new_id = experiment_copy(spec, repo, tmp_path / "probes")
+    original = experiments.load(exp_id)
+    copy = experiments.load_file(tmp_path / "probes" / new_id / experiments.FILENAME)
+    assert copy.id == f"{exp_id}-mutants"
+    pins = copy.pin_sets["mutants"]
+    assert pins.kind is SourceKind.GIT and pins.python_path == (".",)
+    assert (pins.base.commit, pins.head.commit) == ("c" * 40, "d" * 40)  # head reverted -> base backported
+    # everything else is the experiment's: probes byte for byte, pins, expectations
+    assert copy.expectations == original.expectations and copy.probes == original.probes
+    assert set(copy.pin_sets) == {*original.pin_sets, "mutants"}
+    for path in experiments.bundled_files(original.directory)[1:]:
+        assert (tmp_path / "probes" / new_id / path.name).read_bytes() == path.read_bytes()
+
+
+def test_a_one_way_spec_keeps_the_release_on_the_other_side(tmp_path):
+    repo = MutantRepo(tmp_path, "a" * 40, "b" * 40, "c" * 40, "d" * 40)
+    revert_only = MutationSpec("x", prs=(1,), changes=(), releases=("0", "1"), directions=("revert",))
+    assert repo.pair(revert_only) == ("c" * 40, "b" * 40)
