@@ -30,7 +30,8 @@ probe files byte for byte plus an experiment.toml with one more pin set, ``mutan
 ID --pins mutants --repo REPO`` runs it. With the experiment's own expectations, that run
 reproduces only if the reverted head reads "not fixed" exactly as base does and the
 backported base reads "fixed" exactly as head does; :func:`judge` says which side failed
-and how.
+and how. A one-way spec (a fix the base cannot take by hand) runs its mutant beside the
+other release instead, and the verdict must then be "not reproduced" on its side alone.
 
 No SGLang source is committed anywhere: trees are built at test time from the wheels. The
 repository lives under the system temp folder, keyed by a digest of the spec, the wheels and
@@ -437,10 +438,23 @@ class MutantRepo:
     changed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # "reverted"/"backported" -> files
 
     def pair(self, spec: MutationSpec) -> tuple[str, str]:
-        """The pin set's (base, head): the mutants, or the release a one-way spec keeps."""
-        base = self.reverted if "revert" in spec.directions else self.base
-        head = self.backported if "backport" in spec.directions else self.head
-        return base, head
+        """The pin set's (base, head). Both ways: (head reverted, base backported), each
+        mutant in the slot of the release it should now behave like, so the experiment's
+        own verdict must be "reproduced". One way: the mutant in its own release's slot
+        beside the other release, (base, head reverted) or (base backported, head), so the
+        verdict must be "not reproduced" on the mutant's side only."""
+        if set(spec.directions) == {"revert", "backport"}:
+            return self.reverted, self.backported
+        if spec.directions == ("revert",):
+            return self.base, self.reverted
+        return self.backported, self.head
+
+    @staticmethod
+    def slots(spec: MutationSpec) -> dict[str, tuple[str, str]]:
+        """direction -> (the pin-set slot its mutant runs in, whose expectations it should meet)."""
+        both = set(spec.directions) == {"revert", "backport"}
+        table = {"revert": ("base" if both else "head", "base"), "backport": ("head" if both else "base", "head")}
+        return {d: table[d] for d in spec.directions}
 
 
 def _git_env() -> dict[str, str]:
@@ -661,11 +675,11 @@ def _same(a: Any, b: Any) -> bool:
 
 @dataclass(frozen=True)
 class SideJudgement:
-    """What one mutated side read, against the release it should now behave like."""
+    """What one mutant read, against the release it should now behave like."""
 
     unobserved: tuple[str, ...]  # cases that did not reach their decision point
-    flipped: tuple[str, ...]  # discriminating observations now equal to the other release's
-    not_flipped: tuple[str, ...]  # discriminating observations still as this side's release had them
+    flipped: tuple[str, ...]  # discriminating observations now as the release it stands for
+    not_flipped: tuple[str, ...]  # discriminating observations that did not move there
     controls_broken: tuple[str, ...]  # observations both releases agree on, now different
 
     @property
@@ -673,26 +687,34 @@ class SideJudgement:
         return bool(self.flipped) and not (self.unobserved or self.not_flipped or self.controls_broken)
 
 
-def judge(receipt: Mapping[str, Any], *, side: str) -> SideJudgement:
-    """Did the mutant in the pin set's ``side`` slot (base: head reverted; head: base
-    backported) behave like the release it now stands for? Read from the receipt's
-    comparison: every case observed, every observation on which base and head are expected
-    to differ (a discriminating one) equal to that slot's expectation, every one they agree
-    on unchanged."""
+def judge(receipt: Mapping[str, Any], *, slot: str, wants: str) -> SideJudgement:
+    """Did the mutant that ran in the pin set's ``slot`` ("base"/"head") behave like the
+    release whose expectations are ``wants``? Read from the receipt's comparison.
+
+    Every case of the slot observed. An observation both releases declare and differ on (a
+    discriminating one) must equal ``wants``'s value; one they agree on must hold (a
+    control). One only the other release declares (a feature that side alone has) counts as
+    flipped when the mutant's value differs from it, and is left alone when equal (it may be
+    a control); one only ``wants`` declares must hold."""
     comparison = receipt["comparison"]
-    table = comparison["cases"][side]
+    table = comparison["cases"][slot]
     unobserved = tuple(sorted(k for k, case in table.items() if case.get("observation", "observed") != "observed"))
     flipped, not_flipped, controls = [], [], []
-    other = "head" if side == "base" else "base"
+    other = "head" if wants == "base" else "base"
     for row in comparison["observations"]:
-        if not row[f"expected_{side}_declared"]:
+        declared = row[f"expected_{wants}_declared"], row[f"expected_{other}_declared"]
+        if not any(declared):
             continue
         name = f"{row['case']}: {row['observation']}"
-        got = row[side] if row[f"{side}_recorded"] else "<not recorded>"
-        wanted = row[f"expected_{side}"]
-        discriminating = row[f"expected_{other}_declared"] and not _same(wanted, row[f"expected_{other}"])
-        if discriminating:
-            (flipped if _same(got, wanted) else not_flipped).append(f"{name} = {got!r} (want {wanted!r})")
-        elif not _same(got, wanted):
-            controls.append(f"{name} = {got!r} (want {wanted!r})")
+        got = row[slot] if row[f"{slot}_recorded"] else "<not recorded>"
+        wanted, original = row[f"expected_{wants}"], row[f"expected_{other}"]
+        line = f"{name} = {got!r} (want {wanted!r}, {other} has {original!r})"
+        if all(declared) and not _same(wanted, original):
+            (flipped if _same(got, wanted) else not_flipped).append(line)
+        elif all(declared) and not _same(got, wanted):
+            controls.append(line)
+        elif declared == (False, True) and not _same(got, original):
+            flipped.append(line)
+        elif declared == (True, False) and not _same(got, wanted):
+            not_flipped.append(line)
     return SideJudgement(unobserved, tuple(flipped), tuple(not_flipped), tuple(controls))

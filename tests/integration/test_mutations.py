@@ -170,21 +170,16 @@ EXPERIMENT_D = MutationSpec(
 )
 
 # #41023 (0.5.20 -> 0.5.21): deferred decode KV release on by default, for backends whose
-# manager class says it acks the drain. The class flags are scaffolding.
+# manager class says it acks the drain: the env default, the manager's AND with the class
+# flag, and the flags themselves (read by nothing else in 0.5.21, so they revert too).
 EXPERIMENT_E = MutationSpec(
     "experiment-e",
     prs=(41023,),
     changes=(
         Define(ENVIRON, "Envs.SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"),
-        Define(BASE_CONN, "BaseKVManager.supports_deferred_decode_kv_release", revert=False),
-        Define(
-            "sglang/srt/disaggregation/mooncake/conn.py",
-            "MooncakeKVManager.supports_deferred_decode_kv_release",
-            revert=False,
-        ),
-        Define(
-            "sglang/srt/disaggregation/nixl/conn.py", "NixlKVManager.supports_deferred_decode_kv_release", revert=False
-        ),
+        Define(BASE_CONN, "BaseKVManager.supports_deferred_decode_kv_release"),
+        Define("sglang/srt/disaggregation/mooncake/conn.py", "MooncakeKVManager.supports_deferred_decode_kv_release"),
+        Define("sglang/srt/disaggregation/nixl/conn.py", "NixlKVManager.supports_deferred_decode_kv_release"),
         Hunks(COMMON_CONN, "CommonKVManager.__init__", select=("supports_deferred_decode_kv_release",)),
     ),
     releases=("0.5.20", "0.5.21"),
@@ -306,17 +301,18 @@ def test_verdict_follows_the_fix_lines(exp_id, tmp_path):
     assert receipt["sides"]["head"]["source"]["commit"] == head_sha
     report = f"{exp_id}: repo {built:.0f} s, run {ran:.0f} s; {summary['verdict']}: {summary['reasons'][:5]}"
     print(report)
-    sides = {"base": "revert", "head": "backport"}
-    for side, direction in sides.items():
-        if direction not in spec.directions:
-            continue
-        verdict = judge(receipt, side=side)
+    for direction, (slot, wants) in repo.slots(spec).items():
+        verdict = judge(receipt, slot=slot, wants=wants)
         assert not verdict.unobserved, f"{direction}: cases that did not reach their decision point: {verdict}"
         assert verdict.flipped, f"{direction}: no discriminating observation flipped: {verdict}"
         # kept their release's value: the probe does not follow the code, or the spec misses part of the fix
         assert not verdict.not_flipped, f"{direction}: observations that did not flip: {verdict}"
         assert not verdict.controls_broken, f"{direction}: the mutant broke more than the fix: {verdict}"
-    if spec.directions == ("revert", "backport"):
+    if set(spec.directions) == {"revert", "backport"}:
         # base := head minus the fix, head := base plus the fix: the experiment reproduces
-        assert result.exit_code == 0, report
-        assert summary["verdict"] == "reproduced", report
+        assert (result.exit_code, summary["verdict"]) == (0, "reproduced"), report
+    else:
+        # the mutant beside the other release: its side alone fails its release's expectations
+        assert (result.exit_code, summary["verdict"]) == (1, "not-reproduced"), report
+        ((slot, _wants),) = repo.slots(spec).values()
+        assert all(reason.startswith(f"{slot}: ") for reason in summary["reasons"]), report

@@ -209,9 +209,9 @@ def test_judge_reads_flips_controls_and_unobserved_cases_per_side():
         _row("p/c", "sent", 1, 1, 1, 1),  # control, holds
         _row("p/c", "kept", True, 0, True, True),  # control, head broke it (0 is not True)
     ]
-    base = judge(_receipt(rows), side="base")
+    base = judge(_receipt(rows), slot="base", wants="base")
     assert base.ok and len(base.flipped) == 2 and not base.controls_broken
-    head = judge(_receipt(rows, head_case="could-not-observe"), side="head")
+    head = judge(_receipt(rows, head_case="could-not-observe"), slot="head", wants="head")
     assert not head.ok
     assert head.unobserved == ("p/c",)
     assert [x.split(" =")[0] for x in head.not_flipped] == ["p/c: retired"]
@@ -220,7 +220,7 @@ def test_judge_reads_flips_controls_and_unobserved_cases_per_side():
 
 def test_judge_without_a_discriminating_observation_is_not_ok():
     rows = [_row("p/c", "sent", 1, 1, 1, 1)]  # a probe whose expectations never differ
-    assert not judge(_receipt(rows), side="base").ok
+    assert not judge(_receipt(rows), slot="base", wants="base").ok
 
 
 @pytest.mark.parametrize("exp_id", ["experiment-a", "experiment-b"])
@@ -241,7 +241,25 @@ def test_experiment_copy_is_the_experiment_plus_a_git_pin_set_of_the_mutants(tmp
         assert (tmp_path / "probes" / new_id / path.name).read_bytes() == path.read_bytes()
 
 
-def test_a_one_way_spec_keeps_the_release_on_the_other_side(tmp_path):
+def test_a_one_way_spec_runs_its_mutant_beside_the_other_release(tmp_path):
     repo = MutantRepo(tmp_path, "a" * 40, "b" * 40, "c" * 40, "d" * 40)
+    both = MutationSpec("x", prs=(1,), changes=(), releases=("0", "1"))
+    assert repo.pair(both) == ("c" * 40, "d" * 40)
+    assert repo.slots(both) == {"revert": ("base", "base"), "backport": ("head", "head")}
     revert_only = MutationSpec("x", prs=(1,), changes=(), releases=("0", "1"), directions=("revert",))
-    assert repo.pair(revert_only) == ("c" * 40, "b" * 40)
+    assert repo.pair(revert_only) == ("a" * 40, "c" * 40)
+    assert repo.slots(revert_only) == {"revert": ("head", "base")}
+    backport_only = MutationSpec("x", prs=(1,), changes=(), releases=("0", "1"), directions=("backport",))
+    assert repo.pair(backport_only) == ("d" * 40, "b" * 40)
+
+
+def test_judge_of_a_reverted_feature_counts_what_only_the_fixed_release_declares():
+    # a feature the base lacks: only head declares; the reverted head runs in the head slot
+    rows = [
+        _row("p/c", "aborted", True, False, None, True, declared=(False, True)),  # moved: flipped
+        _row("p/c", "kept", True, True, None, True, declared=(False, True)),  # same: maybe a control
+    ]
+    verdict = judge(_receipt(rows), slot="head", wants="base")
+    assert verdict.ok and [x.split(" =")[0] for x in verdict.flipped] == ["p/c: aborted"]
+    rows[0]["head"] = True  # the probe reads "fixed" whatever the code
+    assert not judge(_receipt(rows), slot="head", wants="base").ok
