@@ -63,6 +63,9 @@ from kvprobe.model.records import WheelPin
 
 Target = Literal["head", "base"]  # head: revert the fix there; base: backport it there
 PIN_SET = "mutants"
+# compare/5's reserved expectation that a case's code is absent on a side: presence is not
+# behaviour a mutant should copy (a reverted feature keeps its code, minus its effect).
+NOT_PRESENT = "not_present"
 AUTHOR = ("kvprobe mutation harness", "mutations@example.invalid")
 DATE = "2024-01-01T00:00:00+0000"
 # How a release tree becomes a commit (author, date, messages, what is added); bump it when
@@ -703,7 +706,7 @@ def judge(receipt: Mapping[str, Any], *, slot: str, wants: str) -> SideJudgement
     other = "head" if wants == "base" else "base"
     for row in comparison["observations"]:
         declared = row[f"expected_{wants}_declared"], row[f"expected_{other}_declared"]
-        if not any(declared):
+        if not any(declared) or row["observation"] == NOT_PRESENT:
             continue
         name = f"{row['case']}: {row['observation']}"
         got = row[slot] if row[f"{slot}_recorded"] else "<not recorded>"

@@ -259,6 +259,8 @@ def test_judge_of_a_reverted_feature_counts_what_only_the_fixed_release_declares
         _row("p/c", "aborted", True, False, None, True, declared=(False, True)),  # moved: flipped
         _row("p/c", "kept", True, True, None, True, declared=(False, True)),  # same: maybe a control
     ]
+    # the base's reserved not_present expectation is about code, not behaviour: not judged
+    rows.append(_row("p/c", "not_present", None, None, ["pkg.checksum"], None, declared=(True, False)))
     verdict = judge(_receipt(rows), slot="head", wants="base")
     assert verdict.ok and [x.split(" =")[0] for x in verdict.flipped] == ["p/c: aborted"]
     rows[0]["head"] = True  # the probe reads "fixed" whatever the code
