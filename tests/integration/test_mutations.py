@@ -100,8 +100,9 @@ EXPERIMENT_B = MutationSpec(
 )
 
 # The specs below follow ../shared/research/more-fixes.md (function names read from the
-# 0.5.20 and 0.5.21 wheels). Their experiments are written apart from this file; the ids
-# are the expected ones: fix an id here if the experiment ships under another.
+# 0.5.20 and 0.5.21 wheels). Their experiments were written apart from this file; each spec
+# flipped its experiment's verdict against the probes of that experiment's branch (C, D, E
+# as committed; F with its branch's compare/5) before the merge.
 
 # #40645 + #41402 (0.5.20 -> 0.5.21): the prefill keeps a drain-ACK target past clear()
 # while a write is in flight, and fans the ACK out to every decode peer of the room.
