@@ -62,8 +62,8 @@ class Observations:
     known to be neighbours on the index, and no boundary is claimed). ``unserved``: versions
     in the range the profile does not serve (nothing ran on them).
 
-    Today's receipt has no listing of its own: :func:`observations` takes the release entries
-    and ``unserved`` of a contiguous sweep (one ``A..B`` range, or every release) as it.
+    A receipt records its index listing; :func:`observations` takes that (an older receipt's
+    release entries and ``unserved`` of a contiguous sweep stand in for it).
     """
 
     classes: tuple[tuple[str, str], ...]
@@ -87,12 +87,18 @@ class Observations:
 
 def observations(r: Mapping[str, Any]) -> Observations:
     """The sweep receipt's observations. Reads ``releases[].version``,
-    ``releases[].classification.overall``, ``unserved`` and ``spec``, nothing else."""
+    ``releases[].classification.overall``, ``unserved``, ``spec`` and the index ``listing``
+    (``listing.versions``, which verify's step 4 holds the release set to), nothing else. A
+    receipt without a listing (written before sweeps recorded one) falls back to its release
+    entries and ``unserved`` for a contiguous sweep."""
     classes = tuple(
         sorted(((x["version"], x["classification"]["overall"]) for x in r["releases"]), key=lambda t: _key(t[0]))
     )
     unserved = tuple(sorted(r["unserved"], key=_key))
-    listing = tuple(sorted({v for v, _ in classes} | set(unserved), key=_key)) if contiguous(r) else None
+    if isinstance(r.get("listing"), Mapping):
+        listing: tuple[str, ...] | None = tuple(sorted(r["listing"]["versions"], key=_key))
+    else:
+        listing = tuple(sorted({v for v, _ in classes} | set(unserved), key=_key)) if contiguous(r) else None
     return Observations(classes, listing, unserved, r["spec"] or "every release on the index the profile serves")
 
 

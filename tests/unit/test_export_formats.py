@@ -279,7 +279,7 @@ def test_introduced_is_0_where_no_older_release_was_observed_unaffected_never_th
 
 def test_ranges_follow_version_order_whatever_the_receipt_order():
     """#22 "Order": releases listed out of order give the ranges of the sorted sweep."""
-    ordered = [("0.5.10", "not-present"), ("0.5.19", "affected"), ("0.5.20", "fixed"), ("0.5.21", "fixed")]
+    ordered = [("0.5.18", "not-present"), ("0.5.19", "affected"), ("0.5.20", "fixed"), ("0.5.21", "fixed")]
     shuffled = [ordered[2], ordered[3], ordered[1], ordered[0]]
     assert (
         events(sweep_receipt(shuffled))
@@ -293,6 +293,7 @@ def test_releases_that_are_not_neighbours_on_the_index_make_separate_ranges():
     r = sweep_receipt(
         [("0.5.14", "affected"), ("0.5.19", "affected"), ("0.5.23", "fixed")], spec="0.5.14,0.5.19,0.5.23"
     )
+    test_sweep.listed_too(r, "0.5.15", "0.5.18", "0.5.20", "0.5.22")
     assert events(r) == [
         [{"introduced": "0"}, {"last_affected": "0.5.14"}],
         [{"introduced": "0"}, {"last_affected": "0.5.19"}],

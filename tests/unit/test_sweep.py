@@ -139,7 +139,11 @@ def listing(releases, unserved=(), older=("0.5.12",)):
         "package": "sglang",
         "index": "https://pypi.org/simple",
         "read_utc": "2026-12-01T00:00:00Z",
-        "versions": sorted({*older, *(v for v, _ in selected)}, key=Version),
+        # ``older`` only where it is below the range: the listing's order makes neighbours
+        "versions": sorted(
+            {*(o for o in older if not selected or Version(o) < Version(selected[0][0])), *(v for v, _ in selected)},
+            key=Version,
+        ),
         "selected": [
             {"version": v, "file": f"sglang-{v}-py3-none-any.whl", "sha256": None, "problem": None, "not_run": why}
             for v, why in selected
@@ -209,8 +213,16 @@ def test_osv_never_folds_an_unobserved_release_into_a_range():
     assert affected["database_specific"]["kvprobe_not_served"] == ["0.5.12"]
 
 
+def listed_too(r, *versions):
+    """The index also lists ``versions`` (a list spec skipped them): they sit between releases."""
+    r["listing"]["versions"] = sorted({*r["listing"]["versions"], *versions}, key=Version)
+    r["observed"] = observed_range(r)
+    return r
+
+
 def test_osv_of_a_list_of_releases_claims_no_fixed_event():
     r = receipt([("0.5.19", "affected"), ("0.5.23", "fixed")], spec="0.5.19,0.5.23")
+    listed_too(r, "0.5.20", "0.5.21", "0.5.22")
     assert sweep_exports.osv_ranges(r)[0]["events"] == [{"introduced": "0"}, {"last_affected": "0.5.19"}]
 
 
