@@ -59,8 +59,7 @@ def test_experiment_d_defers_a_failure_decode_did_not_initiate(experiment_d):
     assert aborted["kv_released_after_all_acks"] == (1, 1)  # armed at each release's own site
     never = observed(summary, "deferred_release/release.receiver_never_published")
     assert never["kv_released_at_failure"] == (1, 1)
-    assert receipt["experiment"]["vulnerability"] == {
-        "id": "KVPROBE-2026-0002", "aliases": [], "fix_kind": "security"}
+    assert receipt["experiment"]["vulnerability"] == {"id": "KVPROBE-2026-0002", "aliases": [], "fix_kind": "security"}
     assert receipt["sides"]["base"]["source"]["version"] == "0.5.20"
     assert receipt["sides"]["head"]["source"]["version"] == "0.5.21"
 
@@ -71,8 +70,11 @@ def test_experiment_d_records_the_forced_setting_per_case(experiment_d):
     for side in ("base", "head"):
         settings = _raw(bundle, side, "deferred_release")["configuration"]
         forced = {c["case"] for c in settings if c["name"] == f"env.{ENV}" and c["value"] == "1"}
-        assert forced == {"release.failure_not_decode_initiated", "release.after_decode_abort",
-                          "release.receiver_never_published"}
+        assert forced == {
+            "release.failure_not_decode_initiated",
+            "release.after_decode_abort",
+            "release.receiver_never_published",
+        }
 
 
 def test_experiment_e_flips_the_default(experiment_e):
