@@ -48,7 +48,7 @@ probe = kp.Probe(
             "autospec of SGLang's Scheduler with the fields the transfer queue and the real "
             "Scheduler.abort_request read (decode mode, hicache/hisparse off, empty waiting queue, no "
             "chunked or inflight requests: collect_inflight_reqs returns [], or before 0.5.16 an empty "
-            "running batch SimpleNamespace(reqs=[]) and no current batch); the prealloc queue is an "
+            "running batch SimpleNamespace(reqs=[]) and no current or last batch); the prealloc queue is an "
             "empty SimpleNamespace and the grammar manager a SimpleNamespace whose abort_requests "
             "does nothing"
         ),

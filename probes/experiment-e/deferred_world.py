@@ -267,7 +267,7 @@ class World:
         sched = probe.mock("scheduler", Scheduler, absorbs=("collect_inflight_reqs",))
         if hasattr(Scheduler, "collect_inflight_reqs"):  # 0.5.16+; before, abort_request reads the batches
             sched.collect_inflight_reqs.side_effect = lambda: []
-        sched.cur_batch = None
+        sched.cur_batch = sched.last_batch = None
         sched.running_batch = SimpleNamespace(reqs=[])
         sched.server_args = self.server_args
         sched.spec_algorithm = _spec_none()
