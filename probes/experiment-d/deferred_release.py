@@ -53,8 +53,9 @@ probe = kp.Probe(
         "scheduler": (
             "autospec of SGLang's Scheduler with the fields the transfer queue and the real "
             "Scheduler.abort_request read (decode mode, hicache/hisparse off, empty waiting queue, no "
-            "chunked or inflight requests: collect_inflight_reqs returns []); the prealloc queue is "
-            "an empty SimpleNamespace and the grammar manager a SimpleNamespace whose abort_requests "
+            "chunked or inflight requests: collect_inflight_reqs returns [], or before 0.5.16 an empty "
+            "running batch SimpleNamespace(reqs=[]) and no current or last batch); the prealloc queue is an "
+            "empty SimpleNamespace and the grammar manager a SimpleNamespace whose abort_requests "
             "does nothing"
         ),
         "output_streamer": "autospec of SGLang's SchedulerOutputStreamer: records the abort sent to the client",

@@ -196,22 +196,28 @@ def new_manager(manager_cls: type, server_args: ServerArgs, obs: kp.Observations
 
     manager = manager_cls.__new__(manager_cls)
     init = CommonKVManager.__init__
-    with mock.patch.object(common_conn, "get_local_ip_auto", lambda *a, **k: LOOPBACK):
-        if obs is None:
-            init(manager, kv_args(), DisaggregationMode.DECODE, server_args)
-        else:
-            with obs.decision():
+    try:
+        with mock.patch.object(common_conn, "get_local_ip_auto", lambda *a, **k: LOOPBACK):
+            if obs is None:
                 init(manager, kv_args(), DisaggregationMode.DECODE, server_args)
+            else:
+                with obs.decision():
+                    init(manager, kv_args(), DisaggregationMode.DECODE, server_args)
+    except BaseException:
+        close_manager(manager)  # a bound socket left open would hang the context's term at exit
+        raise
     # NIXL's own decode bookkeeping its skipped __init__ would have made (NixlKVReceiver.clear pops it).
     manager.transfer_statuses = {}
     return manager
 
 
 def close_manager(manager) -> None:
+    """Close the manager's bound socket and terminate its context (0.5.13-0.5.20 keep the
+    context only as the socket's; an unclosed socket makes a later term() block forever)."""
     server_socket = getattr(manager, "server_socket", None)
+    context = getattr(manager, "_zmq_ctx", None) or getattr(server_socket, "context", None)
     if server_socket is not None:
         server_socket.close(linger=0)
-    context = getattr(manager, "_zmq_ctx", None)
     if context is not None:
         context.term()
 
@@ -230,12 +236,12 @@ class NoDrainAckManager(NixlKVManager):
 class World:
     """A decode scheduler's transfer queue with the real manager, allocator and buffers."""
 
-    def __init__(self, server_args: ServerArgs, manager_cls: type) -> None:
+    def __init__(self, server_args: ServerArgs, manager) -> None:
         self.server_args = server_args
         self.released: list = []  # requests release_kv_cache was called for, in order
         self.sent: list[tuple[int, list]] = []  # (prefill rank, ABORT frames)
         self.metadata_freed: list[int] = []
-        self.manager = new_manager(manager_cls, server_args)
+        self.manager = manager
         self.metadata_allocator = kp.build(disagg_utils.ReqToMetadataIdxAllocator, size=METADATA_SLOTS)
         real_free = self.metadata_allocator.free
 
@@ -259,7 +265,10 @@ class World:
 
     def _scheduler(self):
         sched = probe.mock("scheduler", Scheduler, absorbs=("collect_inflight_reqs",))
-        sched.collect_inflight_reqs.side_effect = lambda: []
+        if hasattr(Scheduler, "collect_inflight_reqs"):  # 0.5.16+; before, abort_request reads the batches
+            sched.collect_inflight_reqs.side_effect = lambda: []
+        sched.cur_batch = sched.last_batch = None
+        sched.running_batch = SimpleNamespace(reqs=[])
         sched.server_args = self.server_args
         sched.spec_algorithm = _spec_none()
         sched.enable_decode_hicache = False
@@ -350,8 +359,9 @@ def decode_world(*, deferred: str | None, manager_cls: type = NixlKVManager):
     """Publish config, the deferred setting, one rank; yield a World; close its sockets."""
     with deferred_setting(deferred), contextlib.ExitStack() as stack:
         server_args = stack.enter_context(publish_rank0())
-        world = World(server_args, manager_cls)
-        stack.callback(close_manager, world.manager)
+        manager = new_manager(manager_cls, server_args)
+        stack.callback(close_manager, manager)
+        world = World(server_args, manager)
         release = probe.track("release_kv_cache", mock.create_autospec(decode_mod.release_kv_cache),
                               absorbs=("()",))
         release.side_effect = lambda req, *args, **kwargs: world.released.append(req)
