@@ -238,6 +238,8 @@ class World:
             if func is not None:
                 setattr(sched, name, types.MethodType(func, sched))
         sched.server_args = self.server_args
+        # Scheduler's own class default (0.5.21+); the prealloc queue's constructor sets it, or leaves it.
+        sched.kv_checksum_computer = None
         sched.req_to_token_pool = self.pools.req_to_token
         sched.token_to_kv_pool_allocator = self.pools.allocator
         sched.tree_cache = probe.mock("tree_cache", RadixCache)
