@@ -33,6 +33,7 @@ from sglang.srt.disaggregation import utils as disagg_utils
 from sglang.srt.disaggregation.base.conn import KVArgs
 from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
 from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
+from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
@@ -227,9 +228,7 @@ class World:
         self.digests = digests
         self.pools = Pools(PROMPT_LEN)  # exactly one prompt's worth: freed pages come back to the next request
         self.metadata_allocator = kp.build(disagg_utils.ReqToMetadataIdxAllocator, size=METADATA_SLOTS)
-        self.metadata_buffers = kp.build(
-            disagg_utils.MetadataBuffers, size=METADATA_SLOTS, hidden_size=16, hidden_states_dtype=torch.float32,
-            max_sampling_mask_tokens=0)
+        self.metadata_buffers = metadata_buffers(server_args)
         self.scheduler = self._scheduler()
 
     def _scheduler(self):
@@ -239,6 +238,8 @@ class World:
             if func is not None:
                 setattr(sched, name, types.MethodType(func, sched))
         sched.server_args = self.server_args
+        # Scheduler's own class default (0.5.21+); the prealloc queue's constructor sets it, or leaves it.
+        sched.kv_checksum_computer = None
         sched.req_to_token_pool = self.pools.req_to_token
         sched.token_to_kv_pool_allocator = self.pools.allocator
         sched.tree_cache = probe.mock("tree_cache", RadixCache)
@@ -293,6 +294,7 @@ class World:
         """The decode queues, by their own constructors: the prealloc queue's sets the checksum computer."""
         transfer_queue = kp.build(decode_mod.DecodeTransferQueue, **self.known_queue_args())
         self.prealloc_queue = kp.build(decode_mod.DecodePreallocQueue, **self.known_queue_args(transfer_queue))
+        self.transfer_queue = transfer_queue
         self.scheduler.disagg_decode_transfer_queue = transfer_queue
         self.scheduler.disagg_decode_prealloc_queue = self.prealloc_queue
 
@@ -300,6 +302,13 @@ class World:
     def computer(self):
         """What the real prealloc queue constructor left on the scheduler (None: no check)."""
         return self.scheduler.kv_checksum_computer
+
+
+def metadata_buffers(server_args):
+    """MetadataBuffers as Scheduler.init_disaggregation builds them: a checksum column where the option is on."""
+    known = {"size": METADATA_SLOTS, "hidden_size": 16, "hidden_states_dtype": torch.float32,
+             "max_sampling_mask_tokens": 0, "kv_checksum_enabled": bool(getattr(server_args, OPTION, False))}
+    return kp.build(disagg_utils.MetadataBuffers, **known)
 
 
 def _scheduler_module():
@@ -392,6 +401,45 @@ def new_req(rid: str, prompt_len: int, room: int) -> Req:
                bootstrap_host="10.0.0.2", bootstrap_port=BOOTSTRAP_PORT, bootstrap_room=room)
 
 
+def set_extend(req: Req, start: int, end: int) -> None:
+    """The forward ran [start, end): extend_range (0.5.16-0.5.21), extend_end (0.5.22+)."""
+    if hasattr(req, "set_extend_range"):
+        req.set_extend_range(start, end)
+    else:
+        req.prefix_len, req.extend_end = start, end
+
+
+def _extend_end(req: Req) -> int:
+    return req.extend_range.end if getattr(req, "extend_range", None) is not None else req.extend_end
+
+
+class PrefillSide:
+    """The prefill engine's end of the handoff: its own CPU pools and metadata buffers, and an
+    autospec'd scheduler with the real SchedulerDisaggregationPrefillMixin.send_kv_chunk bound."""
+
+    def __init__(self, world: World, decode_signature: int | None) -> None:
+        self.pools = Pools(PROMPT_LEN)
+        self.metadata_buffers = metadata_buffers(world.server_args)
+        self.sent: list[int | None] = []
+        sched = probe.mock("prefill_scheduler", Scheduler, absorbs=("_send_kv_chunk",))
+        sched.send_kv_chunk = types.MethodType(SchedulerDisaggregationPrefillMixin.send_kv_chunk, sched)
+        sched._send_kv_chunk.side_effect = lambda req, last_chunk=False, end_idx=None: self.sent.append(end_idx)
+        sched.token_to_kv_pool_allocator = self.pools.allocator
+        sched.req_to_token_pool = self.pools.req_to_token
+        sched.sliding_window_size = None
+        sched.disagg_metadata_buffers = self.metadata_buffers
+        # 0.5.23 ships the layout signature beside the digest: the same pool shape as this decode's.
+        sched.disagg_prefill_bootstrap_queue = SimpleNamespace(kv_checksum_signature=decode_signature)
+        self.computer = None
+        if getattr(world.server_args, OPTION, False):
+            # As PrefillBootstrapQueue.__init__ builds it, from the KVArgs _init_kv_manager fills from its pool.
+            data_ptrs, _lens, item_lens = self.pools.kv.get_contiguous_buf_infos()
+            self.computer = world.checksum.KvChecksumComputer(
+                device=torch.device("cuda:0"), kv_data_ptrs=data_ptrs, kv_item_lens=item_lens)
+        sched.kv_checksum_computer = self.computer
+        self.scheduler = sched
+
+
 class Handoff:
     """One request handed from a prefill engine to this decode engine."""
 
@@ -411,35 +459,52 @@ class Handoff:
                          sorted(self.slots.tolist()) == sorted(earlier_slots.tolist())
                          and world.pools.holds(self.slots, EARLIER_KV))
         # Prefill's copy: the incident's rejected request was replaced by a 1-token placeholder
-        # (Req.set_finish_with_abort); a normal request keeps its prompt.
-        self.prefill = Pools(PROMPT_LEN)
-        self.prefill_req = new_req(rid, PROMPT_LEN, room)
+        # (Req.set_finish_with_abort) and prefill ran that; a normal request keeps its prompt.
+        prefill = PrefillSide(world, getattr(world.prealloc_queue, "kv_checksum_signature", None))
+        if prefill.computer is not None:
+            obs.precondition("digest_inputs_readable", digest_inputs_readable(prefill.computer))
+        preq = new_req(rid, PROMPT_LEN, room)
         if placeholder:
-            self.prefill_req.set_finish_with_abort("prompt longer than the KV pool (the incident's rejection)")
-        self.sent = len(self.prefill_req.origin_input_ids)
-        prefill_slots = self.prefill.place(self.prefill_req, self.sent)
-        self.prefill.write(prefill_slots, THIS_KV)
-        # Prefill's digest, as its send path computes it on the last chunk: the pages of
-        # [0, min(extend end, len(origin_input_ids))), by the real page_indices_for_request.
-        kv_args = self.prefill.kv.get_contiguous_buf_infos()
-        prefill_computer = world.checksum.KvChecksumComputer(
-            device=torch.device("cuda:0"), kv_data_ptrs=kv_args[0], kv_item_lens=kv_args[2])
-        obs.precondition("digest_inputs_readable", digest_inputs_readable(prefill_computer))
-        pages = world.checksum.page_indices_for_request(self.prefill.scheduler_view(), self.prefill_req, self.sent)
-        self.expected = prefill_computer.compute(pages, None)
-        # The transfer writes what prefill sent into the first `sent` reserved pages; the rest keep
-        # the earlier request's KV (the incident's stale pages).
-        for dst, src in zip(self.slots.tolist()[: self.sent], prefill_slots.tolist()):
+            preq.set_finish_with_abort("prompt longer than the KV pool (the incident's rejection)")
+        ran = len(preq.origin_input_ids)
+        prefill_slots = prefill.pools.place(preq, ran)
+        prefill.pools.write(prefill_slots, THIS_KV)
+        set_extend(preq, 0, ran)
+        preq.metadata_buffer_index = 0
+        # The last chunk goes out through the real send_kv_chunk: with the option on it digests the
+        # pages of [0, min(extend end, len(origin_input_ids))) and writes the digest into the slot.
+        prefill.scheduler.send_kv_chunk(preq, last_chunk=True)
+        obs.precondition("one_last_chunk_sent", len(prefill.sent) == 1)
+        end = prefill.sent[0] if prefill.sent[0] is not None else min(_extend_end(preq), ran)
+        # The transfer writes the sent pages into decode's first reserved pages; the rest keep the
+        # earlier request's KV (the incident's stale pages). The metadata slot travels with them.
+        for dst, src in zip(self.slots.tolist()[:end], prefill_slots.tolist()[:end]):
             for side in ("k_buffer", "v_buffer"):
-                for d_layer, s_layer in zip(getattr(world.pools.kv, side), getattr(self.prefill.kv, side)):
+                for d_layer, s_layer in zip(getattr(world.pools.kv, side), getattr(prefill.pools.kv, side)):
                     d_layer[dst] = s_layer[src]
-        obs.precondition("transferred_pages_hold_prefill_kv", world.pools.holds(self.slots[: self.sent], THIS_KV))
-        # What DecodeTransferQueue._commit_transfer_to_req copies from the metadata slot.
+        obs.precondition("transferred_pages_hold_prefill_kv", world.pools.holds(self.slots[:end], THIS_KV))
+        slot = 1
+        if prefill.metadata_buffers.kv_checksum is not None:
+            world.metadata_buffers.kv_checksum[slot] = prefill.metadata_buffers.kv_checksum[0]
         obs.precondition("req_has_expected_kv_checksum", hasattr(self.req, "expected_kv_checksum"))
-        self.req.expected_kv_checksum = self.expected
-        obs.record("prefill_sent_tokens", self.sent)
+        if world.computer is not None:
+            self.req.expected_kv_checksum = expected_digest(world, slot)
+        obs.record("prefill_sent_tokens", end)
+        obs.record("prefill_digest_written", prefill.metadata_buffers.kv_checksum is not None
+                   and bool(prefill.metadata_buffers.kv_checksum[0, 0].item()))
         obs.record("decode_reserved_tokens", PROMPT_LEN)
-        obs.record("stale_pages", PROMPT_LEN - self.sent)
+        obs.record("stale_pages", PROMPT_LEN - end)
+
+
+def expected_digest(world: World, slot: int) -> int:
+    """What DecodeTransferQueue._commit_transfer_to_req copies into req.expected_kv_checksum before the
+    slot is freed: the slot's digest (real get_kv_checksum), and from 0.5.23 only where the real
+    _kv_checksum_comparable accepts the layout signature shipped beside it (else 0: unverified)."""
+    value = world.metadata_buffers.get_kv_checksum(slot)
+    if not isinstance(value, tuple):
+        return value
+    digest, signature = value
+    return digest if world.transfer_queue._kv_checksum_comparable(signature) else 0
 
 
 def prebuilt_batch(world: World, req: Req):

@@ -25,7 +25,10 @@ What runs for real
     prealloc queue's constructor builds the real ``KvChecksumComputer`` from the
     real ``KVArgs`` of the decode KV pool when the option is on, and sets none
     when it is off); ``page_indices_for_request`` / ``state_indices_for_request``
-    on both sides; ``Req`` and ``Req.set_finish_with_abort`` (the placeholder);
+    on both sides; the prefill side's ``send_kv_chunk`` (which pages it
+    digests for the last chunk) and ``MetadataBuffers.set_kv_checksum`` /
+    ``get_kv_checksum`` (the digest's slot, sent with the metadata);
+    ``Req`` and ``Req.set_finish_with_abort`` (the placeholder);
     the CPU pools (``MHATokenToKVPool``, ``TokenToKVPoolAllocator``,
     ``ReqToTokenPool``) on both sides, whose freed pages come back to the next
     request with their bytes, as on a GPU.
@@ -37,8 +40,9 @@ What is mocked (see MOCKS): THE DIGEST ITSELF (KvChecksumComputer.compute is a
     recorder), the batch, the scheduler around the builder, the KV transport
     classes, the output streamer and the one-rank collectives.
 
-What it does NOT show: no GPU kernel, no RDMA, no prefill engine (its digest is
-    computed by the same stand-in over the prefill pool), no model forward, no
+What it does NOT show: no GPU kernel, no RDMA, no prefill engine (its last
+    chunk is digested by the real send_kv_chunk, with the same stand-in, on an
+    autospec'd prefill scheduler over a prefill pool), no model forward, no
     tenant data, no HTTP status seen by a client, and not whether a given
     model/backend is covered by the checksum in a deployment.
 """
@@ -58,11 +62,20 @@ MOCKS = {
         "compared, what happens on a mismatch), not the kernel's arithmetic"
     ),
     "kv_transfer": (
-        "the handoff's RDMA write: the prefill pool's K/V of the sent tokens copied into decode's first "
-        "reserved pages; the prefill forward: those K/V written with a constant; the prefill digest is "
-        "computed over the prefill pool by the kv_digest stand-in on a real KvChecksumComputer built from "
-        "the prefill pool's buffer infos, and set as req.expected_kv_checksum (what "
-        "DecodeTransferQueue._commit_transfer_to_req copies from the metadata slot)"
+        "the handoff's RDMA writes: the prefill pool's K/V of the tokens the real send_kv_chunk sent (its "
+        "end_idx) copied into decode's first reserved pages, and the prefill metadata slot's checksum row "
+        "(written by the real set_kv_checksum) copied into decode's real MetadataBuffers; the prefill "
+        "forward: those K/V written with a constant. req.expected_kv_checksum is set as "
+        "DecodeTransferQueue._commit_transfer_to_req sets it (the rest of that method, output ids and "
+        "logprobs, is not run): the real get_kv_checksum of the slot and, from 0.5.23, the real "
+        "_kv_checksum_comparable of its layout signature"
+    ),
+    "prefill_scheduler": (
+        "autospec of SGLang's Scheduler for the prefill engine with the real "
+        "SchedulerDisaggregationPrefillMixin.send_kv_chunk bound (the digest of the last chunk); "
+        "_send_kv_chunk (the KV send itself) records its end_idx and sends nothing; a real "
+        "KvChecksumComputer built from the prefill pool's buffer infos as PrefillBootstrapQueue.__init__ "
+        "builds it; its bootstrap queue's layout signature (0.5.23) is this decode's (same pool shape)"
     ),
     "kv_transport": (
         "get_kv_class patched in the decode module: KVARGS gives SGLang's real KVArgs (filled by the real "

@@ -38,6 +38,8 @@ def test_experiment_f_release_reproduces_a_feature_added_in_head(tmp_path):
     assert {c["observation"] for c in cases["head"].values()} == {"observed"}
     short = head["verify.short_handoff_stale_pages"]
     assert short["checksum_computer_built"] and short["decode_digests"] == 1
+    # the real prefill send_kv_chunk digested only the placeholder's one token and wrote the digest
+    assert short["prefill_sent_tokens"] == 1 and short["prefill_digest_written"] and short["stale_pages"] == 7
     assert short["kept_in_prebuilt_batch"] is False and short["prebuilt_batch_returned"] is False
     assert (short["finish_reason"], short["status_code"], short["abort_streamed"]) == ("FINISH_ABORT", 500, True)
     assert short["kv_release_cache_inserts"] == [False]  # released once, nothing cached
@@ -45,6 +47,7 @@ def test_experiment_f_release_reproduces_a_feature_added_in_head(tmp_path):
     assert full["kept_in_prebuilt_batch"] and full["process_prebuilt_called"] and full["kv_release_cache_inserts"] == []
     off = head["verify.option_off"]  # an option counts only where it is on
     assert off["checksum_computer_built"] is False and off["decode_digests"] == 0
+    assert off["prefill_digest_written"] is False
     assert off["kept_in_prebuilt_batch"] and off["stale_pages"] == 7 and off["finish_reason"] == "none"
     mocks = receipt["evidence"]["mocks"]["handoff_checksum"]
     assert mocks["kv_digest"].startswith("STAND-IN ON THE THING BEING CHECKED")
