@@ -27,8 +27,29 @@ def _receipt(name: str) -> dict:
     return json.loads((ROOT / "bundles" / name / "receipt.json").read_text())
 
 
-def test_both_experiments_have_a_published_sweep():
-    assert {_receipt(name)["experiment"]["id"] for name in SWEEPS} == {"experiment-a", "experiment-b"}
+def test_every_shipped_experiment_has_a_published_sweep():
+    from kvprobe.resources import builtin_probes_dir
+
+    shipped = {d.name for d in builtin_probes_dir().iterdir() if (d / "experiment.toml").is_file()} - {"model"}
+    assert {_receipt(name)["experiment"]["id"] for name in SWEEPS} == shipped
+
+
+def test_the_readme_release_table_is_what_the_sweeps_say():
+    """bench/readme_sweeps.py renders it from the published sweeps; nobody edits it by hand."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_sweeps", ROOT / "bench" / "readme_sweeps.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = (ROOT / "README.md").read_text()
+    assert module.render(text) == text, "README's release table is stale: run python bench/readme_sweeps.py"
+
+
+def test_experiment_c_observed_where_its_affected_range_starts():
+    (name,) = [n for n in SWEEPS if _receipt(n)["experiment"]["id"] == "experiment-c"]
+    observed = _receipt(name)["observed"]
+    assert (observed["introduced"], observed["first_fixed"]) == ("0.5.19", "0.5.21")
 
 
 @pytest.mark.parametrize("name", sorted(SWEEPS))
