@@ -951,23 +951,43 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
 @_json_document
 @guarded
 def cache_servers_cmd(stop: bool, as_json: bool) -> int:
-    """List the preloaded fork servers kept between runs (`kvprobe run --keep-server`), or stop them."""
+    """List the preloaded fork servers kept between runs (`kvprobe run --keep-server`), or stop them.
+
+    A socket whose reply is not a kept server's is skipped and named. With --stop, exit 1
+    when a server's process still runs after it was asked to stop (each is named).
+    """
     import dataclasses
 
-    from kvprobe.checks.keptserver import kept_servers, stop_kept_servers
+    from kvprobe.checks.keptserver import Skipped, StopOutcome, stop_all, survey
 
-    servers = stop_kept_servers() if stop else kept_servers()
+    if stop:
+        found = stop_all()
+    else:
+        listed = survey()
+        found = StopOutcome(listed.servers, [], listed.skipped)
+    servers, skipped = found.stopped, found.skipped
     if as_json:
-        emit_json({"stopped": stop, "servers": [dataclasses.asdict(s) for s in servers]})
+        emit_json(
+            {
+                "stopped": stop,
+                "servers": [dataclasses.asdict(s) for s in servers],
+                "not_stopped": [dataclasses.asdict(s) for s in found.not_stopped],
+                "skipped": [dataclasses.asdict(s) for s in skipped],
+            }
+        )
     elif _results(as_json):
-        for s in servers:
+        for s in servers:  # what a kept server says of itself is its own text: escaped
             click.echo(
-                f"{'stopped' if stop else 'running'}  pid {s.pid}  since {s.started_utc}  idle limit {s.idle_s:.0f}s"
-                f"  checks {s.served}  runs attached {s.attached}  {for_terminal(s.python)}"
+                f"{'stopped' if stop else 'running'}  pid {s.pid}  since {for_terminal(s.started_utc)}"
+                f"  idle limit {s.idle_s:.0f}s  checks {s.served}  runs attached {s.attached}  {for_terminal(s.python)}"
             )
-        if not servers:
+        if not servers and not found.not_stopped:
             click.echo("no kept fork server is running", err=True)
-    return EXIT_OK
+    rows: list[tuple[str, Skipped]] = [("NOT STOPPED", n) for n in found.not_stopped]
+    rows += [("skipped", k) for k in skipped]
+    for label, row in rows:
+        click.echo(f"{label}  {for_terminal(row.socket)}: {for_terminal(row.reason)}", err=True)
+    return EXIT_FAIL if found.not_stopped else EXIT_OK
 
 
 @cache_group.command("verify")
