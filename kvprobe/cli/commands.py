@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvprobe import __version__, names
-from kvprobe.errors import KvprobeError
+from kvprobe.errors import Interrupted, KvprobeError
 from kvprobe.text import for_shell, for_terminal
 
 if TYPE_CHECKING:
@@ -61,6 +62,64 @@ def _internal(exc: BaseException, debug: bool) -> None:
     sys.exit(EXIT_INTERNAL)
 
 
+def _on_signal(signum: int, frame: object) -> None:
+    """SIGINT or SIGTERM: stop every process kvprobe is waiting for (so that threads waiting
+    on them return), start no new one, and unwind the main thread through its ``finally``s."""
+    from kvprobe import proc
+
+    proc.interrupt(signum)
+    raise Interrupted(signum)
+
+
+def _catch_signals() -> dict[int, Any]:
+    """Install :func:`_on_signal` for SIGINT and SIGTERM (main thread only); the previous handlers."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, _on_signal)
+    return previous
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _interrupted(signum: int) -> None:
+    """One line: which signal, what it stopped, and what is left behind; exit 128 + signum."""
+    from kvprobe import proc
+
+    name = signal.Signals(signum).name
+    proc.interrupt(signum)  # a KeyboardInterrupt from Python's own handler stopped nothing yet
+    left = []
+    try:
+        from kvprobe.env.cache import default_cache_root, stale_builds
+
+        left = [str(p) for p in stale_builds(default_cache_root())]
+    except Exception:  # reporting what is left must not turn an interrupt into a crash
+        left = []
+    behind = (
+        f"left behind: {', '.join(for_terminal(p) for p in left)} (`kvprobe cache prune` removes it)"
+        if left
+        else "nothing half-written was kept (writes are atomic, temporary files removed) and the cache "
+        "holds only complete entries"
+    )
+    click.echo(f"kvprobe: interrupted by {name}: stopped the processes it started; {behind}", err=True)
+    proc.reset_interrupt()
+    sys.exit(128 + signum)
+
+
+def _warn_probes_path() -> None:
+    """One line per $KVPROBE_PROBES_PATH entry the search leaves out (it cannot be read)."""
+    from kvprobe.resources import probes_path_skipped
+
+    for entry, why in probes_path_skipped():
+        click.echo(f"kvprobe: warning: KVPROBE_PROBES_PATH entry {for_terminal(entry)} skipped: {why}", err=True)
+
+
 def guarded(func: Callable[..., int]) -> Callable[..., None]:
     """Run a command body; map KvprobeError to its exit code, the body's int to the exit."""
     import functools
@@ -68,14 +127,20 @@ def guarded(func: Callable[..., int]) -> Callable[..., None]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         debug = click.get_current_context().meta.get(_DEBUG, False)
+        _warn_probes_path()
+        previous = _catch_signals()
         try:
             code = func(*args, **kwargs)
         except KvprobeError as exc:
             _fail(exc, debug)
-        except (click.exceptions.Exit, click.Abort, click.ClickException, KeyboardInterrupt):
+        except (Interrupted, KeyboardInterrupt) as exc:
+            _interrupted(exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
+        except (click.exceptions.Exit, click.Abort, click.ClickException):
             raise
         except Exception as exc:  # the catch-all that keeps a crash off exit 1
             _internal(exc, debug)
+        finally:
+            _restore_signals(previous)
         sys.exit(code or 0)
 
     return wrapper
@@ -600,9 +665,13 @@ def report_cmd(
     from kvprobe.exports.render import ExportOptions, render, write_atomic
 
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    if epoch is not None and not epoch.isdigit():
+    if epoch is not None and not (epoch.isascii() and epoch.isdigit()):
         raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds")
-    issued = datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if epoch else None
+    try:
+        issued = datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if epoch else None
+    except (OverflowError, ValueError, OSError):
+        shown = (epoch or "")[:40]
+        raise UsageError(f"SOURCE_DATE_EPOCH={shown!r} is out of range (a date before the year 10000)") from None
     opts = ExportOptions(author=author, role=author_role, issued=issued, archive=subject_archive)
     text = render(load(bundle, _limits(max_files, max_file_bytes, max_bytes)), fmt, opts)
     if output is None:
