@@ -887,9 +887,9 @@ def _bundle_code_consent(console: Console, trusted: bool) -> Callable[[list[tupl
     def consent(files: list[tuple[str, str]]) -> bool:
         if not trusted and not (sys.stdin.isatty() and sys.stderr.isatty()):
             return False
-        console.print("the rerun will execute the bundle's own code:", markup=False, highlight=False)
-        for rel, digest in files:
-            console.print(f"  sha256 {digest}  {for_terminal(rel)}", markup=False, highlight=False)
+        console.print("the rerun will execute the bundle's own code, and what it names:", markup=False, highlight=False)
+        for what, identity in files:
+            console.print(f"  {identity}  {for_terminal(what)}", markup=False, highlight=False)
         return trusted or click.confirm("Run this code as you, on this machine?", default=False, err=True)
 
     return consent
