@@ -67,7 +67,7 @@ _SHAPES = re.compile(
     r"|(?P<openai_key>\bsk-(?:proj-|svcacct-|admin-|ant-)?[A-Za-z0-9_-]{20,})"
     r"|(?P<stripe_key>\b[rs]k_live_[0-9A-Za-z]{24,})"
     r"|(?P<slack_token>\bxox[abposr]-(?:\d+-)+[A-Za-z0-9]+)"
-    r"|(?P<jwt>\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
+    r"|(?P<jwt_token>\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
     r"|(?P<pypi_token>\bpypi-AgE[A-Za-z0-9_-]{50,})"
     r"|(?P<npm_token>\bnpm_[A-Za-z0-9]{36})"
     r"|(?P<sendgrid_key>\bSG\.[\w-]{22}\.[\w-]{43})"

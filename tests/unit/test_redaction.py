@@ -99,3 +99,12 @@ def test_a_resolved_dump_records_only_the_keys_that_held_secrets():
     )
     assert args.redacted == frozenset({"hf_token"})
     assert "[0.1, 0.2]" in args.evidence.text and "hf_x" not in args.evidence.text
+
+
+def test_every_name_the_pass_records_is_a_secret_key_the_receipt_accepts():
+    """What `redacted_keys` records: keys the gates receipt schema takes (^[a-z0-9_.]+$), each
+    itself a secret name (value kinds included: url_credentials, jwt_token, ...)."""
+    import re
+
+    names = set().union(*(redact(line)[1] for line, _, _ in SECRETS))
+    assert names and all(re.fullmatch(r"[a-z0-9_.]+", n) and is_secret_key(n) for n in names), names
