@@ -2,8 +2,8 @@
 code for "not reproduced"), with one line saying what was left behind; the processes kvprobe
 started are stopped, temporary directories removed, nothing half-written published.
 
-Real ``python -m kvprobe`` processes, signalled while a run's checks, a sweep's units and an
-env build are under way."""
+Real ``python -m kvprobe`` processes, signalled while a sweep's env build and its units are
+under way (a run's checks: tests/attacks/test_attack_interrupts.py)."""
 
 from __future__ import annotations
 
@@ -74,28 +74,6 @@ def _one_line(text: str, signame: str) -> str:
     assert len(lines) == 1, text[-3000:]
     assert "Aborted!" not in text and "Traceback" not in text
     return lines[0]
-
-
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_run_interrupted_during_its_checks(tmp_path, sig, code):
-    """`run model` signalled once its checks run: its probes and fork server are stopped,
-    the run's work directory removed, no bundle published."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    log = tmp_path / "stderr"
-    out = tmp_path / "bundle"
-    env = {"TMPDIR": str(tmp), "KVPROBE_CACHE_DIR": str(tmp_path / "cache")}
-    child = _start(["run", "model", "--out", str(out)], env, log)
-    _wait_for(lambda: "running checks" in log.read_text(), child, log, 120)
-    time.sleep(0.5)
-    assert _processes_under(tmp), "no check was running"
-    status, text = _stop(child, sig, log)
-    assert status == code, text[-3000:]
-    assert "nothing half-written was kept" in _one_line(text, signal.Signals(sig).name)
-    assert not out.exists()
-    time.sleep(0.5)
-    assert _processes_under(tmp) == []
-    assert list(tmp.iterdir()) == []
 
 
 # --- a sweep: its env build, then its units (a local index; the env's lock from PyPI) ------
