@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kvprobe import strict_json
+from kvprobe import redaction, strict_json
 from kvprobe.defects import JsonDefect, JsonMalformed
-from kvprobe.redaction import REDACTED, is_secret, is_secret_key, key_name, redact
 
 ROLES = ("prefill", "decode", "null")
 
@@ -286,6 +285,13 @@ def _excerpt(text: str, redacted: set[str], limit: int = 240) -> str:
     return _clip(masked, limit)
 
 
+# Secrets are masked by kvprobe.redaction, one pass by key name and by value shape; the names
+# stay here for serverlog's callers.
+REDACTED = redaction.REDACTED
+redact = redaction.redact
+is_secret_key = redaction.is_secret_key
+
+
 # --- server arguments ----------------------------------------------------------------------
 
 
@@ -365,7 +371,7 @@ def _from_mapping(
         env_doc = {}
     env = {k: str(v) for k, v in {**flat, **env_doc}.items() if k in ENV_KEYS}
     values = {k: flat[k] for k in KEYS if k in flat}
-    secrets = redacted | {key_name(k) for k, v in {**flat, **env_doc}.items() if is_secret(k, v)}
+    secrets = redacted | {redaction.key_name(k) for k, v in {**flat, **env_doc}.items() if redaction.is_secret(k, v)}
     full_dump = "disaggregation_mode" in flat and (full or len(flat) > 50)
     return ServerArgs(values, env, full_dump, evidence, frozenset(secrets))
 
