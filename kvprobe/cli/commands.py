@@ -665,13 +665,9 @@ def report_cmd(
     from kvprobe.exports.render import ExportOptions, render, write_atomic
 
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    if epoch is not None and not (epoch.isascii() and epoch.isdigit()):
+    if epoch is not None and not _epoch_seconds(epoch):
         raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds")
-    try:
-        issued = datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if epoch else None
-    except (OverflowError, ValueError, OSError):
-        shown = (epoch or "")[:40]
-        raise UsageError(f"SOURCE_DATE_EPOCH={shown!r} is out of range (a date before the year 10000)") from None
+    issued = datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if epoch else None
     opts = ExportOptions(author=author, role=author_role, issued=issued, archive=subject_archive)
     text = render(load(bundle, _limits(max_files, max_file_bytes, max_bytes)), fmt, opts)
     if output is None:
@@ -879,6 +875,21 @@ def _signed_statement(attestation: Path | None, key: Path | None, expected: str 
             f"but --expect-manifest-sha256 is {expected}: they cannot both hold"
         )
     return signed
+
+
+_MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z: the last second a timestamp can name
+
+
+def _epoch_seconds(epoch: str) -> bool:
+    """Whether SOURCE_DATE_EPOCH is ASCII digits; UsageError for a number of seconds no date
+    has (past the year 9999: ``datetime`` overflows, and Python refuses very long numbers)."""
+    from kvprobe.errors import UsageError
+
+    if not (epoch.isascii() and epoch.isdigit()):
+        return False
+    if len(epoch) > len(str(_MAX_EPOCH)) or int(epoch) > _MAX_EPOCH:
+        raise UsageError(f"SOURCE_DATE_EPOCH={epoch[:40]!r} is out of range (a date before the year 10000)")
+    return True
 
 
 def _bundle_code_consent(console: Console, trusted: bool) -> Callable[[list[tuple[str, str]]], bool]:
