@@ -75,3 +75,13 @@ class VerificationFailed(KvprobeError):
     """A bundle did not verify (exit 1)."""
 
     exit_code = 1
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached kvprobe: not an error of the run, so no ``except Exception``
+    of the core may take it for one; every ``finally`` on the way out still runs (temporary
+    directories removed, locks released). The CLI exits 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -1,10 +1,13 @@
-"""Files on disk, written once: atomic writes, kvprobe's canonical JSON, and a file's sha256."""
+"""Files on disk, written once: atomic writes, kvprobe's canonical JSON, a file's sha256, and
+the one way to read a file a user names (a regular file only, capped)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -49,3 +52,58 @@ def sha256_file(path: Path) -> str:
     """Streamed (memory stays flat whatever the size) by hashlib.file_digest."""
     with open(path, "rb", buffering=0) as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def kind_of(mode: int) -> str:
+    """What a file mode says the entry is, in words (``a FIFO``, ``a character device``, ...)."""
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file at ``path`` (at most ``max_bytes``). A FIFO, a device or
+    a socket is refused without a read (opened non-blocking: a FIFO with no writer does not
+    hang the open). Raises OSError when it cannot be opened or is not a regular file, and
+    ValueError when it holds more than ``max_bytes``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({kind_of(mode)})", str(path))
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise ValueError(f"{path}: larger than {max_bytes} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def output_refusal(path: Path, force: bool) -> str | None:
+    """Why a command may not write its output file at ``path``, or None when it may: the one
+    rule of every ``-o``. A path that exists is kept unless ``force``; one that is anything
+    but a regular file (a device, a FIFO, a directory, a symlink) is never replaced, with
+    ``force`` or without: as root, replacing ``/dev/full`` with a file breaks the system."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if not stat.S_ISREG(mode):
+        return f"{path} is {kind_of(mode)}; refusing to replace it (--force replaces a regular file only)"
+    if not force:
+        return f"{path} exists; refusing to overwrite it (--force replaces it)"
+    return None

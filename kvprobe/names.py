@@ -36,6 +36,8 @@ TEST_RUN_SCHEMA = "kvprobe.test-run/1"
 PYTEST_REPORT_SCHEMA = "kvprobe.pytest-report/1"
 # kvprobe's own data file of fix markers (kvprobe/gates/fixmarkers.toml), not a bundle document.
 FIX_MARKERS_SCHEMA = "kvprobe.fix-markers/1"
+# The fork server's reply lines (probe_api/kvprobe_forkserver.py): a message per $defs entry.
+FORKSERVER_REPLY_SCHEMA = "kvprobe.forkserver-reply/1"
 
 # The in-toto statement `kvprobe report --format intoto` writes, and `verify --attestation` reads.
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"

@@ -38,6 +38,12 @@ _NETWORK_VARS = (
 _BASE_VARS = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
 _GRACE_S = 3.0
 _CAPTURE_LIMIT = 1 << 20
+# The process groups of the commands and services under way (never a kept server, which
+# outlives kvprobe by design): what an interrupt stops. An RLock: the signal handler that
+# stops them runs in the main thread, which may hold it already.
+_RUNNING: set[int] = set()
+_RUNNING_LOCK = threading.RLock()
+_INTERRUPTED: list[int] = []  # the signal that stopped this process's work, once it came
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,10 @@ def run(
     args = tuple(os.fspath(a) for a in argv)
     started = time.monotonic()
     process = _spawn(args, env, stdout_path, stderr_path, cwd)
-    timed_out = _wait(process, timeout_s, poll)
+    try:
+        timed_out = _wait(process, timeout_s, poll)
+    finally:
+        _forget(process.pid)
     return CommandResult(
         argv=args,
         returncode=process.returncode,
@@ -240,6 +249,8 @@ class Service(Detached):
 
     def __init__(self, process: subprocess.Popen, lifetime_s: float) -> None:
         super().__init__(process)
+        with _RUNNING_LOCK:
+            _RUNNING.add(process.pid)
         self._timer = threading.Timer(lifetime_s, self.stop)
         self._timer.daemon = True
         self._timer.start()
@@ -251,6 +262,7 @@ class Service(Detached):
             _kill_group(self._process)
         else:
             kill_group(self._process.pid)  # a leader gone early may leave its group behind
+        _forget(self._process.pid)
 
     def __enter__(self) -> Service:
         return self
@@ -288,7 +300,9 @@ def start_detached(
 
     Raises ObserveError when the program cannot be started at all.
     """
-    return Detached(_spawn(tuple(os.fspath(a) for a in argv), env, stdout_path, stderr_path, cwd))
+    process = _spawn(tuple(os.fspath(a) for a in argv), env, stdout_path, stderr_path, cwd)
+    _forget(process.pid)  # it outlives kvprobe by design: an interrupt leaves it running
+    return Detached(process)
 
 
 def _spawn(
@@ -302,9 +316,12 @@ def _spawn(
         raise ValueError("empty argv")
     for path in (stdout_path, stderr_path):
         path.parent.mkdir(parents=True, exist_ok=True)
-    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+    # started and registered at once (under the lock): an interrupt stops it, or it never starts
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err, _RUNNING_LOCK:
+        if _INTERRUPTED:
+            raise ObserveError(f"not starting {Path(args[0]).name}: kvprobe was interrupted")
         try:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 args,
                 cwd=cwd,
                 env=dict(env),
@@ -316,6 +333,38 @@ def _spawn(
             )
         except OSError as exc:
             raise ObserveError(f"cannot start {args[0]}: {exc.strerror or exc}") from exc
+        _RUNNING.add(process.pid)
+        return process
+
+
+def _forget(pgid: int) -> None:
+    with _RUNNING_LOCK:
+        _RUNNING.discard(pgid)
+
+
+def interrupt(signum: int) -> int:
+    """Stop every command and service kvprobe started and is waiting for (SIGKILL to each
+    process group; a kept fork server is not one), and start no new one: kvprobe is ending
+    on ``signum``. Safe in a signal handler. Returns how many groups were stopped."""
+    with _RUNNING_LOCK:
+        if not _INTERRUPTED:
+            _INTERRUPTED.append(signum)
+        groups = list(_RUNNING)
+        _RUNNING.clear()
+    for pgid in groups:
+        kill_group(pgid)
+    return len(groups)
+
+
+def interrupted() -> int | None:
+    """The signal :func:`interrupt` was called for, or None."""
+    return _INTERRUPTED[0] if _INTERRUPTED else None
+
+
+def reset_interrupt() -> None:
+    """Start processes again (a test's CliRunner runs many commands in one process)."""
+    with _RUNNING_LOCK:
+        _INTERRUPTED.clear()
 
 
 def kill_group(pgid: int) -> None:

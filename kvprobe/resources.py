@@ -6,6 +6,7 @@ or an editable install they are the repository's top-level folders.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,7 +56,7 @@ def experiment_search_path() -> list[tuple[Path, str]]:
     built-in folder is named built-in however it is reached (a checkout's ./probes is it)."""
     if _BUILTIN_ONLY.get():
         return [(builtin_probes_dir().resolve(), SOURCE_BUILTIN)]
-    dirs = [(Path(p), SOURCE_ENV) for p in os.environ.get("KVPROBE_PROBES_PATH", "").split(os.pathsep) if p]
+    dirs = [(d, SOURCE_ENV) for d in _probes_path()[0]]
     local = Path.cwd() / "probes"
     if local.is_dir():
         dirs.append((local, SOURCE_LOCAL))
@@ -66,6 +67,35 @@ def experiment_search_path() -> list[tuple[Path, str]]:
         resolved = d.resolve()
         unique.setdefault(resolved, SOURCE_BUILTIN if resolved == builtin else source)
     return list(unique.items())
+
+
+def _probes_path() -> tuple[list[Path], list[tuple[str, str]]]:
+    """$KVPROBE_PROBES_PATH's entries kvprobe can search, and those it cannot, with why: a
+    folder it may not list or look into, a symlink loop, a name too long, not a folder. An
+    entry that does not exist is left out silently (nothing to find there)."""
+    usable, skipped = [], []
+    for entry in os.environ.get("KVPROBE_PROBES_PATH", "").split(os.pathsep):
+        if not entry:
+            continue
+        try:
+            os.listdir(entry)  # lists it: a folder this user may read
+            with contextlib.suppress(FileNotFoundError):
+                os.stat(os.path.join(entry, ".kvprobe-lookup"))  # may look names up in it
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            skipped.append((entry, "not a directory"))
+            continue
+        except OSError as exc:
+            skipped.append((entry, exc.strerror or str(exc)))
+            continue
+        usable.append(Path(entry))
+    return usable, skipped
+
+
+def probes_path_skipped() -> list[tuple[str, str]]:
+    """The $KVPROBE_PROBES_PATH entries left out of the search, with why (the CLI warns)."""
+    return [] if _BUILTIN_ONLY.get() else _probes_path()[1]
 
 
 def experiment_dirs() -> list[Path]:

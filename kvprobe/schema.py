@@ -11,6 +11,7 @@ from kvprobe.errors import SchemaError
 from kvprobe.names import (
     EXPERIMENT_SCHEMA,
     FIX_MARKERS_SCHEMA,
+    FORKSERVER_REPLY_SCHEMA,
     GATES_RECEIPT_SCHEMA,
     GATES_RECEIPT_SCHEMA_1,
     GATES_RECEIPT_SCHEMA_2,
@@ -35,6 +36,7 @@ KNOWN = {
     GATES_RECEIPT_SCHEMA_2: "gates-receipt-2.schema.json",
     SWEEP_RECEIPT_SCHEMA: "sweep-receipt.schema.json",
     FIX_MARKERS_SCHEMA: "fix-markers.schema.json",
+    FORKSERVER_REPLY_SCHEMA: "forkserver-reply.schema.json",
     # Third-party formats `kvprobe report` writes (schemas/vendor/README.md says where from).
     "openvex/0.2.0": "vendor/openvex-0.2.0.schema.json",
     "in-toto/statement-v1": "vendor/in-toto-statement-v1.schema.json",
@@ -50,7 +52,7 @@ RETIRED = {
 
 
 @cache
-def _validator(version: str) -> Draft202012Validator:
+def _validator(version: str, definition: str | None = None) -> Draft202012Validator:
     from jsonschema import Draft202012Validator
 
     if version in RETIRED:
@@ -63,6 +65,10 @@ def _validator(version: str) -> Draft202012Validator:
         ) from None
     with open(schemas_dir() / filename, encoding="utf-8") as handle:
         schema = json.load(handle)
+    if definition is not None:  # one of the file's $defs (a protocol's messages), checked as a whole
+        if definition not in schema.get("$defs", {}):
+            raise SchemaError(f"{filename} defines no {definition!r}")
+        schema = {**schema, "$ref": f"#/$defs/{definition}"}
     # No check_schema() here: checking against the meta-schema costs ~100 ms per process
     # (half of `kvprobe list`); the shipped schemas are checked once, by a unit test.
     return Draft202012Validator(schema, format_checker=_format_checker())
@@ -87,10 +93,11 @@ def _format_checker() -> FormatChecker:
     return checker
 
 
-def errors(document: Any, version: str) -> list[str]:
-    """Every violation as 'field.path: message', sorted by path; empty when valid."""
+def errors(document: Any, version: str, definition: str | None = None) -> list[str]:
+    """Every violation as 'field.path: message', sorted by path; empty when valid. With
+    ``definition``, ``document`` is checked against that entry of the schema's ``$defs``."""
     found = []
-    for err in _validator(version).iter_errors(document):
+    for err in _validator(version, definition).iter_errors(document):
         where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
         found.append(f"{where}: {err.message}")
     return sorted(found)

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvprobe import proc
+from kvprobe import proc, schema, strict_json
+from kvprobe.defects import BundleDefect
 from kvprobe.errors import CheckRunError, ObserveError
+from kvprobe.names import FORKSERVER_REPLY_SCHEMA
 from kvprobe.resources import probe_api_dir
 
 # The heavy third-party imports of the sglang-cpu env; never SGLang (it is the code under test).
@@ -43,6 +45,12 @@ FRESH, FORKED = "fresh", "forked"
 STATUS_LOST = "exit 255 without the check's own exit record (status lost, or os._exit); ran again fresh"
 START_TIMEOUT_S = 300.0
 _REPLY_GRACE_S = 30.0  # the server's own kill and reap after a check's timeout
+# A reply once connected: the server listens only after its preload, so it answers at once.
+REPLY_TIMEOUT_S = 30.0
+# Reply lines are capped: a hello lists every module the preload imported (torch and
+# transformers: a few thousand names, ~100 KiB); every other reply is one short line.
+MAX_HELLO_BYTES = 8 << 20
+MAX_REPLY_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,67 @@ class CheckResult(proc.CommandResult):
     """A check's result from :meth:`ForkServer.run`, and how it ran (forked, or fresh again)."""
 
     execution: Execution = Execution(FORKED)
+
+
+class BadReply(ObserveError):
+    """A fork server's reply that is not one: too long, too slow, not strict JSON, or not the
+    message its schema (``schemas/forkserver-reply.schema.json``) describes."""
+
+
+class Replies:
+    """The reply lines of one connection to a fork server. Each read is bounded in bytes and
+    in time and checked against its schema before a field of it is used: a kept server may be
+    any process of this user that holds its key (docs/architecture.md)."""
+
+    def __init__(self, conn: socket.socket, source: str) -> None:
+        self.conn = conn
+        self.source = source
+        self._buffer = bytearray()
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.conn.settimeout(REPLY_TIMEOUT_S)
+        self.conn.sendall(json.dumps(message).encode() + b"\n")
+
+    def read(
+        self, kind: str, *, timeout_s: float = REPLY_TIMEOUT_S, max_bytes: int = MAX_REPLY_BYTES
+    ) -> dict[str, Any] | None:
+        """The next reply, a ``kind`` message of the schema; None when the server closed the
+        connection without one. Raises BadReply (a line over ``max_bytes``, none within
+        ``timeout_s``, or one that is not a ``kind``) and OSError from the socket."""
+        line = self._line(timeout_s, max_bytes)
+        if line is None:
+            return None
+        try:
+            reply = strict_json.loads(line, self.source, max_bytes=max_bytes, max_depth=8)
+        except BundleDefect as defect:
+            raise BadReply(f"{self.source}: its reply is not strict JSON: {defect.detail[:240]}") from None
+        problems = schema.errors(reply, FORKSERVER_REPLY_SCHEMA, kind)
+        if problems:
+            problem = problems[0] if len(problems[0]) <= 240 else problems[0][:240] + "..."
+            raise BadReply(f"{self.source}: its reply is not a {kind} reply: {problem}")
+        return dict(reply)
+
+    def _line(self, timeout_s: float, max_bytes: int) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > max_bytes:
+                raise BadReply(f"{self.source}: a reply line longer than {max_bytes} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BadReply(f"{self.source}: no complete reply within {timeout_s:.0f}s")
+            self.conn.settimeout(left)
+            try:
+                chunk = self.conn.recv(min(1 << 16, max_bytes + 1 - len(self._buffer)))
+            except TimeoutError:
+                continue  # the deadline says
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, rest = bytes(self._buffer).partition(b"\n")
+        if len(line) > max_bytes:
+            raise BadReply(f"{self.source}: a reply line longer than {max_bytes} bytes")
+        self._buffer = bytearray(rest)
+        return line
 
 
 class StatusLost(CheckRunError):
@@ -146,8 +215,10 @@ class ForkServer:
             if time.monotonic() > deadline:
                 raise ObserveError(f"the fork server did not start within {START_TIMEOUT_S:.0f}s")
             time.sleep(0.05)
-        with self._connect(START_TIMEOUT_S) as conn, conn.makefile("rwb") as stream:
-            reply = _exchange(stream, {"op": "hello"})
+        with self._connect(START_TIMEOUT_S) as conn:
+            replies = Replies(conn, "the fork server")
+            replies.send({"op": "hello"})
+            reply = replies.read("hello", max_bytes=MAX_HELLO_BYTES)
         if reply is None:
             raise ObserveError(f"the fork server did not answer: {self._last_error()}")
         return reply
@@ -187,11 +258,13 @@ class ForkServer:
         }
         started, pgid = time.monotonic(), None
         try:
-            with self._connect(timeout_s + _REPLY_GRACE_S) as conn, conn.makefile("rwb") as stream:
-                first = _exchange(stream, request)
+            with self._connect(REPLY_TIMEOUT_S) as conn:
+                replies = Replies(conn, "the fork server")
+                replies.send(request)
+                first = replies.read("started")
                 pgid = first["started"] if first else None
-                reply = _read(stream) if first else None
-        except OSError as exc:
+                reply = replies.read("finished", timeout_s=timeout_s + _REPLY_GRACE_S) if first else None
+        except (OSError, BadReply) as exc:  # a reply that is not one is no result
             reply, why = None, str(exc)
         else:
             why = self._last_error()
@@ -321,15 +394,3 @@ def _top_level_names(directory: Path) -> set[str]:
         elif entry.is_file():
             names.update(entry.name[: -len(s)] for s in suffixes if entry.name.endswith(s))
     return {name for name in names if name and "." not in name}
-
-
-def _exchange(stream: Any, message: dict[str, Any]) -> dict[str, Any] | None:
-    stream.write(json.dumps(message).encode() + b"\n")
-    stream.flush()
-    return _read(stream)
-
-
-def _read(stream: Any) -> dict[str, Any] | None:
-    """The next reply line, or None when the server closed the connection without one."""
-    line = stream.readline()
-    return json.loads(line) if line.endswith(b"\n") else None

@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import stat
+import struct
 import tempfile
 import threading
 import time
@@ -36,7 +37,15 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from kvprobe import proc
-from kvprobe.checks.forkserver import SERVER_SCRIPT, START_TIMEOUT_S, ForkServer, server_env
+from kvprobe.checks.forkserver import (
+    MAX_HELLO_BYTES,
+    SERVER_SCRIPT,
+    START_TIMEOUT_S,
+    BadReply,
+    ForkServer,
+    Replies,
+    server_env,
+)
 from kvprobe.errors import ObserveError
 from kvprobe.resources import probe_api_dir
 
@@ -47,6 +56,8 @@ _PREFIX = "fs-"
 _ATTACH_TRIES = 3
 _DETACH_TIMEOUT_S = 5.0
 _SOCKET_PATH_MAX = 107  # sun_path less its terminating NUL
+_ASK_TIMEOUT_S = 5.0  # `cache servers`: a kept server answers hello and stop at once
+_STOP_WAIT_S = 5.0  # a stopped server kills its checks' groups and exits
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,7 @@ class KeptInfo:
 
     @classmethod
     def from_hello(cls, reply: Mapping[str, Any]) -> KeptInfo:
+        """From a reply :class:`Replies` has checked against the ``kept-hello`` schema."""
         return cls(
             pid=int(reply["pid"]),
             started_utc=str(reply["started_utc"]),
@@ -231,18 +243,22 @@ class KeptServer(ForkServer):
                     ) from None
                 time.sleep(0.05)
         try:
-            with conn.makefile("rwb") as stream:
-                stream.write(json.dumps({"op": "attach"}).encode() + b"\n")
-                stream.flush()
-                line = stream.readline()
+            replies = Replies(conn, f"the kept fork server at {self.home}")
+            replies.send({"op": "attach"})
+            reply = replies.read("kept-hello", max_bytes=MAX_HELLO_BYTES)
+            if reply is not None:
+                check_peer(conn, reply["pid"], replies.source)
         except OSError:
-            line = b""
-        if not line.endswith(b"\n"):
+            reply = None
+        except BadReply:
+            conn.close()
+            raise
+        if reply is None:
             conn.close()
             return None
         conn.settimeout(None)
         self._attached = conn
-        return dict(json.loads(line))
+        return reply
 
     def _stop_stuck(self) -> None:
         """Kill a server that holds its key but never answered (a preload that hangs): it would
@@ -318,38 +334,134 @@ def _locked(path: Path) -> Iterator[None]:
         lock.release()
 
 
+def check_peer(conn: socket.socket, pid: int, source: str) -> None:
+    """Raises BadReply unless the process at the other end of ``conn`` is this user's and is
+    the ``pid`` its reply named (the kernel says who listens: SO_PEERCRED), so that a stop
+    is checked on the process that was asked, not on a number it gave."""
+    peer_pid, peer_uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if peer_uid != os.getuid():
+        raise BadReply(f"{source}: its socket belongs to user {peer_uid}, not this user")
+    if peer_pid != pid:
+        raise BadReply(f"{source}: it says it is pid {pid}, but its socket is pid {peer_pid}'s")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A socket in the runtime directory that answered, but not as a kept server answers."""
+
+    socket: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What ``cache servers`` found: the kept servers that answered, and what was skipped."""
+
+    servers: list[KeptInfo]
+    skipped: list[Skipped]
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """What ``cache servers --stop`` did: stopped (their pid gone), or still running, and why."""
+
+    stopped: list[KeptInfo]
+    not_stopped: list[Skipped]
+    skipped: list[Skipped]
+
+
+def survey() -> Survey:
+    """Every kept server of this user that answers, oldest first, and every socket whose
+    reply was not a kept server's (too long, too slow, not its schema), named. Raises
+    ObserveError when the runtime directory is unusable."""
+    found, skipped = _survey()
+    return Survey([info for _, info in found], skipped)
+
+
+def _survey() -> tuple[list[tuple[Path, KeptInfo]], list[Skipped]]:
+    found, skipped = [], []
+    for home in sorted(runtime_dir().glob(f"{_PREFIX}*")):
+        sock = home / "server.sock"
+        try:
+            reply = _ask(sock, {"op": "hello"}, "kept-hello")
+        except BadReply as exc:
+            skipped.append(Skipped(str(sock), str(exc)))
+            continue
+        if reply is not None:
+            found.append((sock, KeptInfo.from_hello(reply)))
+    return sorted(found, key=lambda f: f[1].started_utc), skipped
+
+
 def kept_servers() -> list[KeptInfo]:
     """Every kept server of this user that answers, oldest first."""
-    found = []
-    for home in sorted(runtime_dir().glob(f"{_PREFIX}*")):
-        reply = _ask(home / "server.sock", {"op": "hello"})
-        if reply is not None and "started_utc" in reply:
-            found.append(KeptInfo.from_hello(reply))
-    return sorted(found, key=lambda k: k.started_utc)
+    return survey().servers
+
+
+def stop_all() -> StopOutcome:
+    """Ask every kept server of this user to stop (their running checks with them), and
+    check that each one's process is gone. A socket whose reply is not a kept server's is
+    skipped and named; a server whose process still runs after ``_STOP_WAIT_S`` is named
+    as not stopped. Raises ObserveError when the runtime directory is unusable."""
+    found, skipped = _survey()
+    stopped, not_stopped = [], []
+    for sock, server in found:
+        why = ""
+        try:
+            if _ask(sock, {"op": "stop"}, "stopping", expect_pid=server.pid) is None:
+                why = "; it did not answer the request to stop"
+        except BadReply as exc:
+            why = f"; {exc}"
+        if _gone(server.pid, _STOP_WAIT_S):
+            stopped.append(server)
+        else:
+            reason = f"pid {server.pid} still runs {_STOP_WAIT_S:.0f}s after it was asked to stop{why}"
+            not_stopped.append(Skipped(str(sock), reason))
+    return StopOutcome(stopped, not_stopped, skipped)
 
 
 def stop_kept_servers() -> list[KeptInfo]:
-    """Stop every kept server of this user (their running checks with them); returns them."""
-    stopped = []
-    for home in sorted(runtime_dir().glob(f"{_PREFIX}*")):
-        reply = _ask(home / "server.sock", {"op": "hello"})
-        if reply is not None and "started_utc" in reply and _ask(home / "server.sock", {"op": "stop"}) is not None:
-            stopped.append(KeptInfo.from_hello(reply))
-    return stopped
+    """Stop every kept server of this user; returns those whose process is gone."""
+    return stop_all().stopped
 
 
-def _ask(path: Path, message: dict[str, Any]) -> dict[str, Any] | None:
-    """One request, one reply line; None when nothing answers there."""
+def _gone(pid: int, within_s: float) -> bool:
+    """Whether process ``pid`` has ended (a zombie has) within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            stat_line = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return True
+        if stat_line[stat_line.rindex(")") + 2] == "Z":
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _ask(path: Path, message: dict[str, Any], kind: str, expect_pid: int | None = None) -> dict[str, Any] | None:
+    """One request, one ``kind`` reply from the process listening at ``path`` (checked: its
+    schema, and that it is the pid it names); None when nothing answers there. Raises
+    BadReply for a reply that is too long, too slow or not a ``kind``."""
+    source = f"the socket {path}"
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.settimeout(10)
     try:
-        conn.connect(str(path))
-        with conn.makefile("rwb") as stream:
-            stream.write(json.dumps(message).encode() + b"\n")
-            stream.flush()
-            line = stream.readline()
-        return dict(json.loads(line)) if line.endswith(b"\n") else None
-    except (OSError, ValueError):
-        return None
+        conn.settimeout(_ASK_TIMEOUT_S)
+        try:
+            conn.connect(str(path))
+        except OSError:
+            return None  # a dead server's socket, or none
+        replies = Replies(conn, source)
+        try:
+            replies.send(message)
+            reply = replies.read(kind, timeout_s=_ASK_TIMEOUT_S, max_bytes=MAX_HELLO_BYTES)
+        except OSError:
+            return None
+        if reply is not None:
+            pid = reply["pid"] if "pid" in reply else reply["stopping"]
+            if expect_pid is not None and pid != expect_pid:
+                raise BadReply(f"{source}: it was pid {expect_pid} and says it is stopping pid {pid}")
+            check_peer(conn, pid, source)
+        return reply
     finally:
         conn.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvprobe import __version__, names
-from kvprobe.errors import KvprobeError
+from kvprobe.errors import Interrupted, KvprobeError
 from kvprobe.text import for_shell, for_terminal
 
 if TYPE_CHECKING:
@@ -61,6 +62,64 @@ def _internal(exc: BaseException, debug: bool) -> None:
     sys.exit(EXIT_INTERNAL)
 
 
+def _on_signal(signum: int, frame: object) -> None:
+    """SIGINT or SIGTERM: stop every process kvprobe is waiting for (so that threads waiting
+    on them return), start no new one, and unwind the main thread through its ``finally``s."""
+    from kvprobe import proc
+
+    proc.interrupt(signum)
+    raise Interrupted(signum)
+
+
+def _catch_signals() -> dict[int, Any]:
+    """Install :func:`_on_signal` for SIGINT and SIGTERM (main thread only); the previous handlers."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, _on_signal)
+    return previous
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _interrupted(signum: int) -> None:
+    """One line: which signal, what it stopped, and what is left behind; exit 128 + signum."""
+    from kvprobe import proc
+
+    name = signal.Signals(signum).name
+    proc.interrupt(signum)  # a KeyboardInterrupt from Python's own handler stopped nothing yet
+    left = []
+    try:
+        from kvprobe.env.cache import default_cache_root, stale_builds
+
+        left = [str(p) for p in stale_builds(default_cache_root())]
+    except Exception:  # reporting what is left must not turn an interrupt into a crash
+        left = []
+    behind = (
+        f"left behind: {', '.join(for_terminal(p) for p in left)} (`kvprobe cache prune` removes it)"
+        if left
+        else "nothing half-written was kept (writes are atomic, temporary files removed) and the cache "
+        "holds only complete entries"
+    )
+    click.echo(f"kvprobe: interrupted by {name}: stopped the processes it started; {behind}", err=True)
+    proc.reset_interrupt()
+    sys.exit(128 + signum)
+
+
+def _warn_probes_path() -> None:
+    """One line per $KVPROBE_PROBES_PATH entry the search leaves out (it cannot be read)."""
+    from kvprobe.resources import probes_path_skipped
+
+    for entry, why in probes_path_skipped():
+        click.echo(f"kvprobe: warning: KVPROBE_PROBES_PATH entry {for_terminal(entry)} skipped: {why}", err=True)
+
+
 def guarded(func: Callable[..., int]) -> Callable[..., None]:
     """Run a command body; map KvprobeError to its exit code, the body's int to the exit."""
     import functools
@@ -68,14 +127,20 @@ def guarded(func: Callable[..., int]) -> Callable[..., None]:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         debug = click.get_current_context().meta.get(_DEBUG, False)
+        _warn_probes_path()
+        previous = _catch_signals()
         try:
             code = func(*args, **kwargs)
         except KvprobeError as exc:
             _fail(exc, debug)
-        except (click.exceptions.Exit, click.Abort, click.ClickException, KeyboardInterrupt):
+        except (Interrupted, KeyboardInterrupt) as exc:
+            _interrupted(exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
+        except (click.exceptions.Exit, click.Abort, click.ClickException):
             raise
         except Exception as exc:  # the catch-all that keeps a crash off exit 1
             _internal(exc, debug)
+        finally:
+            _restore_signals(previous)
         sys.exit(code or 0)
 
     return wrapper
@@ -650,7 +715,7 @@ def report_cmd(
     from kvprobe.verify.steps import parse_digest
 
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    if epoch is not None and not epoch.isdigit():
+    if epoch is not None and not _epoch_seconds(epoch):
         raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds")
     issued = datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if epoch else None
     opts = ExportOptions(
@@ -892,15 +957,30 @@ def _signed_statement(attestation: Path | None, key: Path | None, expected: str 
     return signed
 
 
+_MAX_EPOCH = 253402300799  # 9999-12-31T23:59:59Z: the last second a timestamp can name
+
+
+def _epoch_seconds(epoch: str) -> bool:
+    """Whether SOURCE_DATE_EPOCH is ASCII digits; UsageError for a number of seconds no date
+    has (past the year 9999: ``datetime`` overflows, and Python refuses very long numbers)."""
+    from kvprobe.errors import UsageError
+
+    if not (epoch.isascii() and epoch.isdigit()):
+        return False
+    if len(epoch) > len(str(_MAX_EPOCH)) or int(epoch) > _MAX_EPOCH:
+        raise UsageError(f"SOURCE_DATE_EPOCH={epoch[:40]!r} is out of range (a date before the year 10000)")
+    return True
+
+
 def _bundle_code_consent(console: Console, trusted: bool) -> Callable[[list[tuple[str, str]]], bool]:
     """Consent to run a bundle's own code: the flag, or a yes typed at a terminal; never a pipe."""
 
     def consent(files: list[tuple[str, str]]) -> bool:
         if not trusted and not (sys.stdin.isatty() and sys.stderr.isatty()):
             return False
-        console.print("the rerun will execute the bundle's own code:", markup=False, highlight=False)
-        for rel, digest in files:
-            console.print(f"  sha256 {digest}  {for_terminal(rel)}", markup=False, highlight=False)
+        console.print("the rerun will execute the bundle's own code, and what it names:", markup=False, highlight=False)
+        for what, identity in files:
+            console.print(f"  {identity}  {for_terminal(what)}", markup=False, highlight=False)
         return trusted or click.confirm("Run this code as you, on this machine?", default=False, err=True)
 
     return consent
@@ -1031,23 +1111,43 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
 @_json_document
 @guarded
 def cache_servers_cmd(stop: bool, as_json: bool) -> int:
-    """List the preloaded fork servers kept between runs (`kvprobe run --keep-server`), or stop them."""
+    """List the preloaded fork servers kept between runs (`kvprobe run --keep-server`), or stop them.
+
+    A socket whose reply is not a kept server's is skipped and named. With --stop, exit 1
+    when a server's process still runs after it was asked to stop (each is named).
+    """
     import dataclasses
 
-    from kvprobe.checks.keptserver import kept_servers, stop_kept_servers
+    from kvprobe.checks.keptserver import Skipped, StopOutcome, stop_all, survey
 
-    servers = stop_kept_servers() if stop else kept_servers()
+    if stop:
+        found = stop_all()
+    else:
+        listed = survey()
+        found = StopOutcome(listed.servers, [], listed.skipped)
+    servers, skipped = found.stopped, found.skipped
     if as_json:
-        emit_json({"stopped": stop, "servers": [dataclasses.asdict(s) for s in servers]})
+        emit_json(
+            {
+                "stopped": stop,
+                "servers": [dataclasses.asdict(s) for s in servers],
+                "not_stopped": [dataclasses.asdict(s) for s in found.not_stopped],
+                "skipped": [dataclasses.asdict(s) for s in skipped],
+            }
+        )
     elif _results(as_json):
-        for s in servers:
+        for s in servers:  # what a kept server says of itself is its own text: escaped
             click.echo(
-                f"{'stopped' if stop else 'running'}  pid {s.pid}  since {s.started_utc}  idle limit {s.idle_s:.0f}s"
-                f"  checks {s.served}  runs attached {s.attached}  {for_terminal(s.python)}"
+                f"{'stopped' if stop else 'running'}  pid {s.pid}  since {for_terminal(s.started_utc)}"
+                f"  idle limit {s.idle_s:.0f}s  checks {s.served}  runs attached {s.attached}  {for_terminal(s.python)}"
             )
-        if not servers:
+        if not servers and not found.not_stopped:
             click.echo("no kept fork server is running", err=True)
-    return EXIT_OK
+    rows: list[tuple[str, Skipped]] = [("NOT STOPPED", n) for n in found.not_stopped]
+    rows += [("skipped", k) for k in skipped]
+    for label, row in rows:
+        click.echo(f"{label}  {for_terminal(row.socket)}: {for_terminal(row.reason)}", err=True)
+    return EXIT_FAIL if found.not_stopped else EXIT_OK
 
 
 @cache_group.command("verify")

@@ -212,6 +212,9 @@ def _prune_one(root: Path, entry: Entry, dry_run: bool, now: float) -> Outcome:
     if not _inside(root, entry.path):
         return Outcome(entry, "skipped", "outside the cache root")
     if entry.kind == "partial" and now - entry.last_used < PARTIAL_GRACE_S:
+        owner = build_lock(entry.path)
+        if owner is not None:  # an env build: whoever builds holds the env's lock
+            return _prune_stale_build(entry, owner, dry_run)
         minutes = max(0, int((now - entry.last_used) // 60))
         return Outcome(entry, "skipped", f"work in progress (started {minutes} min ago)")
     if entry.lock is None:
@@ -228,6 +231,53 @@ def _prune_one(root: Path, entry: Entry, dry_run: bool, now: float) -> Outcome:
         if entry.kind in _LEASED and not dry_run:
             _rmdir_quietly(entry.path.parent / f"{entry.path.name}.users")
         return outcome
+    finally:
+        lock.release()
+
+
+def build_lock(path: Path) -> Path | None:
+    """The lock an env build holds while it fills ``path`` (``envs/.build-<env>-<random>``,
+    kvprobe.env.venv): ``envs/<env>.lock``; None for any other partial entry."""
+    name = path.name
+    if path.parent.name != KIND_DIRS["env"] or not name.startswith(".build-") or "-" not in name[7:]:
+        return None
+    return path.parent / f"{name[len('.build-') :].rsplit('-', 1)[0]}.lock"
+
+
+def stale_builds(root: Path) -> list[Path]:
+    """The env builds in ``root`` whose builder is gone (its lock is free): a build killed
+    before it could remove its directory (SIGKILL, a power cut)."""
+    envs = Path(root) / KIND_DIRS["env"]
+    if envs.is_symlink() or not envs.is_dir():
+        return []
+    stale = []
+    for path in sorted(envs.glob(".build-*")):
+        lock = build_lock(path)
+        if lock is not None and _lock_free(lock):
+            stale.append(path)
+    return stale
+
+
+def _lock_free(path: Path) -> bool:
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        return False
+    lock.release()
+    return True
+
+
+def _prune_stale_build(entry: Entry, owner: Path, dry_run: bool) -> Outcome:
+    """A partial env build is removed, however young, once its builder is gone: under the
+    env's lock, which its builder held for as long as it lived."""
+    lock = FileLock(str(owner), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        return Outcome(entry, "skipped", "work in progress (an env build holds its lock)")
+    try:
+        return _remove(entry, dry_run)
     finally:
         lock.release()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import shutil
 import tomllib
@@ -29,7 +30,7 @@ from kvprobe.model.records import (
     WheelPin,
 )
 from kvprobe.names import EXPERIMENT_SCHEMA, PROBES_DIR, SIDES
-from kvprobe.resources import experiment_dirs, experiment_search_path
+from kvprobe.resources import SOURCE_BUILTIN, experiment_dirs, experiment_search_path
 
 FILENAME = "experiment.toml"
 
@@ -42,8 +43,11 @@ def find(experiment_id: str) -> Path:
         candidate = directory / experiment_id / FILENAME
         if candidate.is_file():
             return candidate
-    known = ", ".join(e for e in list_ids()) or "none"
-    raise ExperimentError(f"unknown experiment {experiment_id!r} (known: {known})")
+    ids = list_ids()
+    known = ", ".join(ids) or "none"
+    close = difflib.get_close_matches(experiment_id, ids, n=1, cutoff=0.6)
+    guess = f"; did you mean {close[0]}?" if close else ""
+    raise ExperimentError(f"unknown experiment {experiment_id!r}{guess} (known: {known})")
 
 
 def sources(experiment_id: str) -> list[tuple[Path, str]]:
@@ -94,7 +98,21 @@ def load(experiment_id: str, *, validate: bool = True) -> Experiment:
     """The experiment kvprobe would run for ``experiment_id``, with where it came from."""
     path = find(experiment_id)
     source = next(src for folder, src in sources(experiment_id) if folder == path.parent)
-    return dataclasses.replace(load_file(path, validate=validate), source=source)
+    exp = dataclasses.replace(load_file(path, validate=validate), source=source)
+    if validate and source != SOURCE_BUILTIN:
+        check_profile(exp)
+    return exp
+
+
+def check_profile(exp: Experiment) -> None:
+    """An experiment kvprobe does not ship is checked whole when loaded: its dependency
+    profile found and its lock hash-pinned (ExperimentError), as `new` checks a new one, not
+    first when a run is about to build an env. Synthetic pin sets use kvprobe's interpreter."""
+    if all(p.kind is SourceKind.SYNTHETIC for p in exp.pin_sets.values()):
+        return
+    from kvprobe.env.venv import load_profile
+
+    load_profile(exp.profile)
 
 
 def load_file(path: Path, *, validate: bool = True) -> Experiment:

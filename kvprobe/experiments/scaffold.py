@@ -125,9 +125,16 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
 
 def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
     """Everything checkable without a process; returns (upstream URL, URL to fetch from, test paths)."""
-    from kvprobe.sources.git import validate_pr, validate_rel_path, validate_sha, validate_url
+    from kvprobe.sources.git import (
+        check_local_repository,
+        validate_pr,
+        validate_rel_path,
+        validate_sha,
+        validate_url,
+    )
 
     check_id(spec.experiment_id)
+    _check_dir(spec.probes_dir)
     check_free(spec.experiment_id, spec.probes_dir)
     _check_release_args(spec)
     if has_commits(spec):
@@ -164,7 +171,10 @@ def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
     _check_profile(spec.profile)
     _check_vulnerability(spec)
     upstream = validate_url(spec.upstream)
-    return upstream, validate_url(spec.repo) if spec.repo is not None else upstream, tests
+    fetch_url = validate_url(spec.repo) if spec.repo is not None else upstream
+    if has_commits(spec):
+        check_local_repository(fetch_url)  # before a git store is made in the cache for it
+    return upstream, fetch_url, tests
 
 
 def check_id(experiment_id: str) -> str:
@@ -179,6 +189,22 @@ def check_id(experiment_id: str) -> str:
     if experiment_id in _RESERVED_IDS:
         raise UsageError(f"experiment id {experiment_id!r} is reserved (probes/{experiment_id}/ is not an experiment)")
     return experiment_id
+
+
+def _check_dir(probes_dir: Path) -> None:
+    """--dir is a folder, or can be made in the nearest folder above it that exists and this
+    user may write (checked before any fetch; the write itself says why it failed)."""
+    path = Path(probes_dir).absolute()
+    above = path
+    try:
+        while not os.path.lexists(above) and above != above.parent:
+            above = above.parent
+        if not above.is_dir():
+            raise UsageError(f"--dir {probes_dir}: {above} is not a directory")
+    except OSError as exc:
+        raise UsageError(f"--dir {probes_dir}: {exc.strerror or exc}") from exc
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise UsageError(f"--dir {probes_dir}: cannot create a folder in {above} (not writable)")
 
 
 def check_free(experiment_id: str, probes_dir: Path) -> None:
@@ -381,9 +407,12 @@ def _write(checked: _Checked) -> Path:
     """Write into a temp folder beside the target, load it back, then rename it into place."""
     spec = checked.spec
     probes_dir = Path(spec.probes_dir)
-    probes_dir.mkdir(parents=True, exist_ok=True)
     final = probes_dir / spec.experiment_id
-    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.experiment_id}.new-", dir=probes_dir))
+    try:
+        probes_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.experiment_id}.new-", dir=probes_dir))
+    except OSError as exc:
+        raise UsageError(f"--dir {probes_dir}: cannot create a folder there: {exc.strerror or exc}") from exc
     try:
         staged = tmp / spec.experiment_id
         staged.mkdir()

@@ -119,6 +119,7 @@ def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise UsageError(f"{path}: directory {directory} does not exist")
-    if path.exists() and not force:
-        raise BundleExistsError(f"{path} exists; refusing to overwrite it (--force replaces it)")
+    refusal = files.output_refusal(path, force)
+    if refusal is not None:
+        raise BundleExistsError(refusal)
     files.write_atomic(path, text.encode("utf-8"))

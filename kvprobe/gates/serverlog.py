@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kvprobe import strict_json
+from kvprobe import redaction, strict_json
 from kvprobe.defects import JsonDefect, JsonMalformed
 from kvprobe.evidence.gate4 import as_bool as as_bool  # SGLang's booleans: one rule, shared with verify
 
@@ -177,17 +177,6 @@ KEYS = (
 ENV_KEYS = (
     "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE",
     "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT",
-)
-# Key names that hold secrets (api_key, admin_api_key, hf_token, HF_TOKEN, --api-key,
-# ssl_keyfile_password, *_secret), matched after lower-casing and "-" -> "_". Not
-# tokenizer_path or max_total_num_tokens: "token" only as the last word of the name.
-_SECRET_RE = re.compile(r"api_?key|(?:^|_)key$|(?:^|_)token$|secret|passw(?:or)?d|credential")
-REDACTED = "<redacted>"
-_QUOTED = r"'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?"
-# 'key': v / "key": v (dict repr, JSON), key=v (dataclass repr, env), --key v / --key=v (command line)
-_SECRET_SPOTS = re.compile(
-    rf"(?P<lead>(?P<q>['\"])(?P<k1>[\w.-]+)(?P=q)\s*:\s*|(?<![\w-])--(?P<k3>[\w-]+)(?:=|\s+)|\b(?P<k2>\w+)=)"
-    rf"(?P<value>{_QUOTED}|[^\s,)}}\]]+)"
 )
 MAX_LINE_BYTES = 1 << 20  # a resolved server_args dump is ~10 KB; longer lines are cut here
 MAX_ARGS_FILE_BYTES = 16 << 20
@@ -548,22 +537,11 @@ def _excerpt(text: str, redacted: set[str], limit: int = 240) -> str:
     return _clip(masked, limit)
 
 
-def is_secret_key(key: str) -> bool:
-    return bool(_SECRET_RE.search(key.lower().replace("-", "_")))
-
-
-def redact(text: str) -> tuple[str, frozenset[str]]:
-    """``text`` with the value of every secret-looking key masked, and the keys masked."""
-    keys: set[str] = set()
-
-    def mask(match: re.Match) -> str:
-        key = match["k1"] or match["k2"] or match["k3"]
-        if not is_secret_key(key):
-            return match[0]
-        keys.add(key.lower().replace("-", "_").lstrip("_"))
-        return match["lead"] + (f"'{REDACTED}'" if match["value"][:1] in "'\"" else REDACTED)
-
-    return _SECRET_SPOTS.sub(mask, text), frozenset(keys)
+# Secrets are masked by kvprobe.redaction, one pass by key name and by value shape; the names
+# stay here for serverlog's callers.
+REDACTED = redaction.REDACTED
+redact = redaction.redact
+is_secret_key = redaction.is_secret_key
 
 
 # --- server arguments ----------------------------------------------------------------------
@@ -645,7 +623,7 @@ def _from_mapping(
         env_doc = {}
     env = {k: str(v) for k, v in {**flat, **env_doc}.items() if k in ENV_KEYS}
     values = {k: flat[k] for k in KEYS if k in flat}
-    secrets = redacted | {k.lower() for k in {**flat, **env_doc} if is_secret_key(k)}
+    secrets = redacted | {redaction.key_name(k) for k, v in {**flat, **env_doc}.items() if redaction.is_secret(k, v)}
     full_dump = "disaggregation_mode" in flat and (full or len(flat) > 50)
     return ServerArgs(values, env, full_dump, evidence, frozenset(secrets))
 

@@ -18,6 +18,7 @@ current directory's ``./probes``. The fresh bundle goes to a temp dir removed af
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import shutil
 import tempfile
@@ -30,7 +31,7 @@ from kvprobe import __version__
 from kvprobe.defects import RerunDiffers
 from kvprobe.errors import ExperimentError, ObserveError, UsageError
 from kvprobe.evidence.reader import Bundle
-from kvprobe.model.records import Experiment
+from kvprobe.model.records import Experiment, GitPin, Side, WheelPin
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 from kvprobe.progress import Reporter
@@ -39,7 +40,9 @@ from kvprobe.run import rerun_sweep
 from kvprobe.verify.anchor import installed_experiment
 from kvprobe.verify.result import StepResult, step_result
 
-# Asked before a bundle's own code runs: [(path in the bundle, sha256)] -> yes or no.
+# Asked before a bundle's own code runs: [(what runs, its identity: "sha256 HEX" or "commit
+# SHA")] -> yes or no. The bundle's probe files first, then what its experiment file makes
+# the rerun fetch and run: release wheels by version, upstream commits whose tests run.
 Consent = Callable[[list[tuple[str, str]]], bool]
 TRUST_FLAG = "--trust-bundle-code"
 
@@ -80,25 +83,24 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
     exp_id = bundle.accepted_receipt["experiment"]["id"]
     installed = installed_experiment(exp_id)
     notes: list[str] = []
+    refused = StepResult(
+        6,
+        "could-not-run",
+        "not re-run: the bundle's own code needs consent",
+        notes=[
+            f"{exp_id} is not an experiment kvprobe {__version__} ships: re-running it executes the "
+            f"bundle's own probe code as you; pass {TRUST_FLAG} to allow that (its digests are printed first)"
+        ],
+    )
     if installed is not None:
         notes.append(f"re-ran kvprobe {__version__}'s installed {exp_id}, not the bundle's copy")
-    elif opts.consent is None or not opts.consent(bundle_code(bundle)):
-        return StepResult(
-            6,
-            "could-not-run",
-            "not re-run: the bundle's own code needs consent",
-            notes=[
-                f"{exp_id} is not an experiment kvprobe {__version__} ships: re-running it executes the "
-                f"bundle's own probe code as you; pass {TRUST_FLAG} to allow that (its digests are printed first)"
-            ],
-        )
-    else:
-        notes.append(f"re-ran the bundle's own code for {exp_id} ({TRUST_FLAG})")
+    elif opts.consent is None:
+        return refused
     work = Path(tempfile.mkdtemp(prefix="kvprobe-rerun-"))
     try:
         with builtin_search_path():
             try:
-                exp = _load(installed, bundle, work)
+                exp = _load(installed, bundle, work)  # a bundle's copy: its verified bytes, copied
             except ExperimentError as exc:
                 return StepResult(
                     6,
@@ -106,6 +108,11 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
                     "the experiment cannot be loaded",
                     [RerunDiffers(bundle.accepted_receipt["experiment"]["file"], exc.message)],
                 )
+            if installed is None:
+                assert opts.consent is not None, "returned above"
+                if not opts.consent(what_runs(bundle, exp, chosen, opts)):
+                    return refused
+                notes.append(f"re-ran the bundle's own code for {exp_id} ({TRUST_FLAG})")
             if sweep:
                 return _rerun_releases(bundle, exp, chosen, opts, work, notes, reporter)
             try:
@@ -125,17 +132,59 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
 
 
 def _load(installed: Path | None, bundle: Bundle, work: Path) -> Experiment:
-    """The installed experiment, or the bundle's copy (consented to) taken out of the verified tree."""
+    """The installed experiment, or the bundle's copy taken out of the verified tree into
+    ``work`` (loaded, not run: consent comes after). Each file's bytes are hashed as they are
+    copied and must be those verified and shown for consent: the rerun runs the private copy,
+    never a second read of the bundle. Raises ExperimentError for a file that changed."""
     from kvprobe.experiments.experiment import load_file
 
     if installed is not None:
         return load_file(installed / "experiment.toml")
     exp_id = bundle.accepted_receipt["experiment"]["id"]
-    for rel, _digest in bundle_code(bundle):
+    for rel, digest in bundle_code(bundle):
+        data = bundle.tree.read_bytes(rel, bundle.limits.max_file_bytes)
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ExperimentError(f"{rel} changed after it was verified (its sha256 is no longer {digest}): not run")
         target = work / PROBES_DIR / rel[len(PROBES_DIR) + 1 :]
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(bundle.tree.read_bytes(rel, bundle.limits.max_file_bytes))
+        target.write_bytes(data)
     return load_file(work / PROBES_DIR / exp_id / "experiment.toml")
+
+
+def what_runs(bundle: Bundle, exp: Experiment, releases: list[str], opts: RerunOptions) -> list[tuple[str, str]]:
+    """Everything a consented rerun of the bundle's own experiment runs, as (what, identity):
+    its probe files (sha256), then what its experiment file decides besides them: for a
+    sweep, each release's wheel fetched by version (the sha256 the sweep recorded; step 6
+    refuses other bytes); for a run, the pin set's wheels (sha256) and the upstream commits
+    whose test files and conftest.py pytest imports (by commit, from --repo or the upstream
+    the experiment names)."""
+    shown = [(rel, f"sha256 {digest}") for rel, digest in bundle_code(bundle)]
+    if bundle.receipt_family == rerun_sweep.FAMILY:
+        published = SweepReceipt.from_json(bundle.accepted_receipt)
+        for release in published.releases:
+            if release.version in releases and release.wheel is not None:
+                wheel = release.wheel
+                what = f"{wheel.package} {wheel.version} from the package index, by version ({wheel.file})"
+                shown.append((what, f"sha256 {wheel.sha256}"))
+        return shown
+    pin_set = exp.pin_sets.get(bundle.accepted_receipt["pin_set"]["name"])
+    if pin_set is None:  # the rerun will say the pin set is gone
+        return shown
+    url = opts.repo or exp.upstream or "(no upstream named)"
+    commits = [(side, pin_set.pin(Side(side))) for side in SIDES]
+    if pin_set.tests_commit is not None:
+        commits.append(("tests", pin_set.tests_commit))
+    for side, pin in commits:
+        if isinstance(pin, WheelPin):
+            shown.append((f"{pin.package} {pin.version} wheel ({side}, {pin.filename})", f"sha256 {pin.sha256}"))
+        elif isinstance(pin, GitPin) and (pin_set.runs_tests or side == "tests"):
+            tests = ", ".join(t.path for t in exp.tests_for(pin_set.name)) or "none"
+            shown.append(
+                (f"{url} ({side}): its conftest.py files and the tests pytest runs ({tests})", f"commit {pin.commit}")
+            )
+        elif isinstance(pin, GitPin):
+            shown.append((f"{url} ({side}): the tree the probes import", f"commit {pin.commit}"))
+    return shown
 
 
 def _rerun_releases(

@@ -134,6 +134,8 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         if early is None:
             server, fresh_reason = _start_server(exp, pin_set, opts, work, held, (env, python, env_vars), modules)
         server, fresh_reason = server_ready(server, fresh_reason)  # what the first check waits on
+        if server is None and opts.keep_server_s is not None:
+            reporter.note(f"checks run fresh: {fresh_reason}")  # asked for a kept server, not given one
         ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server)
         timings["preload_s"] = time.monotonic() - clock
         clock = time.monotonic()

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from kvprobe import __version__
 from kvprobe.checks import probes, upstream
-from kvprobe.checks.forkserver import FRESH, PRELOAD, ForkServer
+from kvprobe.checks.forkserver import FRESH, PRELOAD, BadReply, ForkServer
 from kvprobe.checks.keptserver import KeptServer
 from kvprobe.errors import ExperimentError, ObserveError
 from kvprobe.files import write_json
@@ -288,6 +288,9 @@ def server_ready(server: ForkServer | None, reason: str | None) -> tuple[ForkSer
         return None, reason
     try:
         server.ready()
+    except BadReply as exc:  # a kept server found on the run's key is any process of this user
+        server.close()
+        return None, f"ignored a fork server whose reply is not one: {exc}"
     except ObserveError as exc:
         server.close()
         return None, f"the fork server did not start: {exc}"

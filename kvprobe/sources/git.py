@@ -19,7 +19,7 @@ import unicodedata
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import filelock
 
@@ -121,6 +121,23 @@ def _validate_scheme_url(url: str, scheme: str) -> str:
     if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
         raise UsageError(f"repository URL {url!r}: a file:// URL needs an absolute local path (file:///path/to/repo)")
     return url
+
+
+def check_local_repository(url: str) -> None:
+    """For a checked ``url`` (:func:`validate_url`) that is local (file:// or a path): raises
+    UsageError unless it is a git repository (a work tree's ``.git``, or a bare repository's
+    HEAD and objects/), before a store is made in the cache for it. https is left to git."""
+    if url.startswith("https://"):
+        return
+    path = Path(unquote(urlsplit(url).path)) if url.startswith("file:") else Path(url)
+    try:
+        if not path.is_dir():
+            raise UsageError(f"repository {url!r}: {path} is not a directory (no such file or directory)")
+        bare = (path / "HEAD").is_file() and (path / "objects").is_dir()
+        if not (path / ".git").exists() and not bare:
+            raise UsageError(f"repository {url!r}: {path} is not a git repository (no .git, not a bare repository)")
+    except OSError as exc:
+        raise UsageError(f"repository {url!r}: cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def _validate_local_path(url: str) -> str:

@@ -50,6 +50,12 @@ def select(
             continue
         if ".." in item:
             low, high = (_version(part, spec, option) for part in item.split("..", 1))
+            if low > high:
+                low_text, high_text = (part.strip() for part in item.split("..", 1))
+                raise UsageError(
+                    f"{option}: {item} is a reversed range (from {low_text} down to {high_text}); "
+                    f"write it lowest first: {high_text}..{low_text}"
+                )
             chosen |= {v for v in versions if low <= v <= high}
         else:
             wanted = _version(item, spec, option)

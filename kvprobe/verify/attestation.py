@@ -10,7 +10,6 @@ and name a manifest.json digest; step 5 (authenticity) then holds the bundle to 
 from __future__ import annotations
 
 import binascii
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +19,10 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import FormatError, UnverifiedSignatureError, VerificationError
 from securesystemslib.signer import Signature, SSlibKey
 
-from kvprobe import schema
+from kvprobe import schema, strict_json
+from kvprobe.defects import BundleDefect, JsonTooDeep, JsonTooLarge
 from kvprobe.errors import SchemaError, UsageError, VerificationFailed
+from kvprobe.files import read_regular
 from kvprobe.names import INTOTO_PAYLOAD_TYPE, INTOTO_PREDICATE_TYPE, MANIFEST
 from kvprobe.strict_json import load_document
 
@@ -53,10 +54,11 @@ def check(envelope_path: Path, key_path: Path) -> SignedStatement:
 
 
 def _read(path: Path, what: str) -> bytes:
+    """A regular file's bytes, capped (a FIFO or a device is refused, never read)."""
     try:
-        if path.stat().st_size > _MAX_BYTES:
-            raise UsageError(f"{path}: larger than {_MAX_BYTES >> 20} MiB; not {what}")
-        return path.read_bytes()
+        return read_regular(path, _MAX_BYTES)
+    except ValueError:
+        raise UsageError(f"{path}: larger than {_MAX_BYTES >> 20} MiB; not {what}") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
 
@@ -98,9 +100,15 @@ def _manifest_digest(envelope: Envelope, path: Path) -> str:
     if envelope.payload_type != INTOTO_PAYLOAD_TYPE:
         raise VerificationFailed(f"{path}: signed payload type {envelope.payload_type!r} is not {INTOTO_PAYLOAD_TYPE}")
     try:
-        statement = json.loads(envelope.payload)
+        statement = strict_json.loads(envelope.payload, f"{path}: signed payload")
+    except (JsonTooDeep, JsonTooLarge) as defect:  # input no statement could be: bad input
+        raise UsageError(f"{path}: the signed payload is not strict JSON: {defect.detail}") from None
+    except BundleDefect as defect:
+        detail = defect.detail
+        raise VerificationFailed(f"{path}: the signed payload is not an in-toto statement v1: {detail}") from None
+    try:
         schema.validate(statement, "in-toto/statement-v1", source=f"{path}: signed statement")
-    except (ValueError, SchemaError) as exc:
+    except SchemaError as exc:
         raise VerificationFailed(f"{path}: the signed payload is not an in-toto statement v1: {exc}") from exc
     if statement["predicateType"] != INTOTO_PREDICATE_TYPE:
         raise VerificationFailed(

@@ -19,6 +19,7 @@ from typing import BinaryIO
 from kvprobe.defects import NotABundle
 from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.evidence.safetree import Limits, Tree, path_problem
+from kvprobe.files import output_refusal
 from kvprobe.verify.steps import VerifyOptions, verify_dir
 
 _DIR_MODE, _FILE_MODE = 0o755, 0o644
@@ -56,8 +57,9 @@ def pack(bundle: Path, out: Path | None = None, limits: Limits = Limits(), *, fo
     if not top or path_problem(top) or "/" in top:
         raise UsageError(f"{bundle}: run_id {top!r} cannot name the archive's top directory")
     out = Path(out) if out else default_output(Path(bundle))
-    if out.exists() and not (force and out.is_file()):
-        raise BundleExistsError(f"{out} exists; refusing to overwrite it (--force replaces a file)")
+    refusal = output_refusal(out, force)  # the one rule of every -o (kvprobe.files)
+    if refusal is not None:
+        raise BundleExistsError(refusal)
     digest = _write_atomic(Path(bundle), out, top, limits)
     return PackResult(out, digest, report.manifest_sha256 or "", top)
 

@@ -11,6 +11,7 @@ is not a bundle at all raises (:class:`~kvprobe.defects.NotABundle`, exit 2).
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,8 @@ def verify(path: Path, opts: VerifyOptions = VerifyOptions()) -> Report:
                 report = verify_dir(root, opts)
             report.archive, report.bundle = str(path), str(path)
             return report
+    if not os.path.lexists(path):
+        raise NotABundle(f"{path}: no such file or directory, so not a bundle (give a bundle directory or a .tar.gz)")
     raise NotABundle(f"{path}: not a bundle (expected a directory or a .tar.gz from `kvprobe bundle pack`)")
 
 

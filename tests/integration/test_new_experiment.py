@@ -179,10 +179,12 @@ def test_unknown_sha_is_bad_input_and_writes_nothing(world, cli, probes_dir):
     assert not (probes_dir / EXP_ID).exists() and leftovers(probes_dir) == []
 
 
-def test_unreachable_repository_is_exit_3(world, cli, tmp_path, probes_dir):
+def test_a_local_repository_that_is_not_there_is_bad_input(world, cli, tmp_path, probes_dir):
+    """A file:// URL is a local path: one that does not exist is a bad argument (exit 2, as
+    a bare path is), refused before git runs or a store is made (#28; it was exit 3)."""
     result = cli(*new_args(world["fake"], **{"--repo": (tmp_path / "no-such-repo").as_uri()}))
-    assert result.exit_code == 3, result.stderr
-    assert "did not answer" in result.stderr
+    assert result.exit_code == 2, result.stderr
+    assert "no-such-repo" in result.stderr and "no such file or directory" in result.stderr
     assert not (probes_dir / EXP_ID).exists()
 
 

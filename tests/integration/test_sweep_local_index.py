@@ -279,6 +279,11 @@ def test_verify_rerun_of_a_sweep_reruns_its_releases_and_names_what_differs(worl
     assert same.exit_code == 0, same.stdout
     step6 = json.loads(same.stdout)["steps"][5]
     assert step6["status"] == "pass" and "on 2 of 2 releases: 1.1 affected, 2.0 fixed" in step6["summary"]
+    # consent lists what the experiment file fetches and runs too: each release's wheel (#28)
+    receipt = json.loads((out / "receipt.json").read_text())
+    for release in receipt["releases"]:
+        wheel = release["wheel"]
+        assert f"sha256 {wheel['sha256']}  scrubkv {wheel['version']} from the package index" in same.stderr
 
     # a bundle's own code never runs without consent
     assert sweep("verify", str(out), "--rerun").exit_code == 3

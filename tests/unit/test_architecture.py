@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "kvprobe"
 # Lowest first. A "unit" is a sub-package (kvprobe/run/) or a top-level module (kvprobe/proc.py);
 # "kvprobe" is the package's own __init__ (its __version__).
 LAYERS: list[set[str]] = [
-    {"kvprobe", "names", "errors", "resources", "progress", "probe_api", "files", "text"},
+    {"kvprobe", "names", "errors", "resources", "progress", "probe_api", "files", "text", "redaction"},
     {"defects", "proc", "schema", "model"},
     {"strict_json"},
     {"env", "checks"},

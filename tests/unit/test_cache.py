@@ -194,11 +194,25 @@ def test_young_builds_are_skipped_even_with_all(tmp_path):
     old = _partial(tmp_path, ".build-prof-0123-old", hours=cache.PARTIAL_GRACE_S / 3600 + 1)
     git_tmp = tmp_path / "git" / f".{'a' * 24}.tmp-xyz"
     git_tmp.mkdir(parents=True)
-    done = _outcomes(tmp_path, everything=True)
+    with FileLock(str(tmp_path / "envs" / "prof-0123.lock")):  # its builder is at work
+        done = _outcomes(tmp_path, everything=True)
     assert done[young.name].action == "skipped" and "in progress" in done[young.name].reason
     assert done[git_tmp.name].action == "skipped"
     assert done[old.name].action == "deleted"
     assert young.exists() and git_tmp.exists() and not old.exists()
+
+
+def test_a_young_build_whose_builder_is_gone_is_reclaimed(tmp_path):
+    """A build killed outright (SIGKILL: no finally ran) left `.build-*` behind; its builder
+    held the env's lock while it lived, so a free lock says it is gone (#28)."""
+    stale = _partial(tmp_path, ".build-sglang-cpu-07f5609f-abc123_x", hours=0.1)
+    assert cache.stale_builds(tmp_path) == [stale]
+    busy = _partial(tmp_path, ".build-prof-0123-busy", hours=0.1)
+    with FileLock(str(tmp_path / "envs" / "prof-0123.lock")):
+        assert cache.stale_builds(tmp_path) == [stale]
+        done = _outcomes(tmp_path)
+    assert done[stale.name].action == "deleted" and not stale.exists()
+    assert done[busy.name].action == "skipped" and busy.exists()
 
 
 def test_interrupted_trash_is_finished(tmp_path):

@@ -60,6 +60,12 @@ def test_a_bad_spec_or_a_release_not_on_the_index_is_a_usage_error(spec):
         select(spec, INDEX)
 
 
+def test_a_reversed_range_is_named_as_one_not_an_empty_selection():
+    """``0.5.20..0.5.19`` selected nothing and the sweep said no release was served (#28)."""
+    with pytest.raises(UsageError, match=r"0\.5\.20\.\.0\.5\.19 is a reversed range.*0\.5\.19\.\.0\.5\.20"):
+        select("0.5.20..0.5.19", INDEX)
+
+
 def test_a_profile_serves_only_the_releases_its_specifier_admits():
     assert [v for v in INDEX if serves(">=0.5.13", v)] == INDEX[1:]
     assert serves(None, "0.1.0")

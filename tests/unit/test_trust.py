@@ -154,12 +154,42 @@ def test_bundle_code_runs_only_with_consent_and_its_digests_are_shown(tmp_path, 
     assert result["status"] == "could-not-run" and "--trust-bundle-code" in result["notes"][0] and seen == []
     result, _ = _rerun(bundle, lambda shown: asked.append(shown) or False)
     assert result["status"] == "could-not-run" and seen == []
-    assert asked == [files]
+    assert asked[0][: len(files)] == [(rel, f"sha256 {digest}") for rel, digest in files]
     assert files == [(rel, forge.sha((bundle / rel).read_bytes())) for rel, _ in files]
     listed = forge.load(bundle, "manifest.json")["files"]
     assert [rel for rel, _ in files] == [f["path"] for f in listed if f["path"].startswith("probes/forge-exp/")]
     result, _ = _rerun(bundle, lambda shown: True)
     assert result["status"] == "pass" and len(seen) == 1 and seen[0] != bundle / "probes" / forge.EXP_ID
+
+
+def test_consent_is_shown_the_upstream_commits_whose_tests_run_too(tmp_path, monkeypatch):
+    """--trust-bundle-code listed only probes/<id>/, yet the bundle's experiment file also
+    decides which upstream's tests and conftest.py pytest imports, at which commits (#28)."""
+    bundle = forge.build(tmp_path / "b")
+    SOURCE[:] = [bundle]
+    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run([]))
+    asked: list = []
+    _rerun(bundle, lambda shown: asked.append(shown) or False)
+    extra = [(what, identity) for what, identity in asked[0] if not what.startswith("probes/")]
+    assert [identity for _, identity in extra] == [f"commit {forge.BASE_SHA}", f"commit {forge.HEAD_SHA}"]
+    assert all("https://example.invalid/upstream" in what and "conftest.py" in what for what, _ in extra)
+
+
+def test_the_rerun_runs_the_verified_bytes_not_a_second_read(tmp_path, monkeypatch):
+    """A probe file rewritten after verification (between the hash and the copy) is not run:
+    the private copy is hashed as it is made and must be what was verified and shown."""
+    bundle = forge.build(tmp_path / "b")
+    SOURCE[:] = [bundle]
+    seen: list = []
+    monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(seen))
+    with Tree(bundle) as tree:
+        report = verify(bundle)
+        loaded = Bundle(tree, Limits(), receipt=report.receipt, manifest=report.manifest)
+        (rel, _digest), *_ = [f for f in bundle_code(loaded) if f[0].endswith(".py")]
+        (bundle / rel).write_bytes((bundle / rel).read_bytes() + b"\nprint('swapped after verify')\n")
+        result = rerun(loaded, RerunOptions(consent=lambda shown: True)).to_json()
+    assert result["status"] == "fail" and seen == []
+    assert "changed after it was verified" in json.dumps(result)
 
 
 def test_a_known_experiment_reruns_the_installed_copy_without_asking(model, monkeypatch):
