@@ -299,3 +299,11 @@ def test_relative_imports_resolve(tmp_path):
         ("kvprobe.env.venv", "kvprobe.env.cache"),
         ("kvprobe.env.venv", "kvprobe.errors"),
     }
+
+
+def test_test_module_basenames_are_unique_across_tiers():
+    """pytest imports test modules by basename (no packages under tests/): two tiers with the
+    same file name fail collection of the whole suite."""
+    tests = Path(__file__).resolve().parents[1]
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
