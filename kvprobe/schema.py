@@ -14,6 +14,7 @@ from kvprobe.names import (
     GATES_RECEIPT_SCHEMA,
     GATES_RECEIPT_SCHEMA_1,
     GATES_RECEIPT_SCHEMA_2,
+    GATES_RECEIPT_SCHEMA_3,
     MANIFEST_SCHEMA,
     PROBE_OUTPUT_SCHEMA,
     RECEIPT_SCHEMA,
@@ -33,6 +34,7 @@ KNOWN = {
     GATES_RECEIPT_SCHEMA: "gates-receipt.schema.json",
     GATES_RECEIPT_SCHEMA_1: "gates-receipt-1.schema.json",
     GATES_RECEIPT_SCHEMA_2: "gates-receipt-2.schema.json",
+    GATES_RECEIPT_SCHEMA_3: "gates-receipt-3.schema.json",
     SWEEP_RECEIPT_SCHEMA: "sweep-receipt.schema.json",
     FIX_MARKERS_SCHEMA: "fix-markers.schema.json",
     # Third-party formats `kvprobe report` writes (schemas/vendor/README.md says where from).
