@@ -146,13 +146,16 @@ def test_gates_2_3_and_4_fail_on_0_5_20_by_behaviour(tmp_path):
     assert verified.exit_code == 0, verified.output  # a failing gate verifies: it is what the outputs give
 
 
-def test_gate_2_passes_on_0_5_23_which_has_both_fixes(tmp_path):
+def test_gates_2_3_and_4_pass_on_0_5_23_which_has_every_fix(tmp_path):
     """0.5.23 is resolved by version on the index (no experiment pins it); its probes reach every
-    decision point, so gate 2 is decided, and decided pass (issue #12: once a false alarm)."""
+    decision point (its changes since 0.5.21 included), so gates 2-4 are decided, and decided
+    pass (issue #12: gate 2 was once a false alarm here)."""
     _code, doc, bundle = gates(tmp_path, "0.5.23")
     gate2 = doc["gates"][1]
     assert gate2["status"] == "pass", json.dumps(gate2, indent=1)
     assert {c["status"] for c in gate2["checks"]} == {"pass"}
+    for gate in doc["gates"][2:]:
+        assert gate["status"] == "pass" and {c["status"] for c in probe_checks(gate).values()} == {"pass"}, gate
     receipt = json.loads((bundle / "receipt.json").read_text())
     assert receipt["target"]["identity"]["version"] == "0.5.23"
     for probe in receipt["probes"]:  # what each probe set and what its mocks absorbed, as its output says
