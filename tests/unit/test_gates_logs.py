@@ -628,7 +628,11 @@ def test_gates_receipts_of_schema_2_verify_by_their_own_schema(tmp_path):
 
 
 def test_gates_receipts_of_schema_3_verify_by_their_own_schema(tmp_path):
-    assert _rewrite_receipt(_gates_bundle(tmp_path), _as_schema_3) == "verified"
+    bundle = _gates_bundle(tmp_path)
+    assert _rewrite_receipt(bundle, _as_schema_3) == "verified"
+    result = CliRunner().invoke(main, ["verify", str(bundle), "--json"], catch_exceptions=False)
+    notes = json.loads(result.stdout)["steps"][3]["notes"]  # said, so no reader takes /3's gates 3-4 for probes
+    assert any("gates 3 and 4 were decided by code markers" in n for n in notes), notes
 
 
 def test_a_gates_receipt_of_schema_3_cannot_carry_gate_3_and_4_probes(tmp_path):
