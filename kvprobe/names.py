@@ -24,7 +24,9 @@ MAX_BUNDLE_BYTES = 2 << 30
 # Schema ids every kvprobe JSON document names (kvprobe.schema maps them to schemas/).
 EXPERIMENT_SCHEMA = "kvprobe.experiment/1"
 RECEIPT_SCHEMA = "kvprobe.receipt/1"
-GATES_RECEIPT_SCHEMA = "kvprobe.gates-receipt/3"
+GATES_RECEIPT_SCHEMA = "kvprobe.gates-receipt/4"
+# /3 bundles (gate 2 the only behavioural gate, its basis `gate2`) still verify by their own schema
+GATES_RECEIPT_SCHEMA_3 = "kvprobe.gates-receipt/3"
 # /2 bundles (no --env inputs, no gate4 basis) still verify by their own schema
 GATES_RECEIPT_SCHEMA_2 = "kvprobe.gates-receipt/2"
 # /1 bundles (inputs by path, later by name under the same id) still verify by their own schema

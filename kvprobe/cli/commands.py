@@ -779,11 +779,11 @@ def report_cmd(
     "or a container/pod spec as JSON (kubectl get pod NAME -o json); without ROLE it applies to every worker.",
 )
 @_bundle_out
-@_torch_index("Index for torch/torchvision (gate 2 env), https:// or file://.")
+@_torch_index("Index for torch/torchvision (the env of gates 2-4's probes), https:// or file://.")
 @click.option(
     "--no-preload",
     is_flag=True,
-    help="Run each gate-2 probe in a fresh interpreter, not forked from one that preloaded the "
+    help="Run each probe of gates 2-4 in a fresh interpreter, not forked from one that preloaded the "
     "profile's third-party modules (torch, transformers, ...).",
 )
 @_json_document

@@ -22,6 +22,8 @@ from kvprobe.evidence.safetree import Limits
 from kvprobe.names import (
     GATES_RECEIPT_SCHEMA,
     GATES_RECEIPT_SCHEMA_1,
+    GATES_RECEIPT_SCHEMA_2,
+    GATES_RECEIPT_SCHEMA_3,
     RECEIPT,
     RECEIPT_SCHEMA,
     SIDES,
@@ -31,6 +33,8 @@ from kvprobe.text import for_shell
 from kvprobe.verify.anchor import installed_experiment
 from kvprobe.verify.steps import VerifyOptions, verified
 
+# every gates receipt version verify reads (its exports read the checks, not the version's extras)
+GATES_SCHEMAS = (GATES_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA_3, GATES_RECEIPT_SCHEMA_2, GATES_RECEIPT_SCHEMA_1)
 _GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
 
 
@@ -97,7 +101,7 @@ class BundleView:
         schema = self.receipt.get("schema")
         if schema == SWEEP_RECEIPT_SCHEMA:
             return "sweep"
-        return "gates" if schema in (GATES_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA_1) else "run"
+        return "gates" if schema in GATES_SCHEMAS else "run"
 
     @property
     def receipt_sha256(self) -> str:
@@ -128,7 +132,7 @@ def load(
     report = verified(Path(bundle), opts)
     assert report.receipt is not None and report.manifest is not None, "a verified bundle's step 2 accepted both"
     found = report.receipt.get("schema")
-    known = found if found in (SWEEP_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA_1) else RECEIPT_SCHEMA
+    known = found if found in (SWEEP_RECEIPT_SCHEMA, *GATES_SCHEMAS) else RECEIPT_SCHEMA
     _check_version(report.receipt, known, f"{bundle}/{RECEIPT}")
     name = Path(report.archive).name if report.archive else Path(report.bundle).resolve().name
     step5 = next(s for s in report.steps if s.number == 5)
@@ -140,9 +144,9 @@ def load(
 
 def _provenance(receipt: Mapping[str, Any], anchor: str | None) -> Provenance:
     """Step 5 passed (the bundle verified), so an experiment kvprobe ships is its installed copy;
-    a gates receipt repeats no experiment's vulnerability claim (its gate-2 experiments were
+    a gates receipt repeats no experiment's vulnerability claim (its behavioural gates' experiments were
     held to the installed copies by step 5)."""
-    if receipt.get("schema") in (GATES_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA_1):
+    if receipt.get("schema") in GATES_SCHEMAS:
         return Provenance(anchor, None, True)
     exp_id = receipt["experiment"]["id"]
     return Provenance(anchor, exp_id, installed_experiment(exp_id) is not None)

@@ -5,8 +5,13 @@ deployment itself shows, and says which file or line decided it:
 
 1. pool/context      the startup log of each worker (scheduler + KV allocation lines)
 2. reject/admission  experiment A and B probes, head side, run against the operator's SGLang
-3. transfer/read     #39500 in the code; checksum / KV canary active on both sides
-4. lifetime          #40645 #41402 #41404 #41023 in the code; deferred release on and supported
+3. transfer/read     experiment F's probes (#39500) on that SGLang; checksum / KV canary active
+                     on both sides
+4. lifetime          experiment C, D and E probes (#40645 #41402 #41404 #41023) on that SGLang;
+                     deferred release on and supported on both sides
+
+Gates 2-4's probes fork from one preloaded interpreter per gates run (gates/behaviour.py); the
+fix markers in the code are recorded beside gates 3 and 4 as supporting detail, never deciding.
 
 A gate is ``pass`` only when every deciding check passed; any ``fail`` fails it; anything
 not observed is ``unknown`` (never a pass). The bundle never copies the operator's logs or
@@ -33,7 +38,7 @@ from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.evidence.bundle import host_facts, seal_bundle
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
-from kvprobe.gates.admission import Gate2Run, run_gate2, start_server
+from kvprobe.gates.behaviour import BehaviourRun, ProbeGate, run_behaviour, start_server
 from kvprobe.gates.environment import Environment
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, Finding, code_settings
 from kvprobe.gates.gate import Gate, GateOptions
@@ -84,7 +89,7 @@ class GatesRun:
     started: datetime
     gates: tuple[Gate, ...]
     findings: list[Finding]
-    gate2: Gate2Run  # its probe records, what they were decided from and the env
+    behaviour: BehaviourRun  # gates 2-4's probe records, what they were decided from and the env
     timings: dict[str, float]
     gate4: dict[str, Any] = field(default_factory=dict)  # what gate 4's deferred checks were decided from
 
@@ -108,7 +113,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
     held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
         clock = time.monotonic()
-        # gate 2's env cached: its fork server preloads while a release is fetched
+        # the probes' env cached: the fork server preloads while a release is fetched
         serving = start_server(opts, work, reporter, held)
         if serving is not None:
             timings["preload_start_s"] = time.monotonic() - clock
@@ -118,21 +123,21 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
         code = code_settings(tree) if tree else None
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
-        gate2 = run_gate2(target, opts, staging, work, reporter, held, serving)
-        timings["gate2_s"] = time.monotonic() - clock
+        behaviour = run_behaviour(target, opts, staging, work, reporter, held, serving)
+        timings["probes_s"] = time.monotonic() - clock
         worker_logs = [log for _f, log in logs]
         sources = collect_sources(worker_logs, files, envs)
         findings: list = []
         gate4_result, gate4_basis = gate4(sources, tree, code, findings)
         gates = (
             gate1(worker_logs),
-            gate2.gate,
-            gate3(sources, tree, code, findings),
-            gate4_result,
+            with_probes(Gate(2, ADMISSION, ()), behaviour.gates[2]),
+            with_probes(gate3(sources, tree, code, findings), behaviour.gates[3]),
+            with_probes(gate4_result, behaviour.gates[4]),
         )
         record = build_receipt(
             GateInputs(logs, files, target, code, envs),
-            GatesRun(started, gates, findings, gate2, timings, gate4_basis),
+            GatesRun(started, gates, findings, behaviour, timings, gate4_basis),
         )
         receipt = record.to_json()
         readme = render_readme(record)
@@ -149,6 +154,15 @@ def _final_path(opts: GateOptions, started: datetime) -> Path:
             raise BundleExistsError(f"--out {opts.out} exists and is not empty; refusing to overwrite")
         return opts.out.resolve()
     return (opts.bundles_dir / f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}").resolve()
+
+
+ADMISSION = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"
+
+
+def with_probes(gate: Gate, probes: ProbeGate) -> Gate:
+    """``gate`` with its behavioural probe checks first: they decide beside its own deciding checks."""
+    assert gate.number == probes.number, "a gate's own probes"
+    return Gate(gate.number, gate.title, (*probes.checks, *gate.checks))
 
 
 def overall(gates: Iterable[Gate]) -> Status:
@@ -174,14 +188,14 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
         ),
         workers=tuple(_worker_json(log) for _f, log in logs),
         target=None if inputs.target is None else _target(inputs.target, inputs.code, run.findings),
-        probes=tuple(run.gate2.probes),
-        gate2=run.gate2.basis,
+        probes=tuple(run.behaviour.probes),
+        behaviour=run.behaviour.bases,
         gate4=run.gate4,
-        env=run.gate2.env,
+        env=run.behaviour.env,
         host=host_facts(),
         evidence=_SCOPE,
         timings={k: round(v, 3) for k, v in run.timings.items()},
-        execution=run.gate2.execution,
+        execution=run.behaviour.execution,
     )
 
 
@@ -217,19 +231,21 @@ _SCOPE = DeploymentScope(
     layer="deployment",
     shows=(
         "What this deployment's own startup logs, server arguments and SGLang code say about the "
-        "four acceptance gates, and how the experiment A/B probes behave on that code (CPU, mocked "
-        "transport)."
+        "four acceptance gates, and how the experiment A-F probes behave on that code, head side (CPU, "
+        "mocked transport): A/B for gate 2, F for gate 3, C/D/E for gate 4."
     ),
     does_not_show=(
         "that no cross-request KV exposure happened or can happen: nothing here serves a request",
-        "GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler",
+        "GPU, RDMA or transport behaviour: the gates' probes mock the KV transport, pools and scheduler "
+        "(gate 3's checksum digest is a CPU stand-in for SGLang's CUDA kernel)",
         "settings the process really ran with beyond what its log and the given files show: "
         "no SGLang release logs SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, so deferred release "
         "is seen only in an environment given with --env (or an args file's env object)",
     ),
     limits=(
         f"host: {platform.system()} {platform.machine()}, CPU only",
-        "fix markers are code patterns measured on 0.5.13..0.5.23; a refactor may read as unknown",
+        "fix markers are code patterns measured on 0.5.13..0.5.23, supporting detail only; a refactor "
+        "may read as unknown",
         "operator logs and argument files are not copied into the bundle: their sha256 and the deciding lines are",
     ),
 )

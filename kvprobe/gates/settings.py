@@ -1,7 +1,13 @@
-"""Gates 3 and 4: fix markers in the code and the settings each worker ran with.
+"""Gates 3 and 4, the deployment's half: the settings each worker ran with, and the fix
+markers in the code as supporting detail.
 
-3 transfer/read: #39500 in the code; checksum or KV canary active on both sides.
-4 lifetime: #40645 #41402 #41404 #41023 in the code; deferred release on and supported.
+3 transfer/read: checksum or KV canary active on both sides.
+4 lifetime: deferred release on and supported by the backend, on both sides.
+
+Each gate's other half is behavioural: the probes of experiment F (gate 3) and of C, D and E
+(gate 4) run on the operator's SGLang (:mod:`kvprobe.gates.behaviour`); the pipeline puts
+their checks first. A marker ("#PR in code") never decides: "the text is there" is not "the
+behaviour is fixed" (issue #23), so its check is recorded with ``decides=False``.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ def collect_sources(
 def marker_checks(tree: CodeTree | None, gate: int, findings_out: list) -> list[Check]:
     if tree is None:
         return [
-            Check(f"#{m.pr} in code", Status.UNKNOWN, f"{m.title}: no code to read (pass --sglang)")
+            Check(f"#{m.pr} in code", Status.UNKNOWN, f"{m.title}: no code to read (pass --sglang)", decides=False)
             for m in markers()
             if m.gate == gate
         ]
@@ -72,6 +78,7 @@ def marker_checks(tree: CodeTree | None, gate: int, findings_out: list) -> list[
                 status,
                 f"{finding.marker.title}: {finding.presence.value}",
                 finding.evidence,
+                decides=False,  # supporting detail: the probes decide whether the fix behaves
             )
         )
     return checks
@@ -211,7 +218,9 @@ def gate3(sources: Sources, tree: CodeTree | None, code: CodeSettings | None, fi
             "could not establish that a checksum or canary is active on both sides",
         )
     return Gate(
-        3, "transfer/read: what decode reads is verified (#39500; checksum or canary active)", (*checks, defence)
+        3,
+        "transfer/read: what decode reads is verified (#39500's checksum behaves as fixed; checksum or canary active)",
+        (*checks, defence),
     )
 
 
@@ -288,7 +297,8 @@ def gate4(
     }
     gate = Gate(
         4,
-        "lifetime/ownership: pages outlive in-flight writes (#40645 #41402 #41404 #41023; deferred release)",
+        "lifetime/ownership: pages outlive in-flight writes (#40645 #41402 #41404 #41023 behave as fixed; "
+        "deferred release on and supported)",
         tuple(checks),
     )
     return gate, basis

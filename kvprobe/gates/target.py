@@ -9,7 +9,7 @@ from typing import Any
 
 from kvprobe import files
 from kvprobe.errors import UsageError
-from kvprobe.evidence import gate2, manifest
+from kvprobe.evidence import gate_probes, manifest
 from kvprobe.progress import Reporter
 
 VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?$")
@@ -27,12 +27,12 @@ class Target:
 
 
 def release_pins() -> dict[str, Any]:
-    """version -> WheelPin for every sglang wheel the gate-2 experiments pin."""
+    """version -> WheelPin for every sglang wheel the behavioural gates' experiments pin."""
     from kvprobe.experiments import experiment
     from kvprobe.model.records import WheelPin
 
     pins: dict[str, Any] = {}
-    for exp_id in gate2.EXPERIMENTS:
+    for exp_id in (e for rule in gate_probes.RULES.values() for e in rule.experiments):
         for pin_set in experiment.load(exp_id).pin_sets.values():
             for pin in (pin_set.base, pin_set.head):
                 if isinstance(pin, WheelPin):  # a wheel pin set's sides

@@ -1,11 +1,12 @@
-"""The gates receipt (schemas/gates-receipt.schema.json, kvprobe.gates-receipt/3) as frozen
+"""The gates receipt (schemas/gates-receipt.schema.json, kvprobe.gates-receipt/4) as frozen
 dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as the run
 receipt, so ``GatesReceipt.from_json(doc).to_json() == doc``.
 
 Statuses stay strings ("pass", "fail", "unknown", "info"): their enum and how they combine
 live in ``evidence.gate_status``, above this layer. /1 receipts (inputs by path, no
-``gate2`` basis) and /2 receipts (no ``--env`` inputs, no ``gate4`` basis) are read by
-verification as documents; this model reads /3.
+``gate2`` basis), /2 receipts (no ``--env`` inputs, no ``gate4`` basis) and /3 receipts (gate 2
+the only behavioural gate, its basis ``gate2``, probes without ``gate``) are read by
+verification as documents; this model reads /4.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ class TargetRecord(Part):
 
 @dataclass(frozen=True)
 class GateProbeRecord(Part):
-    """One gate-2 probe run against the target's code."""
+    """One probe of a behavioural gate (2, 3 or 4) run against the target's code."""
 
+    gate: int
     experiment: str
     name: str
     source: FileRef
@@ -98,17 +100,20 @@ class GateProbeRecord(Part):
 
 @dataclass(frozen=True)
 class GateExperimentRecord(Part):
-    """A gate-2 experiment and its bundled experiment.toml, whose head expectations the probe
-    outputs were held to: verify recomputes gate 2 from that file and the raw outputs."""
+    """A behavioural gate's experiment and its bundled experiment.toml, whose head expectations
+    the probe outputs were held to: verify recomputes the gate's probe checks from that file and
+    the raw outputs."""
 
     id: str
     file: FileRef
 
 
 @dataclass(frozen=True)
-class Gate2Basis(Part):
-    """What gate 2's checks were decided from, besides the probe outputs: the rule and the experiments."""
+class BehaviourBasis(Part):
+    """What a behavioural gate's probe checks were decided from, besides the probe outputs: the
+    rule (``evidence.gate_probes``) and the experiments."""
 
+    gate: int
     algorithm: str
     experiments: tuple[GateExperimentRecord, ...]
 
@@ -129,14 +134,14 @@ class GatesReceipt(ReceiptHead):
     inputs: Inputs
     workers: tuple[Mapping[str, Any], ...]  # what each worker's startup log showed, as parsed
     target: TargetRecord | None
-    probes: tuple[GateProbeRecord, ...]
-    gate2: Gate2Basis
+    probes: tuple[GateProbeRecord, ...]  # every behavioural gate's, each naming its gate
+    behaviour: tuple[BehaviourBasis, ...]  # one per behavioural gate (2, 3, 4)
     # what gate 4's deferred-release checks were decided from (evidence/gate4 recomputes them)
     gate4: Mapping[str, Any]
     env: EnvRecord | None
     host: Mapping[str, Any]
     evidence: DeploymentScope
     timings: Mapping[str, float]
-    # how gate 2's probes ran (the run receipt's part; names are "<experiment>/<probe>"):
+    # how the behavioural gates' probes ran (the run receipt's part; names are "<experiment>/<probe>"):
     # absent when no probe ran, and in receipts written before gate 2 forked its probes
     execution: ExecutionRecord | None = field(default=None, metadata=OPTIONAL)

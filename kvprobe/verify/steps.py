@@ -34,7 +34,7 @@ from kvprobe.evidence.safetree import Limits, Tree
 from kvprobe.names import MANIFEST, PROBES_DIR, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 from kvprobe.verify.anchor import Anchor, compare_experiment, compare_installed
 from kvprobe.verify.consistency import (
-    gate2_experiments,
+    behaviour_experiments,
     step_consistency,
     step_gates_consistency,
     step_sweep_consistency,
@@ -253,7 +253,7 @@ def step_documents(bundle: Bundle) -> StepResult:
         _read_experiment(bundle, defects)
     elif bundle.receipt is not None and bundle.receipt_family == "kvprobe.gates-receipt":
         count += _read_probe_outputs(bundle, bundle.accepted_receipt["probes"], defects)
-        for _exp_id, rel in gate2_experiments(bundle.accepted_receipt):
+        for _exp_id, rel in behaviour_experiments(bundle.accepted_receipt):
             _read_experiment_file(bundle, rel, defects)
     return step_result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
 
@@ -338,7 +338,7 @@ def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
 
 
 def _read_experiment_file(bundle: Bundle, rel: str, defects: list[BundleDefect]) -> None:
-    """One gate-2 experiment file, kept by path when it is a valid experiment."""
+    """One behavioural gate's experiment file, kept by path when it is a valid experiment."""
     _data, doc = read_toml(bundle, rel, defects)
     if doc is not None and _append(defects, schema_defects(doc, rel, "kvprobe.experiment")):
         bundle.experiment_docs[rel] = doc
@@ -385,11 +385,12 @@ def step_authenticity(bundle: Bundle, expected: str | None, check_installed: boo
 
 
 def _anchors(bundle: Bundle) -> list[Anchor]:
-    """The installed experiments to hold the bundle to: its own, or each of a gates receipt's gate 2."""
+    """The installed experiments to hold the bundle to: its own, or each experiment of a gates
+    receipt's behavioural gates."""
     if bundle.receipt is None or bundle.receipt_family != "kvprobe.gates-receipt":
         found = [compare_installed(bundle)]
     else:
-        found = [compare_experiment(bundle, exp_id) for exp_id, _rel in gate2_experiments(bundle.receipt)]
+        found = [compare_experiment(bundle, exp_id) for exp_id, _rel in behaviour_experiments(bundle.receipt)]
     return [a for a in found if a is not None]
 
 

@@ -28,7 +28,7 @@ def forged(sandbox) -> Path:
 @pytest.fixture
 def gates_bundle(sandbox) -> Path:
     """A real `kvprobe gates` bundle (one worker log, no --sglang), copied out of the sandbox's
-    output, for tests that graft gate 2 onto it (tests/forge_gate2.py)."""
+    output, for tests that graft the behavioural gates 2-4 onto it (tests/forge_gate2.py)."""
     log = sandbox.inputs / "prefill.log"
     log.write_text(startup_log("prefill", CONTEXT, canary=True))
     made = sandbox.run("gates", "--log", f"prefill={log}", "--out", sandbox.out, allow=(sandbox.out,))

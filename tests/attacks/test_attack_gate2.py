@@ -75,6 +75,7 @@ def test_a_downgrade_to_schema_1_does_not_escape_the_recompute(sandbox, gates_bu
     """Attack: the same forged pass, the receipt rewritten as /1 (which cites no experiment files)."""
     forge_gate2.graft(gates_bundle, written=unfixed(), decided=forge_gate2.as_fixed())
     receipt = forge.load(gates_bundle, "receipt.json")
+    forge_gate2.as_schema_3(receipt)
     del receipt["gate2"], receipt["gate4"], receipt["inputs"]["env"]
     receipt["schema"] = "kvprobe.gates-receipt/1"
     (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
@@ -110,7 +111,8 @@ def test_dropping_an_experiment_from_gate2_is_refused(sandbox, gates_bundle):
 
     def drop_b(receipt: dict) -> None:
         receipt["probes"] = [p for p in receipt["probes"] if p["experiment"] != "experiment-b"]
-        receipt["gate2"]["experiments"] = [e for e in receipt["gate2"]["experiments"] if e["id"] != "experiment-b"]
+        basis = next(b for b in receipt["behaviour"] if b["gate"] == 2)
+        basis["experiments"] = [e for e in basis["experiments"] if e["id"] != "experiment-b"]
         gate = next(g for g in receipt["gates"] if g["number"] == 2)
         gate["checks"] = [c for c in gate["checks"] if not c["name"].startswith("experiment-b")]
 

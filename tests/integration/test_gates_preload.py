@@ -1,7 +1,8 @@
-"""Gate 2's probes forked from the gates run's preloaded interpreter observe what fresh ones do.
+"""The behavioural gates' probes (gate 2: A, B; gate 3: F; gate 4: C, D, E) forked from the gates
+run's one preloaded interpreter observe what fresh ones do.
 
 `kvprobe gates` runs twice on a fake SGLang tree (the few files the fix markers read), with and
-without ``--no-preload``. Gate 2's env is kvprobe's own interpreter here, not the 6 GB sglang-cpu
+without ``--no-preload``. The probes' env is kvprobe's own interpreter here, not the 6 GB sglang-cpu
 env (the slow test_gates_sglang runs that one): the fork server, the probes and what they
 observe on that tree are the real ones. The receipt's ``execution`` says how each probe ran,
 and verification never reads it: taking it out or changing it changes no recomputed result.
@@ -29,19 +30,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_gates_logs import GLM_CONTEXT, RAISED_POOL, fake_tree, startup_log
 
 _WORK_DIR = re.compile(r"kvprobe-gates-[A-Za-z0-9_]+")
-PROBES = ["experiment-a/admission_doors", "experiment-b/prefill_result_cleanup"]
+PROBES = [  # (gate, probe) in the order a gates run runs them
+    (2, "experiment-a/admission_doors"),
+    (2, "experiment-b/prefill_result_cleanup"),
+    (3, "experiment-f/handoff_checksum"),
+    (4, "experiment-c/drain_acks"),
+    (4, "experiment-d/deferred_release"),
+    (4, "experiment-e/deferred_default"),
+]
 
 
 @pytest.fixture
 def interpreter_env(monkeypatch, tmp_path):
-    """Gate 2's env is kvprobe's interpreter (as a synthetic pin set's is)."""
-    import kvprobe.gates.admission as admission
+    """The probes' env is kvprobe's interpreter (as a synthetic pin set's is)."""
+    import kvprobe.gates.behaviour as behaviour
 
     def env(*_args: Any, **_kw: Any) -> tuple[EnvRecord, str, dict[str, str]]:
         record = EnvRecord("kvprobe-interpreter", platform.python_version(), "sglang-cpu", None, None, {}, None, None)
         return record, sys.executable, {}
 
-    monkeypatch.setattr(admission, "environment", env)
+    monkeypatch.setattr(behaviour, "environment", env)
     monkeypatch.setenv("KVPROBE_CACHE_DIR", str(tmp_path / "cache"))
 
 
@@ -77,19 +85,19 @@ def _verify(bundle: Path) -> dict[str, Any]:
     return json.loads(result.stdout)
 
 
-def test_gate2_observes_the_same_forked_and_fresh_and_says_which(interpreter_env, tmp_path):
+def test_the_probes_observe_the_same_forked_and_fresh_and_say_which(interpreter_env, tmp_path):
     forked, forked_bundle = _gates(tmp_path)
     fresh, fresh_bundle = _gates(tmp_path, "--no-preload")
     assert [(c["name"], c["mode"], c["reason"]) for c in forked["execution"]["checks"]] == [
-        (name, "forked", None) for name in PROBES
+        (name, "forked", None) for _gate, name in PROBES
     ]
     assert [(c["name"], c["mode"], c["reason"]) for c in fresh["execution"]["checks"]] == [
-        (name, "fresh", "--no-preload") for name in PROBES
+        (name, "fresh", "--no-preload") for _gate, name in PROBES
     ]
     assert fresh["execution"]["preloaded"] == {}
     assert {c["side"] for c in forked["execution"]["checks"]} == {"head"}
     observed = _observed(forked_bundle)
-    assert sorted(observed) == [f"raw/gate2/{name}.json" for name in PROBES]
+    assert sorted(observed) == sorted(f"raw/gate{gate}/{name}.json" for gate, name in PROBES)
     assert observed == _observed(fresh_bundle)
     for key in ("gates", "overall", "exit_code"):
         assert forked[key] == fresh[key], key

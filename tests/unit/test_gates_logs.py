@@ -501,7 +501,10 @@ def test_gate_4_deferred_release(tmp_path):
     assert unsupported.status is Status.FAIL
     assert "does not count" in next(c for c in unsupported.checks if c.name == "decode: deferred KV release").detail
     old = CodeTree(fake_tree(tmp_path / "old", fixed=False))
-    assert settings.gate4(with_env("1"), old, code_settings(old), [])[0].status is Status.FAIL  # markers absent
+    old_gate = settings.gate4(with_env("1"), old, code_settings(old), [])[0]
+    markers = [c for c in old_gate.checks if c.name.endswith(" in code")]
+    assert markers and {c.status for c in markers} == {Status.FAIL}  # absent, recorded...
+    assert not any(c.decides for c in markers)  # ...but the probes decide, never a marker (issue #23)
 
 
 def test_gates_3_and_4_without_code_are_unknown():
@@ -526,7 +529,7 @@ def test_cli_writes_a_receipt_and_exits_1_on_the_incident_pool(tmp_path):
     doc = json.loads(result.stdout)
     assert [g["status"] for g in doc["gates"]] == ["fail", "unknown", "fail", "unknown"]
     receipt = json.loads((out / "receipt.json").read_text())
-    assert receipt["schema"] == "kvprobe.gates-receipt/3" and receipt["layer"] == "deployment"
+    assert receipt["schema"] == "kvprobe.gates-receipt/4" and receipt["layer"] == "deployment"
     assert json_bytes(GatesReceipt.from_json(receipt).to_json()) == (out / "receipt.json").read_bytes()
     assert receipt["workers"][0]["pools"][0]["pool_tokens"] == INCIDENT_POOL
     assert receipt["inputs"]["logs"][1]["role_flag"] == "decode"
@@ -575,8 +578,23 @@ def _rewrite_receipt(bundle: Path, change) -> str:
     return json.loads(result.stdout)["outcome"]
 
 
+def _as_schema_3(receipt: dict) -> None:
+    """A receipt as kvprobe wrote /3: gate 2 the only behavioural gate (its basis ``gate2``, probes
+    without ``gate``), gates 3 and 4 decided by their fix markers."""
+    receipt["schema"] = "kvprobe.gates-receipt/3"
+    basis = next(b for b in receipt.pop("behaviour") if b["gate"] == 2)
+    receipt["gate2"] = {"algorithm": basis["algorithm"], "experiments": basis["experiments"]}
+    receipt["probes"] = [{k: v for k, v in p.items() if k != "gate"} for p in receipt["probes"] if p["gate"] == 2]
+    for gate in receipt["gates"]:
+        if gate["number"] in (3, 4):
+            gate["checks"] = [c for c in gate["checks"] if c["name"] != "probes"]
+            for check in gate["checks"]:
+                check["decides"] = check["decides"] or check["name"].endswith(" in code")
+
+
 def _as_schema_2(receipt: dict) -> None:
     """A receipt as kvprobe wrote /2: no --env inputs, no gate4 basis."""
+    _as_schema_3(receipt)
     receipt["schema"] = "kvprobe.gates-receipt/2"
     del receipt["gate4"]
     del receipt["inputs"]["env"]
@@ -609,16 +627,50 @@ def test_gates_receipts_of_schema_2_verify_by_their_own_schema(tmp_path):
     assert _rewrite_receipt(_gates_bundle(tmp_path), _as_schema_2) == "verified"
 
 
-def test_a_gates_receipt_of_schema_3_must_carry_its_gate4_basis(tmp_path):
+def test_gates_receipts_of_schema_3_verify_by_their_own_schema(tmp_path):
+    bundle = _gates_bundle(tmp_path)
+    assert _rewrite_receipt(bundle, _as_schema_3) == "verified"
+    result = CliRunner().invoke(main, ["verify", str(bundle), "--json"], catch_exceptions=False)
+    notes = json.loads(result.stdout)["steps"][3]["notes"]  # said, so no reader takes /3's gates 3-4 for probes
+    assert any("gates 3 and 4 were decided by code markers" in n for n in notes), notes
+
+
+def test_a_gates_receipt_of_schema_3_cannot_carry_gate_3_and_4_probes(tmp_path):
+    def probes_under_3(receipt: dict) -> None:
+        behaviour = receipt["behaviour"]
+        _as_schema_3(receipt)
+        receipt["behaviour"] = behaviour  # /4's part under /3's id
+
+    assert _rewrite_receipt(_gates_bundle(tmp_path), probes_under_3) == "failed"
+
+
+def test_a_gates_receipt_of_schema_4_must_carry_its_gate4_basis(tmp_path):
     def without_basis(receipt: dict) -> None:
         del receipt["gate4"]
 
     assert _rewrite_receipt(_gates_bundle(tmp_path), without_basis) == "failed"
 
 
+@pytest.mark.parametrize("gate", [2, 3, 4])
+def test_a_gates_receipt_of_schema_4_must_carry_each_behavioural_gates_basis(tmp_path, gate):
+    def without_basis(receipt: dict) -> None:
+        receipt["behaviour"] = [b for b in receipt["behaviour"] if b["gate"] != gate]
+
+    assert _rewrite_receipt(_gates_bundle(tmp_path / str(gate)), without_basis) == "failed"
+
+
+def test_a_marker_stated_as_deciding_under_schema_4_is_refused(tmp_path):
+    def marker_decides(receipt: dict) -> None:
+        gate = next(g for g in receipt["gates"] if g["number"] == 4)
+        next(c for c in gate["checks"] if c["name"].endswith(" in code"))["decides"] = True
+
+    assert _rewrite_receipt(_gates_bundle(tmp_path), marker_decides) == "failed"
+
+
 def test_a_gates_receipt_of_schema_2_must_have_the_second_shape(tmp_path):
     def path_shape_as_2(receipt: dict) -> None:
-        basis = receipt["gate2"]
+        gate2 = next(b for b in receipt["behaviour"] if b["gate"] == 2)
+        basis = {"algorithm": gate2["algorithm"], "experiments": gate2["experiments"]}
         _as_first_shape(receipt)  # /1's inputs under /2's id
         receipt.update(schema="kvprobe.gates-receipt/2", gate2=basis)  # only the inputs' shape is /1's
 

@@ -1,8 +1,12 @@
-"""Gate 2, reject/admission: the experiment A and B probes, head side, run against the operator's
-SGLang; their outputs are decided by the pure rule in :mod:`kvprobe.evidence.gate2`.
+"""The behavioural gates: experiments' probes, head side, run against the operator's SGLang;
+their outputs are decided by the pure rule in :mod:`kvprobe.evidence.gate_probes`.
 
-The probes fork from one preloaded interpreter per gates run, as `kvprobe run`'s checks do
-(``--no-preload``: fresh ones); the receipt's ``execution`` says how each ran."""
+Gate 2 (reject/admission) runs experiments A and B, gate 3 (transfer/read) experiment F, gate 4
+(lifetime) experiments C, D and E (``gate_probes.RULES``). Every probe of the gates run forks
+from one preloaded interpreter, as `kvprobe run`'s checks do (``--no-preload``: fresh ones);
+the receipt's ``execution`` says how each ran. Gate 2's checks are its gate; gates 3 and 4 add
+the deployment's settings to theirs (:mod:`kvprobe.gates.settings`).
+"""
 
 from __future__ import annotations
 
@@ -12,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.checks.forkserver import FRESH, Execution, ForkServer
-from kvprobe.evidence import gate2
+from kvprobe.evidence import gate_probes
 from kvprobe.evidence.bundle import cite
+from kvprobe.evidence.gate_probes import ProbeRule
 from kvprobe.evidence.gate_status import Check
 from kvprobe.experiments.experiment import copy_into_bundle
-from kvprobe.gates.gate import Gate, GateOptions
+from kvprobe.gates.gate import GateOptions
 from kvprobe.gates.target import VERSION_RE, Target
-from kvprobe.model.gates_receipt import Gate2Basis, GateExperimentRecord, GateProbeRecord
+from kvprobe.model.gates_receipt import BehaviourBasis, GateExperimentRecord, GateProbeRecord
 from kvprobe.model.receipt import EnvRecord, ExecutionRecord
 from kvprobe.model.records import Experiment, PinSet, Side
 from kvprobe.names import LOGS_DIR, RAW_DIR
@@ -36,18 +41,32 @@ from kvprobe.run.side import (
     server_ready,
 )
 
-TITLE = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"
+
+@dataclass(frozen=True)
+class ProbeGate:
+    """One behavioural gate's probe checks, the probe records and what they were decided from."""
+
+    number: int
+    checks: tuple[Check, ...]
+    probes: list[GateProbeRecord]
+    basis: BehaviourBasis
 
 
 @dataclass(frozen=True)
-class Gate2Run:
-    """Gate 2, the probe records and what they were decided from, and the env (None when nothing ran)."""
+class BehaviourRun:
+    """Every behavioural gate's probe checks, and the env and execution (None when nothing ran)."""
 
-    gate: Gate
-    probes: list[GateProbeRecord]
-    basis: Gate2Basis
+    gates: dict[int, ProbeGate]
     env: EnvRecord | None
     execution: ExecutionRecord | None = None  # how each probe ran (None when nothing ran)
+
+    @property
+    def probes(self) -> list[GateProbeRecord]:
+        return [p for n in sorted(self.gates) for p in self.gates[n].probes]
+
+    @property
+    def bases(self) -> tuple[BehaviourBasis, ...]:
+        return tuple(self.gates[n].basis for n in sorted(self.gates))
 
 
 @dataclass
@@ -60,7 +79,7 @@ class _ProbeOutcome:
 
 @dataclass(frozen=True)
 class Serving:
-    """Gate 2's fork server in ``python``'s env, or None and why its probes run fresh."""
+    """The gates run's fork server in ``python``'s env, or None and why its probes run fresh."""
 
     server: ForkServer | None
     reason: str | None
@@ -68,13 +87,13 @@ class Serving:
 
 
 def start_server(opts: GateOptions, work: Path, reporter: Reporter, held: contextlib.ExitStack) -> Serving | None:
-    """The gates run's fork server, started now when gate 2 will fetch a release and its env is
-    already in the cache (it preloads while the wheel is fetched and unpacked), stopped with
-    ``held``; None when it starts once :func:`run_gate2` has the env (a path or wheel file is
-    materialized in moments, and a spec that is neither is refused before any server starts)."""
+    """The gates run's fork server, started now when a release will be fetched and the probes'
+    env is already in the cache (it preloads while the wheel is fetched and unpacked), stopped
+    with ``held``; None when it starts once :func:`run_behaviour` has the env (a path or wheel
+    file is materialized in moments, and a spec that is neither is refused before any server starts)."""
     if opts.sglang is None or not opts.preload or not VERSION_RE.match(opts.sglang) or Path(opts.sglang).exists():
         return None
-    experiments = _experiments()
+    experiments = [e for _rule, e in _experiments()]
     early = cached_environment(*experiments[0], _run_options(opts), reporter, held)
     return None if early is None else _serve(experiments, early[1], early[2], opts, work, held)
 
@@ -88,26 +107,32 @@ def _serve(
     held: contextlib.ExitStack,
 ) -> Serving:
     lifetime = opts.timeout_s * max(1, sum(len(e.probes) for e, _p in experiments)) + 600
-    modules = preload_modules(*experiments[0])  # gate 2's experiments share one profile (one env)
+    modules = preload_modules(*experiments[0])  # the behavioural experiments share one profile (one env)
     server, reason = fork_server(python, env_vars, work, lifetime, opts.preload, modules)
     if server is not None:
         held.enter_context(server)
     return Serving(server, reason, python)
 
 
-def _experiments() -> list[tuple[Experiment, PinSet]]:
-    """Gate 2's experiments, each with a non-synthetic pin set: it only selects their env's profile."""
+def _experiments() -> list[tuple[ProbeRule, tuple[Experiment, PinSet]]]:
+    """Every behavioural gate's experiments in gate order, each with a non-synthetic pin set: it
+    only selects their env's profile."""
     from kvprobe.experiments import experiment
 
-    loaded = [experiment.load(i) for i in gate2.EXPERIMENTS]
-    return [(e, next(p for p in e.pin_sets.values() if p.kind.value != "synthetic")) for e in loaded]
+    found = []
+    for number in gate_probes.BEHAVIOURAL:
+        rule = gate_probes.RULES[number]
+        for exp_id in rule.experiments:
+            exp = experiment.load(exp_id)
+            found.append((rule, (exp, next(p for p in exp.pin_sets.values() if p.kind.value != "synthetic"))))
+    return found
 
 
 def _run_options(opts: GateOptions) -> runner.RunOptions:
     return runner.RunOptions(cache_root=opts.cache_root, torch_index=opts.torch_index)
 
 
-def run_gate2(
+def run_behaviour(
     target: Target | None,
     opts: GateOptions,
     staging: Path,
@@ -115,35 +140,52 @@ def run_gate2(
     reporter: Reporter,
     held: contextlib.ExitStack,
     started: Serving | None = None,
-) -> Gate2Run:
-    """Gate 2 against the target, or unknown without one; its probes fork from ``started``
-    (:func:`start_server`) or from a server started here once the env is there, stopped
-    with ``held`` (which also holds the env's lease)."""
+) -> BehaviourRun:
+    """Every behavioural gate's probes against the target, or each gate's one unknown check
+    without one; the probes fork from ``started`` (:func:`start_server`) or from a server
+    started here once the env is there, stopped with ``held`` (which also holds the env's lease)."""
+    rules = [gate_probes.RULES[n] for n in gate_probes.BEHAVIOURAL]
     if target is None:
-        return Gate2Run(Gate(2, TITLE, (gate2.NO_TARGET,)), [], Gate2Basis(gate2.ALGORITHM, ()), None)
-    checks: list[Check] = []
-    refs: list[GateProbeRecord] = []
-    experiments: list[GateExperimentRecord] = []
+        gates = {
+            r.gate: ProbeGate(r.gate, (gate_probes.NO_TARGET,), [], BehaviourBasis(r.gate, r.algorithm, ()))
+            for r in rules
+        }
+        return BehaviourRun(gates, None)
+    found: dict[int, tuple[list[Check], list[GateProbeRecord], list[GateExperimentRecord]]] = {
+        r.gate: ([], [], []) for r in rules
+    }
     ran: list[dict[str, Any]] = []
     env: EnvRecord | None = None
+    envs: dict[str, tuple[EnvRecord, str, dict[str, str]]] = {}  # by profile: one env, one lease
     serving = started
     loaded = _experiments()
-    for exp, pin_set in loaded:
-        env, python, env_vars = environment(exp, pin_set, _run_options(opts), reporter, held)
-        serving = serving or _serve(loaded, python, env_vars, opts, work, held)
+    for rule, (exp, pin_set) in loaded:
+        if exp.profile not in envs:
+            envs[exp.profile] = environment(exp, pin_set, _run_options(opts), reporter, held)
+        env, python, env_vars = envs[exp.profile]
+        serving = serving or _serve([e for _r, e in loaded], python, env_vars, opts, work, held)
         serving = Serving(*server_ready(serving.server, serving.reason), serving.python)
         elsewhere = serving.server is not None and python != serving.python  # it forks only its env's python
         server = None if elsewhere else serving.server
         ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server)
-        outcome = _probe_experiment(ctx, target, reporter)
+        outcome = _probe_experiment(rule, ctx, target, reporter)
+        checks, refs, experiments = found[rule.gate]
         checks += outcome.checks
         refs += outcome.refs
         experiments.append(outcome.experiment)
         ran += [_elsewhere(r) for r in outcome.ran] if elsewhere else outcome.ran
-    assert serving is not None, "gate 2 has experiments"
+    assert serving is not None, "the behavioural gates have experiments"
     execution = execution_record(serving.server, serving.reason, {Side.HEAD: {"tests": [], "probes": ran}})
-    basis = Gate2Basis(gate2.ALGORITHM, tuple(experiments))
-    return Gate2Run(Gate(2, TITLE, tuple(checks)), refs, basis, env, execution)
+    gates = {
+        r.gate: ProbeGate(
+            r.gate,
+            tuple(found[r.gate][0]),
+            found[r.gate][1],
+            BehaviourBasis(r.gate, r.algorithm, tuple(found[r.gate][2])),
+        )
+        for r in rules
+    }
+    return BehaviourRun(gates, env, execution)
 
 
 def _elsewhere(ran: dict[str, Any]) -> dict[str, Any]:
@@ -151,20 +193,21 @@ def _elsewhere(ran: dict[str, Any]) -> dict[str, Any]:
     return {**ran, "run": replace(ran["run"], execution=Execution(FRESH, "its env is not the fork server's"))}
 
 
-def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> _ProbeOutcome:
+def _probe_experiment(rule: ProbeRule, ctx: CheckContext, target: Target, reporter: Reporter) -> _ProbeOutcome:
     exp, staging = ctx.exp, ctx.staging
     probe_dir = copy_into_bundle(exp, staging)
     cited = GateExperimentRecord(exp.id, cite(probe_dir / "experiment.toml", staging))
     scratch = ctx.work / "home" / exp.id
     scratch.mkdir(parents=True, exist_ok=True)
-    raw, logs = staging / RAW_DIR / "gate2" / exp.id, staging / LOGS_DIR / "gate2" / exp.id
+    where = f"gate{rule.gate}"
+    raw, logs = staging / RAW_DIR / where / exp.id, staging / LOGS_DIR / where / exp.id
     paths = CheckPaths(Side.HEAD, [target.import_root], raw, logs, scratch)
     docs: dict[str, Any] = {}
     problems: list[str] = []
     refs: list[GateProbeRecord] = []
     ran: list[dict[str, Any]] = []
     for check in exp.probes:
-        with reporter.step(f"gate 2: {exp.id} probe {check.name} against {target.spec}"):
+        with reporter.step(f"gate {rule.gate}: {exp.id} probe {check.name} against {target.spec}"):
             ran_probe = run_probe(ctx, paths, check)
         run = ran_probe["run"]
         ran.append({"name": f"{exp.id}/{check.name}", "run": run})
@@ -175,6 +218,7 @@ def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> 
         found = docs.get(check.name, {})
         refs.append(
             GateProbeRecord(
+                gate=rule.gate,
                 experiment=exp.id,
                 name=check.name,
                 source=cite(probe_dir / check.path, staging),
@@ -187,5 +231,6 @@ def _probe_experiment(ctx: CheckContext, target: Target, reporter: Reporter) -> 
                 absorbed=found.get("absorbed", []),
             )
         )
-    checks = gate2.experiment_checks(exp.id, exp.fix.prs, exp.expectations.get("head", {}), docs, problems)
+    head = exp.expectations.get("head", {})
+    checks = gate_probes.experiment_checks(rule, exp.id, exp.fix.prs, head, docs, problems)
     return _ProbeOutcome(checks, refs, cited, ran)
