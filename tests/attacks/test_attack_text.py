@@ -87,7 +87,8 @@ def test_receipt_text_printed_to_a_terminal(sandbox, forged, fmt):
     verifies; `report` writes its output to the terminal."""
     retitle(forged, "A forged title" + ANSI_PAYLOAD + BIDI_PAYLOAD, "a limit" + ANSI_PAYLOAD + BIDI_PAYLOAD)
     assert sandbox.run("verify", forged).code == 0
-    author = ("--author", "x") if fmt == "openvex" else ()
+    # an unshipped experiment's advisory record is refused unless asked for (test_attack_report)
+    author = ("--author", "x", "--allow-unanchored") if fmt == "openvex" else ()
     result = sandbox.run("report", forged, "--format", fmt, *author, tty=True)
     assert_outcome(sandbox, result, 0)
     assert_no_raw_escapes(result.err)
@@ -236,7 +237,7 @@ def test_osv_summary_and_details_are_inert_markdown(sandbox):
 
     title = f"{HOSTILE_TEXT} [run me](javascript:alert(1)) {BIDI_PAYLOAD}"
     bundle = relabelled_sweep(sandbox.inputs / "text", title=title)
-    result = sandbox.run("report", bundle, "--format", "osv")
+    result = sandbox.run("report", bundle, "--format", "osv", "--allow-unanchored")
     assert_outcome(sandbox, result, 0)
     record = json.loads(result.out)
     for field in ("summary", "details"):
