@@ -767,7 +767,14 @@ def gates_cmd(
 
 # --- verify and bundle archives ----------------------------------------------------------
 
-_VERIFY_EXIT = {"verified": EXIT_OK, "failed": EXIT_FAIL, "could-not-rerun": EXIT_UNOBSERVED}
+# self-consistent exits 0: exit 1 means "defects found", and a bundle that was just written is
+# only ever self-consistent; a gate that must know who published it passes --require-anchor.
+_VERIFY_EXIT = {
+    "verified": EXIT_OK,
+    "self-consistent": EXIT_OK,
+    "failed": EXIT_FAIL,
+    "could-not-rerun": EXIT_UNOBSERVED,
+}
 
 
 @main.command("verify")
@@ -798,6 +805,12 @@ _VERIFY_EXIT = {"verified": EXIT_OK, "failed": EXIT_FAIL, "could-not-rerun": EXI
 @click.option(
     "--key", type=click.Path(dir_okay=False, path_type=Path), help="With --attestation: the signer's PEM public key."
 )
+@click.option(
+    "--require-anchor",
+    is_flag=True,
+    help="Exit 1 unless the outcome is verified: a bundle that only agrees with itself "
+    "(self-consistent; exit 0 without this flag) fails, as a CI gate on a published bundle wants.",
+)
 @click.option("--repo", help="With --rerun: git URL or local path to fetch pins from.")
 @click.option(
     "--release",
@@ -821,6 +834,7 @@ def verify_cmd(
     trust_bundle_code: bool,
     attestation: Path | None,
     key: Path | None,
+    require_anchor: bool,
     repo: str | None,
     rerun_releases: tuple[str, ...],
     torch_index: str | None,
@@ -830,13 +844,19 @@ def verify_cmd(
     max_bytes: int,
     as_json: bool,
 ) -> int:
-    """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
-    2 not a bundle, 3 could not re-run)."""
+    """Check a bundle directory or .tar.gz as untrusted input.
+
+    \b
+    Outcomes: verified (no defect, and anchored: the --expect-manifest-sha256 digest matched,
+    a checked --attestation signs it, or a --rerun reproduced it), self-consistent (no defect,
+    but nothing outside the bundle vouches for it), failed, could-not-rerun.
+    Exit 0 verified or self-consistent (1 with --require-anchor), 1 failed, 2 not a bundle,
+    3 could not re-run."""
     from kvprobe.cli.console import data, print_verify_diagnostics, print_verify_report
     from kvprobe.env.venv import check_index_url
     from kvprobe.errors import UsageError
     from kvprobe.run.rerun import RerunOptions, rerun_step
-    from kvprobe.verify.steps import VerifyOptions, parse_digest, verify
+    from kvprobe.verify.steps import Anchoring, VerifyOptions, parse_digest, verify
 
     if rerun:  # only a rerun uses the index: a plain verify never refuses over it
         check_index_url(torch_index)
@@ -854,10 +874,23 @@ def verify_cmd(
     spec = ",".join(rerun_releases) if rerun_releases else None
     rerun_opts = RerunOptions(repo, torch_index, float(timeout), consent=consent, releases=spec)
     step6 = rerun_step(rerun_opts, streams.reporter()) if rerun else None
+    digest_from = (
+        *(
+            [Anchoring("attestation", f"a DSSE attestation signed with key {signed.keyid} signs the manifest sha256")]
+            if signed
+            else []
+        ),
+        *(
+            [Anchoring("expect-manifest-sha256", "manifest sha256 matches --expect-manifest-sha256")]
+            if expected
+            else []
+        ),
+    )
     opts = VerifyOptions(
         limits=_limits(max_files, max_file_bytes, max_bytes),
         expect_manifest_sha256=signed.manifest_sha256 if signed else expected,
         rerun=step6,
+        digest_from=digest_from,
     )
     report = verify(Path(bundle), opts)
     if streams.verbosity > -2:
@@ -866,6 +899,10 @@ def verify_cmd(
         print_verify_report(streams.out, report)
     if as_json:
         emit_json({**report.to_json(), **({"attestation": signed.to_json()} if signed else {})})
+    if require_anchor and report.outcome == "self-consistent":
+        if streams.verbosity > -2:
+            streams.err.print("--require-anchor: the bundle is only self-consistent; nothing anchors it (exit 1)")
+        return EXIT_FAIL
     return _VERIFY_EXIT[report.outcome]
 
 

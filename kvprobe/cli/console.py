@@ -353,7 +353,12 @@ _STEP_STYLE = {
     "self-consistent": "yellow",
     "could-not-run": "bold magenta",
 }
-_OUTCOME_STYLE = {"verified": "bold green", "failed": "bold red", "could-not-rerun": "bold magenta"}
+_OUTCOME_STYLE = {
+    "verified": "bold green",
+    "self-consistent": "bold yellow",
+    "failed": "bold red",
+    "could-not-rerun": "bold magenta",
+}
 
 
 def print_verify_report(console: Console, report: Any) -> None:
@@ -368,6 +373,14 @@ def print_verify_report(console: Console, report: Any) -> None:
     emit(console, table)
     console.print(f"manifest sha256: {report.manifest_sha256 or '-'}")
     console.print(f"result: [{_OUTCOME_STYLE.get(report.outcome, 'bold')}]{data(report.outcome)}[/]")
+    if report.outcome == "verified":
+        for anchor in report.anchored_by:
+            console.print(f"anchored by: {data(anchor.kind)} — {data(anchor.detail)}")
+    elif report.outcome == "self-consistent":
+        console.print(
+            "anchored by: nothing — it agrees with itself (and with kvprobe's copy of a shipped experiment); "
+            "--expect-manifest-sha256, --attestation or --rerun anchors it"
+        )
 
 
 def print_verify_diagnostics(console: Console, report: Any, max_defects: int | None = 200) -> None:

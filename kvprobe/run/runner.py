@@ -519,6 +519,6 @@ def verify_on_write(staging: Path) -> None:
     """The bundle must pass the same offline verification a reader will run on it (but for the
     comparison with kvprobe's installed copy: a project may run its own edit of an experiment)."""
     report = verify(staging, VerifyOptions(check_installed=False))
-    if report.outcome != "verified":
+    if not report.ok:
         details = "; ".join(str(d) for d in report.defects[:3])
         raise CheckRunError(f"the new bundle failed its own verification: {details}")

@@ -387,7 +387,7 @@ def accept_unit(outcome: UnitOutcome, expected: Expected, work: Path) -> tuple[R
 def _check_unit(root: Path, request: UnitRequest, expected: Expected) -> SweepReceipt | str:
     """The unit bundle's receipt at ``root``, or the first reason to refuse it."""
     report = verify_dir(root, VerifyOptions(limits=expected.limits))
-    if report.outcome != "verified":
+    if not report.ok:
         first = report.defects[0].message if report.defects else "a step did not pass"
         return f"does not verify: {first}"
     assert report.receipt is not None, "a verified bundle has a receipt"

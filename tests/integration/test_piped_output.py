@@ -110,11 +110,11 @@ def test_model_run_verify_report_and_pack(tmp_path):
 
     verified = kvprobe(tmp_path, "verify", str(out))
     assert verified.returncode == 0, verified.stderr
-    assert_plain(verified, f"manifest sha256: {digest}", "result: verified")
+    assert_plain(verified, f"manifest sha256: {digest}", "result: self-consistent")
     grep = [line for line in verified.stdout.splitlines() if "manifest sha256:" in line]
     assert grep == [f"manifest sha256: {digest}"]
     assert "self-consistent" in verified.stderr  # step 5 without --expect-manifest-sha256: a diagnostic
-    assert assert_json(kvprobe(tmp_path, "verify", str(out), "--json"))["outcome"] == "verified"
+    assert assert_json(kvprobe(tmp_path, "verify", str(out), "--json"))["outcome"] == "self-consistent"
     assert kvprobe(tmp_path, "verify", "--debug", "-qq", str(out)).stdout == ""
 
     for fmt in ("openvex", "intoto"):

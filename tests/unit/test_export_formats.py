@@ -492,7 +492,7 @@ def test_gates_receipts_of_schema_1_render_too(tmp_path):
     from tests.unit.test_gates_logs import _as_first_shape, _gates_bundle, _rewrite_receipt
 
     bundle = _gates_bundle(tmp_path / "first")
-    assert _rewrite_receipt(bundle, _as_first_shape) == "verified"
+    assert _rewrite_receipt(bundle, _as_first_shape) == "self-consistent"
     result = report(bundle)
     assert result.exit_code == 0, result.output
     assert "`/var/log/sglang/prefill.log`" in result.stdout
