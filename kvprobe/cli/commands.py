@@ -679,6 +679,68 @@ def report_cmd(
     return EXIT_OK
 
 
+@main.command("attest")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option(
+    "--key",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The signer's PEM private key (ECDSA, RSA or Ed25519; an encrypted one's password in "
+    "$KVPROBE_KEY_PASSWORD). Its public half checks the envelope: `verify --attestation FILE --key PUB`.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the envelope here (atomically) instead of stdout; an existing file is kept unless --force.",
+)
+@click.option("--force", is_flag=True, help="With -o: replace an existing file.")
+@click.option(
+    "--subject-archive",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The bundle's packed .tar.gz (`kvprobe bundle pack`), added as a subject by sha256.",
+)
+@_limit_options
+@guarded
+def attest_cmd(
+    bundle: Path,
+    key: Path,
+    output: Path | None,
+    force: bool,
+    subject_archive: Path | None,
+    max_files: int,
+    max_file_bytes: int,
+    max_bytes: int,
+) -> int:
+    """Sign a bundle's in-toto statement (run, sweep or gates bundle) into a DSSE envelope.
+
+    The bundle must verify first (steps 1-5, as `kvprobe verify`; exit 1 when it does not).
+    The statement is `report --format intoto`'s; anyone with the public key checks the
+    envelope offline with `kvprobe verify BUNDLE --attestation FILE --key PUB`, which then
+    says `verified` (anchored by the attestation)."""
+    from kvprobe.exports.attest import attest, load_signer
+    from kvprobe.exports.bundle_view import load
+    from kvprobe.exports.render import write_atomic
+
+    if output is not None and output.exists() and not force:
+        from kvprobe.errors import BundleExistsError
+
+        raise BundleExistsError(f"{output} exists; refusing to overwrite it (--force replaces it)")
+    signer = load_signer(key)  # a bad key is refused before the bundle is read
+    view = load(bundle, _limits(max_files, max_file_bytes, max_bytes))
+    signed = attest(view, signer, archive=subject_archive)
+    if output is None:
+        click.echo(signed.text, nl=False)
+    else:
+        write_atomic(output, signed.text, force=force)
+    where = for_terminal(str(output)) if output is not None else "stdout"
+    click.echo(
+        f"signed the in-toto statement of manifest sha256 {signed.manifest_sha256} with key {signed.keyid} -> {where}",
+        err=True,
+    )
+    return EXIT_OK
+
+
 @main.command("gates")
 @click.option(
     "--log",
