@@ -11,6 +11,7 @@ import contextlib
 import json
 import platform
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -251,6 +252,7 @@ def fork_server(
     preload: bool,
     modules: Sequence[str],
     keep_s: float | None = None,
+    reporter: Reporter | None = None,
 ) -> tuple[ForkServer | None, str | None]:
     """The run's fork server importing ``modules``, started (its preload runs while the caller
     goes on), or None and why its checks run in fresh interpreters. :func:`server_ready` waits.
@@ -259,17 +261,29 @@ def fork_server(
     """
     if not preload:
         return None, "--no-preload"
+    reporter = reporter or Reporter()
+    server: ForkServer
     try:
         if keep_s is not None:
-            return KeptServer(
+            server = KeptServer(
                 python, preload=modules, env=env_vars, idle_s=keep_s, lease=_env_lease(python), wait=False
-            ), None
-        server = ForkServer(
-            python, preload=modules, env=env_vars, work=work / "forkserver", lifetime_s=lifetime_s, wait=False
-        )
+            )
+        else:
+            server = ForkServer(
+                python, preload=modules, env=env_vars, work=work / "forkserver", lifetime_s=lifetime_s, wait=False
+            )
     except ObserveError as exc:
+        reporter.note(f"preload: the fork server did not start ({exc}); checks run in fresh interpreters")
         return None, f"the fork server did not start: {exc}"
+    if isinstance(server, KeptServer) and server.reused:
+        reporter.note(f"preload: the kept fork server is running ({_listed(modules)})")
+    else:
+        reporter.note(f"preload: fork server started, importing {_listed(modules)} in the background")
     return server, None
+
+
+def _listed(modules: Sequence[str]) -> str:
+    return ", ".join(modules) if modules else "nothing"
 
 
 def _env_lease(python: str) -> Path | None:
@@ -281,16 +295,28 @@ def _env_lease(python: str) -> Path | None:
     return lease_file(env_dir) if (env_dir.parent / f"{env_dir.name}.users").is_dir() else None
 
 
-def server_ready(server: ForkServer | None, reason: str | None) -> tuple[ForkServer | None, str | None]:
+def server_ready(
+    server: ForkServer | None, reason: str | None, reporter: Reporter | None = None
+) -> tuple[ForkServer | None, str | None]:
     """The server once it has preloaded, or None and why: a server that cannot start is not a
-    failed run, its checks run fresh and the receipt says why (it is closed here)."""
+    failed run, its checks run fresh and the receipt says why (it is closed here). The first
+    wait is a reporter step (a heartbeat while torch and the rest import, then its time)."""
     if server is None:
         return None, reason
+    reporter = reporter or Reporter()
+    waited = not server.is_ready
     try:
-        server.ready()
+        if waited:
+            with reporter.step(f"preload: fork server importing {_listed(server.modules)}"):
+                server.ready()
+        else:
+            server.ready()
     except ObserveError as exc:
         server.close()
+        reporter.note(f"preload: the fork server did not start ({exc}); checks run in fresh interpreters")
         return None, f"the fork server did not start: {exc}"
+    if waited:
+        reporter.note(f"preload: fork server ready, {time.monotonic() - server.started:.1f}s after it started")
     return server, None
 
 

@@ -146,7 +146,9 @@ def prepare(
     server: ForkServer | None = None
     reason: str | None = UNIT_FRESH
     if serve is not None:
-        server, reason = fork_server(python, env_vars, serve.work, serve.lifetime_s, serve.preload, modules)
+        server, reason = fork_server(
+            python, env_vars, serve.work, serve.lifetime_s, serve.preload, modules, reporter=reporter
+        )
         if server is not None:
             held.enter_context(server)
     return Prepared(env, python, env_vars, WheelSource(cache_root, reporter=reporter), server, reason)
@@ -208,7 +210,7 @@ def run_unit(
     records: list[ProbeRecord] = []
     execution: ReleaseExecution | None = None
     if problem is None:
-        server, reason = server_ready(prepared.server, prepared.fresh_reason)
+        server, reason = server_ready(prepared.server, prepared.fresh_reason, reporter)
         ran = []
         for check in exp.probes:
             reporter.update(f"{version}: probe {check.name}")
