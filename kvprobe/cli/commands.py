@@ -247,22 +247,34 @@ def list_cmd(as_json: bool) -> int:
 
 
 def _warn_shadowing(out: Output | None, experiment_id: str) -> None:
-    """Say so on stderr when the experiment used hides another of the same id (a project's
-    ./probes or KVPROBE_PROBES_PATH over kvprobe's built-in one); ``out`` None: this
-    command's streams, made only then."""
+    """Say so on stderr when the experiment used hides a different one of the same id (a
+    project's ./probes or KVPROBE_PROBES_PATH over kvprobe's built-in one), and how to run
+    the other; a copy with the same files (a checkout's own probes/) is not worth a word.
+    ``out`` None: this command's streams, made only then."""
     from kvprobe.experiments import experiment
 
     found = experiment.sources(experiment_id)
     if len(found) < 2:
         return
+    used, used_source = found[0]
+    differ = [(folder, source, experiment.differing_files(used, folder)) for folder, source in found[1:]]
+    differ = [d for d in differ if d[2]]
+    if not differ:
+        return
     from kvprobe.cli.console import data
+    from kvprobe.resources import SOURCE_ENV
 
     out = out or _streams(as_json=True)
-    for folder, source in found[1:]:
-        used, used_source = found[0]
+    choose = (
+        "unset KVPROBE_PROBES_PATH (or drop that folder from it)"
+        if used_source == SOURCE_ENV
+        else "run from a directory without ./probes/" + experiment_id
+    )
+    for folder, source, changed in differ:
         out.warn(
             f"experiment {data(experiment_id)} from {data(used_source)} ({data(used)}) "
-            f"shadows the {data(source)} one ({data(folder)})"
+            f"shadows the {data(source)} one ({data(folder)}), which differs in {data(', '.join(changed))}: "
+            f"the first on the search path runs; to run the {data(source)} one, {data(choose)}"
         )
 
 
