@@ -470,6 +470,12 @@ def print_cache(console: Console, root: str, entries: list[Any], now: float) -> 
         table.add_row(data(entry.kind), key, human_size(entry.size), _age(now - entry.last_used))
     emit(console, table)
     console.print(f"total: {human_size(sum(e.size for e in entries))} in {len(entries)} entries")
+    linked = sum(e.linked for e in entries)
+    if linked:
+        console.print(
+            f"each file is counted once: {human_size(linked)} more are hard links to files counted "
+            "already, under the first entry listed (uv's cache links the envs it built)"
+        )
 
 
 def print_prune(console: Console, outcomes: list[Any], dry_run: bool) -> None:
