@@ -23,7 +23,7 @@ from kvprobe.checks.forkserver import FRESH, PRELOAD, ForkServer
 from kvprobe.checks.keptserver import KeptServer
 from kvprobe.errors import ExperimentError, ObserveError
 from kvprobe.files import write_json
-from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord, KeptServerRecord
+from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord, InstallerRecord, KeptServerRecord
 from kvprobe.model.records import EnvInfo, Experiment, ModelPin, PinSet, ProbeCheck, Side, SourceKind, WheelPin
 from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
 from kvprobe.progress import Reporter
@@ -90,8 +90,22 @@ def _described(info: EnvInfo, profile: str, env_vars: dict[str, str]) -> tuple[E
         packages=dict(sorted(info.packages.items())),
         torch=info.build.get("torch"),
         torch_index=info.build.get("torch_index"),
+        installer=installer_record(info),
     )
     return env, str(info.path / "bin" / "python"), env_vars
+
+
+def installer_record(info: EnvInfo) -> InstallerRecord | None:
+    """The installer the env's build recorded (``kvprobe-env.json``), with its version: uv's
+    as it reported it, pip's the one in the env. None when the build recorded none."""
+    how = info.build.get("installer")
+    if not isinstance(how, dict) or how.get("tool") not in ("uv", "pip"):
+        return None
+    if how["tool"] == "uv":
+        words = str(how.get("version", "")).split()  # "uv 0.13.9 (x86_64-unknown-linux-gnu)"
+        version = words[1] if len(words) > 1 and words[0] == "uv" and words[1][:1].isdigit() else None
+        return InstallerRecord("uv", version)
+    return InstallerRecord("pip", info.packages.get("pip"))
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,13 @@ def test_run_reproduces_and_writes_a_checkable_bundle(world, cli, tmp_path):
     assert receipt["sides"]["head"]["source"]["commit"] == fake.head_sha
     assert receipt["sides"]["head"]["source"]["tree"]
     assert receipt["env"]["packages"]["pytest"] == "9.2.0"
+    from kvprobe.env import installer
+
+    uv = installer.find_uv()  # the env was built with uv when there is one: the receipt says which
+    recorded = receipt["env"]["installer"]
+    assert recorded["name"] == ("uv" if uv else "pip")
+    if uv:
+        assert installer.uv_version(uv).split()[1] == recorded["version"]
     assert receipt["evidence"]["mocks"] == {"minikv_probe": {"nothing": "minikv has no transport to mock"}}
     rows = {r["test"]: r for r in summary["tests"]}
     for nodeid, expected in fake.expected_tests.items():
