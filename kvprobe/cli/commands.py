@@ -71,10 +71,14 @@ def guarded(func: Callable[..., int]) -> Callable[..., None]:
         try:
             code = func(*args, **kwargs)
         except KvprobeError as exc:
+            if kwargs.get("as_json"):
+                emit_json_error(_error_code(exc), exc.message, exc.exit_code, exc.hints)
             _fail(exc, debug)
         except (click.exceptions.Exit, click.Abort, click.ClickException, KeyboardInterrupt):
             raise
         except Exception as exc:  # the catch-all that keeps a crash off exit 1
+            if kwargs.get("as_json"):
+                emit_json_error("internal-error", f"{type(exc).__name__}: {exc}"[:300], EXIT_INTERNAL)
             _internal(exc, debug)
         sys.exit(code or 0)
 
@@ -112,8 +116,43 @@ def _results(as_json: bool) -> bool:
     return _streams(as_json).results
 
 
-def emit_json(document: Any) -> None:
-    click.echo(json.dumps(document, indent=2, sort_keys=True))
+CLI_JSON_VERSION = 1  # of every `--json` document: kvprobe.cli.<command>/1, kvprobe.cli.error/1
+
+
+def json_schema_id(name: str | None = None) -> str:
+    """``kvprobe.cli.<name>/N``; ``name`` defaults to the running command's (``cache-ls``)."""
+    if name is None:
+        name = "-".join(_parent_names(click.get_current_context(silent=True))) or "kvprobe"
+    return f"kvprobe.cli.{name}/{CLI_JSON_VERSION}"
+
+
+def emit_json(document: dict[str, Any]) -> None:
+    """One JSON document on stdout, an object whose ``schema`` names the command that wrote
+    it (a contract scripts can check: ``jq 'select(.schema == "kvprobe.cli.verify/1")'``)."""
+    click.echo(json.dumps({"schema": json_schema_id(), **document}, indent=2, sort_keys=True))
+
+
+def emit_json_error(
+    code: str, message: str, exit_code: int, hints: list[str] | None = None, *, command: str | None = None
+) -> None:
+    """Under --json, an error is a document on stdout as well as the line on stderr: a script
+    piping into jq gets an object to read, not empty input."""
+    doc = {
+        "schema": json_schema_id("error"),
+        "command": command or json_schema_id().removeprefix("kvprobe.cli.").rsplit("/", 1)[0],
+        "code": code,
+        "message": message,
+        "hints": list(hints or []),
+        "exit": exit_code,
+    }
+    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+def _error_code(exc: BaseException) -> str:
+    """``VerificationFailed`` -> ``verification-failed``: the error's class, as a JSON code."""
+    import re
+
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", type(exc).__name__).lower()
 
 
 _DEBUG, _VERBOSE, _QUIET = "kvprobe.debug", "kvprobe.verbose", "kvprobe.quiet"
@@ -161,6 +200,27 @@ class _Command(click.Command):
 
     def get_short_help_str(self, limit: int = 45) -> str:
         return " ".join((self.short_help or (self.help or "").split("\n\n")[0]).split())
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        """A usage error click finds (a bad option or value) is a JSON error too under --json."""
+        given = list(args)  # click's parser consumes ``args``
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.ClickException as exc:
+            if "--json" in given and any(p.name == "as_json" for p in self.params):
+                name = "-".join([*_parent_names(parent), self.name or ""])
+                emit_json_error("usage-error", exc.format_message(), exc.exit_code, command=name)
+            raise
+
+
+def _parent_names(ctx: click.Context | None) -> list[str]:
+    names: list[str] = []
+    while ctx is not None and ctx.parent is not None:
+        names.insert(0, ctx.command.name or "")
+        ctx = ctx.parent
+    return names
 
 
 class _Group(click.Group):
@@ -226,18 +286,20 @@ def list_cmd(as_json: bool) -> int:
         _warn_shadowing(out, exp.id)
     if out is None:
         emit_json(
-            [
-                {
-                    "id": e.id,
-                    "title": e.title,
-                    "layer": e.layer.value,
-                    "prs": list(e.fix.prs),
-                    "pin_sets": list(e.pin_sets),
-                    "default_pins": e.default_pin_set,
-                    "source": e.source,
-                }
-                for e in exps
-            ]
+            {
+                "experiments": [
+                    {
+                        "id": e.id,
+                        "title": e.title,
+                        "layer": e.layer.value,
+                        "prs": list(e.fix.prs),
+                        "pin_sets": list(e.pin_sets),
+                        "default_pins": e.default_pin_set,
+                        "source": e.source,
+                    }
+                    for e in exps
+                ]
+            }
         )
     elif out.results:
         from kvprobe.cli.console import emit, experiments_table

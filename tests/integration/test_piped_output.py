@@ -67,7 +67,9 @@ def test_list_and_show(tmp_path):
     assert listed.stderr == ""
     rows = [line for line in listed.stdout.splitlines() if line.startswith(("experiment-a ", "model "))]
     assert len(rows) == 2 and all("built-in" in row for row in rows), listed.stdout
-    ids = {e["id"]: e["source"] for e in assert_json(kvprobe(tmp_path, "list", "--json"))}
+    listed_json = assert_json(kvprobe(tmp_path, "list", "--json"))
+    assert isinstance(listed_json, dict) and listed_json["schema"] == "kvprobe.cli.list/1"
+    ids = {e["id"]: e["source"] for e in listed_json["experiments"]}
     assert ids["model"] == "built-in"
 
     shown = kvprobe(tmp_path, "show", "experiment-a")
