@@ -84,6 +84,9 @@ def test_a_project_folder_that_shadows_a_built_in_is_reported(tmp_path):
     for path in (REPO / "probes" / "model").iterdir():
         if path.is_file():
             (target / path.name).write_bytes(path.read_bytes())
+    same = kvprobe(tmp_path, "show", "model")  # the same files: the same experiment, no warning
+    assert same.returncode == 0 and "shadows" not in same.stderr, same.stderr
+    (target / "experiment.toml").write_text((target / "experiment.toml").read_text() + "\n# a local edit\n")
     for args in (("list",), ("show", "model"), ("list", "--json")):
         result = kvprobe(tmp_path, *args)
         assert result.returncode == 0, result.stderr
@@ -94,7 +97,7 @@ def test_a_project_folder_that_shadows_a_built_in_is_reported(tmp_path):
 
 def test_model_run_verify_report_and_pack(tmp_path):
     out = tmp_path / "bundle-with-a-long-name-that-would-wrap-at-eighty-columns-in-a-table"
-    ran = kvprobe(tmp_path, "model", "--out", str(out))
+    ran = kvprobe(tmp_path, "run", "model", "--out", str(out))
     assert ran.returncode == 0, ran.stderr
     receipt = json.loads((out / "receipt.json").read_text())
     assert receipt["experiment"]["source"] == "built-in"
@@ -103,11 +106,11 @@ def test_model_run_verify_report_and_pack(tmp_path):
     assert len(ran.stdout.splitlines()) < 40, f"a piped model run prints a summary:\n{ran.stdout}"
     assert "manifest sha256" not in ran.stderr and "running" in ran.stderr  # progress on stderr
     assert any(line.startswith("✓ ") for line in ran.stderr.splitlines()), ran.stderr
-    full = kvprobe(tmp_path, "model", "-v", "--out", str(tmp_path / "second"))
+    full = kvprobe(tmp_path, "run", "model", "-v", "--out", str(tmp_path / "second"))
     assert len(full.stdout.splitlines()) > len(ran.stdout.splitlines())
-    quiet = kvprobe(tmp_path, "model", "-q", "--out", str(tmp_path / "third"))
+    quiet = kvprobe(tmp_path, "run", "model", "-q", "--out", str(tmp_path / "third"))
     assert quiet.stderr == "" and "verdict: reproduced" in quiet.stdout
-    as_json = kvprobe(tmp_path, "model", "--json", "--out", str(tmp_path / "fourth"))
+    as_json = kvprobe(tmp_path, "run", "model", "--json", "--out", str(tmp_path / "fourth"))
     assert assert_json(as_json)["verdict"] == "reproduced"
 
     verified = kvprobe(tmp_path, "verify", str(out))
