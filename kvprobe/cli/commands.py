@@ -566,25 +566,6 @@ def sweep_cmd(
     return EXIT_UNOBSERVED if unobserved else EXIT_OK
 
 
-@main.command("model")
-@_bundle_out
-@_json_summary
-@click.pass_context
-def model_cmd(ctx: click.Context, out: Path | None, as_json: bool) -> None:
-    """Run the synthetic PD handoff model (same as `kvprobe run model`; seconds, no downloads)."""
-    ctx.invoke(
-        run_cmd,
-        experiment_id="model",
-        pins=None,
-        out=out,
-        repo=None,
-        torch_index=None,
-        jobs=None,
-        timeout=1800,
-        as_json=as_json,
-    )
-
-
 def run_summary(result: RunResult) -> dict[str, Any]:
     receipt = result.receipt
     return {

@@ -76,3 +76,9 @@ def test_without_json_an_error_leaves_stdout_empty(tmp_path):
     result = run("verify", tmp_path / "nothing-here")
     assert result.exit_code == 2 and result.stdout == ""
     assert run("cache", "ls", "--no-such-option").stdout == ""
+
+
+def test_one_way_to_run_the_model():
+    """The top-level `kvprobe model` duplicated `kvprobe run model` (#25): it is gone."""
+    assert "model" not in main.commands
+    assert run("model").exit_code == 2
