@@ -222,9 +222,10 @@ def test_missing_sha_is_exit_3_with_a_clear_message(cli, tmp_path):
 
 
 def _lines(stderr: str) -> list[str]:
-    """Progress lines without their timings, and git's own words cut (they vary run to run)."""
+    """Progress lines without their timings, and git's own words cut (they vary run to run);
+    the preload's own progress lines (a run with a server has them) left out."""
     lines = (re.sub(r" \([0-9.]+s\)$", "", line).partition(": fatal:")[0] for line in stderr.splitlines())
-    return sorted(lines)
+    return sorted(line for line in lines if not line.startswith("· preload: "))
 
 
 def test_a_fetch_failure_after_the_server_started_early_is_the_error_and_leaves_no_server(
