@@ -538,7 +538,7 @@ def sweep_cmd(
 ) -> int:
     """Classify each release in a range as affected, fixed, mixed, could not observe or not
     present, into one sweep bundle (exit 0 every release observed, 3 some could not be)."""
-    from kvprobe.cli.console import RichReporter, stderr_console
+    from kvprobe.cli.console import stderr_console
     from kvprobe.experiments import experiment
     from kvprobe.run.sweep import SweepOptions, sweep_experiment
 
@@ -555,7 +555,10 @@ def sweep_cmd(
     if jobs is not None:
         opts.jobs = jobs
     console = stderr_console()
-    result = sweep_experiment(experiment.load(experiment_id), opts, RichReporter(console))
+    exp = experiment.load(experiment_id)
+    streams = _streams(as_json)
+    _warn_shadowing(streams, exp.id)
+    result = sweep_experiment(exp, opts, streams.reporter())  # plain lines and a heartbeat on a log
     receipt = result.receipt
     for release in receipt.releases:
         console.print(f"{release.version:>14}  {release.classification.overall}", markup=False, highlight=False)

@@ -51,3 +51,10 @@ def test_a_different_experiment_on_kvprobe_probes_path_says_to_unset_it(local_co
     assert "experiment model from KVPROBE_PROBES_PATH" in result.stderr
     assert "extra_helper.py" in result.stderr and "unset KVPROBE_PROBES_PATH" in result.stderr
     assert result.stderr.count("warning") == 2  # over ./probes and over the built-in one
+
+
+def test_sweep_warns_too(local_copy):
+    """sweep never warned (#25); it says so before it refuses or runs anything."""
+    (local_copy / "experiment.toml").write_text((local_copy / "experiment.toml").read_text() + "\n# edited\n")
+    result = CliRunner().invoke(main, ["sweep", "model", "--releases", "1.0"], catch_exceptions=False)
+    assert "experiment model from ./probes" in result.stderr and "experiment.toml" in result.stderr
