@@ -152,6 +152,8 @@ class ForkServer:
         lifetime_s: float,
         wait: bool = True,
     ) -> None:
+        self.started = time.monotonic()  # when its preload began (progress reports it)
+        self.modules = tuple(preload)
         # AF_UNIX paths are limited to 107 bytes: the socket gets a short directory of its own
         self._socket_dir = Path(tempfile.mkdtemp(prefix="kvprobe-fs-"))
         self._closed = False
@@ -191,6 +193,11 @@ class ForkServer:
         with self._ready:
             if self._hello_reply is None:
                 self._hello_reply = self._hello()
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether :meth:`ready` has returned already (no wait left)."""
+        return self._hello_reply is not None
 
     @property
     def preloaded(self) -> dict[str, str | None]:

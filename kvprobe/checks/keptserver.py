@@ -163,6 +163,8 @@ class KeptServer(ForkServer):
         if len(os.fsencode(self.socket_path)) + len(".tmp") > _SOCKET_PATH_MAX:
             raise ObserveError(f"{self.socket_path} is too long for a socket path (AF_UNIX: {_SOCKET_PATH_MAX} bytes)")
         self.log_dir = self.home
+        self.started = time.monotonic()
+        self.modules = tuple(preload)
         self._closed = False
         self._ready = threading.Lock()
         self._hello_reply: dict[str, Any] | None = None

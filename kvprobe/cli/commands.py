@@ -132,12 +132,16 @@ def guarded(func: Callable[..., int]) -> Callable[..., None]:
         try:
             code = func(*args, **kwargs)
         except KvprobeError as exc:
+            if kwargs.get("as_json"):
+                emit_json_error(_error_code(exc), exc.message, exc.exit_code, exc.hints)
             _fail(exc, debug)
         except (Interrupted, KeyboardInterrupt) as exc:
             _interrupted(exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
         except (click.exceptions.Exit, click.Abort, click.ClickException):
             raise
         except Exception as exc:  # the catch-all that keeps a crash off exit 1
+            if kwargs.get("as_json"):
+                emit_json_error("internal-error", f"{type(exc).__name__}: {exc}"[:300], EXIT_INTERNAL)
             _internal(exc, debug)
         finally:
             _restore_signals(previous)
@@ -177,8 +181,43 @@ def _results(as_json: bool) -> bool:
     return _streams(as_json).results
 
 
-def emit_json(document: Any) -> None:
-    click.echo(json.dumps(document, indent=2, sort_keys=True))
+CLI_JSON_VERSION = 1  # of every `--json` document: kvprobe.cli.<command>/1, kvprobe.cli.error/1
+
+
+def json_schema_id(name: str | None = None) -> str:
+    """``kvprobe.cli.<name>/N``; ``name`` defaults to the running command's (``cache-ls``)."""
+    if name is None:
+        name = "-".join(_parent_names(click.get_current_context(silent=True))) or "kvprobe"
+    return f"kvprobe.cli.{name}/{CLI_JSON_VERSION}"
+
+
+def emit_json(document: dict[str, Any]) -> None:
+    """One JSON document on stdout, an object whose ``schema`` names the command that wrote
+    it (a contract scripts can check: ``jq 'select(.schema == "kvprobe.cli.verify/1")'``)."""
+    click.echo(json.dumps({"schema": json_schema_id(), **document}, indent=2, sort_keys=True))
+
+
+def emit_json_error(
+    code: str, message: str, exit_code: int, hints: list[str] | None = None, *, command: str | None = None
+) -> None:
+    """Under --json, an error is a document on stdout as well as the line on stderr: a script
+    piping into jq gets an object to read, not empty input."""
+    doc = {
+        "schema": json_schema_id("error"),
+        "command": command or json_schema_id().removeprefix("kvprobe.cli.").rsplit("/", 1)[0],
+        "code": code,
+        "message": message,
+        "hints": list(hints or []),
+        "exit": exit_code,
+    }
+    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+def _error_code(exc: BaseException) -> str:
+    """``VerificationFailed`` -> ``verification-failed``: the error's class, as a JSON code."""
+    import re
+
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", type(exc).__name__).lower()
 
 
 _DEBUG, _VERBOSE, _QUIET = "kvprobe.debug", "kvprobe.verbose", "kvprobe.quiet"
@@ -226,6 +265,27 @@ class _Command(click.Command):
 
     def get_short_help_str(self, limit: int = 45) -> str:
         return " ".join((self.short_help or (self.help or "").split("\n\n")[0]).split())
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        """A usage error click finds (a bad option or value) is a JSON error too under --json."""
+        given = list(args)  # click's parser consumes ``args``
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.ClickException as exc:
+            if "--json" in given and any(p.name == "as_json" for p in self.params):
+                name = "-".join([*_parent_names(parent), self.name or ""])
+                emit_json_error("usage-error", exc.format_message(), exc.exit_code, command=name)
+            raise
+
+
+def _parent_names(ctx: click.Context | None) -> list[str]:
+    names: list[str] = []
+    while ctx is not None and ctx.parent is not None:
+        names.insert(0, ctx.command.name or "")
+        ctx = ctx.parent
+    return names
 
 
 class _Group(click.Group):
@@ -291,18 +351,20 @@ def list_cmd(as_json: bool) -> int:
         _warn_shadowing(out, exp.id)
     if out is None:
         emit_json(
-            [
-                {
-                    "id": e.id,
-                    "title": e.title,
-                    "layer": e.layer.value,
-                    "prs": list(e.fix.prs),
-                    "pin_sets": list(e.pin_sets),
-                    "default_pins": e.default_pin_set,
-                    "source": e.source,
-                }
-                for e in exps
-            ]
+            {
+                "experiments": [
+                    {
+                        "id": e.id,
+                        "title": e.title,
+                        "layer": e.layer.value,
+                        "prs": list(e.fix.prs),
+                        "pin_sets": list(e.pin_sets),
+                        "default_pins": e.default_pin_set,
+                        "source": e.source,
+                    }
+                    for e in exps
+                ]
+            }
         )
     elif out.results:
         from kvprobe.cli.console import emit, experiments_table
@@ -312,22 +374,34 @@ def list_cmd(as_json: bool) -> int:
 
 
 def _warn_shadowing(out: Output | None, experiment_id: str) -> None:
-    """Say so on stderr when the experiment used hides another of the same id (a project's
-    ./probes or KVPROBE_PROBES_PATH over kvprobe's built-in one); ``out`` None: this
-    command's streams, made only then."""
+    """Say so on stderr when the experiment used hides a different one of the same id (a
+    project's ./probes or KVPROBE_PROBES_PATH over kvprobe's built-in one), and how to run
+    the other; a copy with the same files (a checkout's own probes/) is not worth a word.
+    ``out`` None: this command's streams, made only then."""
     from kvprobe.experiments import experiment
 
     found = experiment.sources(experiment_id)
     if len(found) < 2:
         return
+    used, used_source = found[0]
+    differ = [(folder, source, experiment.differing_files(used, folder)) for folder, source in found[1:]]
+    differ = [d for d in differ if d[2]]
+    if not differ:
+        return
     from kvprobe.cli.console import data
+    from kvprobe.resources import SOURCE_ENV
 
     out = out or _streams(as_json=True)
-    for folder, source in found[1:]:
-        used, used_source = found[0]
+    choose = (
+        "unset KVPROBE_PROBES_PATH (or drop that folder from it)"
+        if used_source == SOURCE_ENV
+        else "run from a directory without ./probes/" + experiment_id
+    )
+    for folder, source, changed in differ:
         out.warn(
             f"experiment {data(experiment_id)} from {data(used_source)} ({data(used)}) "
-            f"shadows the {data(source)} one ({data(folder)})"
+            f"shadows the {data(source)} one ({data(folder)}), which differs in {data(', '.join(changed))}: "
+            f"the first on the search path runs; to run the {data(source)} one, {data(choose)}"
         )
 
 
@@ -561,25 +635,6 @@ def sweep_cmd(
     return EXIT_UNOBSERVED if unobserved else EXIT_OK
 
 
-@main.command("model")
-@_bundle_out
-@_json_summary
-@click.pass_context
-def model_cmd(ctx: click.Context, out: Path | None, as_json: bool) -> None:
-    """Run the synthetic PD handoff model (same as `kvprobe run model`; seconds, no downloads)."""
-    ctx.invoke(
-        run_cmd,
-        experiment_id="model",
-        pins=None,
-        out=out,
-        repo=None,
-        torch_index=None,
-        jobs=None,
-        timeout=1800,
-        as_json=as_json,
-    )
-
-
 def run_summary(result: RunResult) -> dict[str, Any]:
     receipt = result.receipt
     return {
@@ -748,6 +803,68 @@ def report_cmd(
     return EXIT_OK
 
 
+@main.command("attest")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option(
+    "--key",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The signer's PEM private key (ECDSA, RSA or Ed25519; an encrypted one's password in "
+    "$KVPROBE_KEY_PASSWORD). Its public half checks the envelope: `verify --attestation FILE --key PUB`.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the envelope here (atomically) instead of stdout; an existing file is kept unless --force.",
+)
+@click.option("--force", is_flag=True, help="With -o: replace an existing file.")
+@click.option(
+    "--subject-archive",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The bundle's packed .tar.gz (`kvprobe bundle pack`), added as a subject by sha256.",
+)
+@_limit_options
+@guarded
+def attest_cmd(
+    bundle: Path,
+    key: Path,
+    output: Path | None,
+    force: bool,
+    subject_archive: Path | None,
+    max_files: int,
+    max_file_bytes: int,
+    max_bytes: int,
+) -> int:
+    """Sign a bundle's in-toto statement (run, sweep or gates bundle) into a DSSE envelope.
+
+    The bundle must verify first (steps 1-5, as `kvprobe verify`; exit 1 when it does not).
+    The statement is `report --format intoto`'s; anyone with the public key checks the
+    envelope offline with `kvprobe verify BUNDLE --attestation FILE --key PUB`, which then
+    says `verified` (anchored by the attestation)."""
+    from kvprobe.exports.attest import attest, load_signer
+    from kvprobe.exports.bundle_view import load
+    from kvprobe.exports.render import write_atomic
+
+    if output is not None and output.exists() and not force:
+        from kvprobe.errors import BundleExistsError
+
+        raise BundleExistsError(f"{output} exists; refusing to overwrite it (--force replaces it)")
+    signer = load_signer(key)  # a bad key is refused before the bundle is read
+    view = load(bundle, _limits(max_files, max_file_bytes, max_bytes))
+    signed = attest(view, signer, archive=subject_archive)
+    if output is None:
+        click.echo(signed.text, nl=False)
+    else:
+        write_atomic(output, signed.text, force=force)
+    where = for_terminal(str(output)) if output is not None else "stdout"
+    click.echo(
+        f"signed the in-toto statement of manifest sha256 {signed.manifest_sha256} with key {signed.keyid} -> {where}",
+        err=True,
+    )
+    return EXIT_OK
+
+
 @main.command("gates")
 @click.option(
     "--log",
@@ -836,7 +953,14 @@ def gates_cmd(
 
 # --- verify and bundle archives ----------------------------------------------------------
 
-_VERIFY_EXIT = {"verified": EXIT_OK, "failed": EXIT_FAIL, "could-not-rerun": EXIT_UNOBSERVED}
+# self-consistent exits 0: exit 1 means "defects found", and a bundle that was just written is
+# only ever self-consistent; a gate that must know who published it passes --require-anchor.
+_VERIFY_EXIT = {
+    "verified": EXIT_OK,
+    "self-consistent": EXIT_OK,
+    "failed": EXIT_FAIL,
+    "could-not-rerun": EXIT_UNOBSERVED,
+}
 
 
 @main.command("verify")
@@ -867,6 +991,12 @@ _VERIFY_EXIT = {"verified": EXIT_OK, "failed": EXIT_FAIL, "could-not-rerun": EXI
 @click.option(
     "--key", type=click.Path(dir_okay=False, path_type=Path), help="With --attestation: the signer's PEM public key."
 )
+@click.option(
+    "--require-anchor",
+    is_flag=True,
+    help="Exit 1 unless the outcome is verified: a bundle that only agrees with itself "
+    "(self-consistent; exit 0 without this flag) fails, as a CI gate on a published bundle wants.",
+)
 @click.option("--repo", help="With --rerun: git URL or local path to fetch pins from.")
 @click.option(
     "--release",
@@ -890,6 +1020,7 @@ def verify_cmd(
     trust_bundle_code: bool,
     attestation: Path | None,
     key: Path | None,
+    require_anchor: bool,
     repo: str | None,
     rerun_releases: tuple[str, ...],
     torch_index: str | None,
@@ -899,13 +1030,19 @@ def verify_cmd(
     max_bytes: int,
     as_json: bool,
 ) -> int:
-    """Check a bundle directory or .tar.gz as untrusted input (exit 0 verified, 1 failed,
-    2 not a bundle, 3 could not re-run)."""
+    """Check a bundle directory or .tar.gz as untrusted input.
+
+    \b
+    Outcomes: verified (no defect, and anchored: the --expect-manifest-sha256 digest matched,
+    a checked --attestation signs it, or a --rerun reproduced it), self-consistent (no defect,
+    but nothing outside the bundle vouches for it), failed, could-not-rerun.
+    Exit 0 verified or self-consistent (1 with --require-anchor), 1 failed, 2 not a bundle,
+    3 could not re-run."""
     from kvprobe.cli.console import data, print_verify_diagnostics, print_verify_report
     from kvprobe.env.venv import check_index_url
     from kvprobe.errors import UsageError
     from kvprobe.run.rerun import RerunOptions, rerun_step
-    from kvprobe.verify.steps import VerifyOptions, parse_digest, verify
+    from kvprobe.verify.steps import Anchoring, VerifyOptions, parse_digest, verify
 
     if rerun:  # only a rerun uses the index: a plain verify never refuses over it
         check_index_url(torch_index)
@@ -923,10 +1060,23 @@ def verify_cmd(
     spec = ",".join(rerun_releases) if rerun_releases else None
     rerun_opts = RerunOptions(repo, torch_index, float(timeout), consent=consent, releases=spec)
     step6 = rerun_step(rerun_opts, streams.reporter()) if rerun else None
+    digest_from = (
+        *(
+            [Anchoring("attestation", f"a DSSE attestation signed with key {signed.keyid} signs the manifest sha256")]
+            if signed
+            else []
+        ),
+        *(
+            [Anchoring("expect-manifest-sha256", "manifest sha256 matches --expect-manifest-sha256")]
+            if expected
+            else []
+        ),
+    )
     opts = VerifyOptions(
         limits=_limits(max_files, max_file_bytes, max_bytes),
         expect_manifest_sha256=signed.manifest_sha256 if signed else expected,
         rerun=step6,
+        digest_from=digest_from,
     )
     report = verify(Path(bundle), opts)
     if streams.verbosity > -2:
@@ -935,6 +1085,10 @@ def verify_cmd(
         print_verify_report(streams.out, report)
     if as_json:
         emit_json({**report.to_json(), **({"attestation": signed.to_json()} if signed else {})})
+    if require_anchor and report.outcome == "self-consistent":
+        if streams.verbosity > -2:
+            streams.err.print("--require-anchor: the bundle is only self-consistent; nothing anchors it (exit 1)")
+        return EXIT_FAIL
     return _VERIFY_EXIT[report.outcome]
 
 

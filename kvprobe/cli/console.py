@@ -10,6 +10,7 @@ table row is one line, so an identifier or a digest is never split (``| grep`` f
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -43,6 +44,22 @@ HEARTBEAT_S = 15.0  # a long step on a pipe says it is alive this often
 def data(value: Any) -> str:
     """Untrusted text as rich markup that shows it literally, on one line."""
     return escape(for_terminal(value))
+
+
+_DIGEST = re.compile(r"\b([0-9a-f]{12})[0-9a-f]{52}\b")
+
+
+def cell(console: Console, text: str) -> str:
+    """A table cell: on a terminal a sha256 in it is shown by its first 12 hex digits (the
+    whole digest is on its own line below the table, where it is never split); a pipe gets
+    it whole, as it gets everything."""
+    return _DIGEST.sub(r"\1…", text) if console.is_terminal else text
+
+
+def whole_line(console: Console, text: str) -> None:
+    """A line holding an id or a digest: never broken by rich (the terminal may wrap it on
+    screen, but a copy of it is one line)."""
+    console.print(text, soft_wrap=True)
 
 
 def make_console(file: IO[str]) -> Console:
@@ -293,13 +310,12 @@ def observation_headline(c: dict[str, Any]) -> str:
 
 
 def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str, verbosity: int) -> None:
-    """The verdict, its reasons, the bundle and its digest. The observation table too on a
-    terminal or with -v; on a pipe by default only the rows that did not match."""
+    """The verdict, its reasons, the bundle and its digest. The observation rows that matter
+    (did not match, or changed unchecked), every row with -v. On a pipe one table, one line a
+    row; on a terminal one table per case under its id, so that no id is folded."""
     comp = receipt["comparison"]
-    full = console.is_terminal or verbosity > 0
-    table = Table(title="observations (base vs head)", title_justify="left")
-    for col in ("case", "observation", "base", "head", "expected", "ok"):
-        table.add_column(col, overflow="fold")
+    full = verbosity > 0
+    rows: list[tuple[str, str, str, str, str, str]] = []
     for row in comp["observations"]:
         checked = row["expected_base_declared"] or row["expected_head_declared"]
         if not (checked or row["changed"]):
@@ -309,9 +325,25 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
             continue
         expected = f"{_exp(row, 'base')} → {_exp(row, 'head')}"
         mark = ("✓" if good else "✗") if checked else "unchecked"
-        table.add_row(data(row["case"]), data(row["observation"]), _obs(row, "base"), _obs(row, "head"), expected, mark)
-    if table.row_count:
+        rows.append((data(row["case"]), data(row["observation"]), _obs(row, "base"), _obs(row, "head"), expected, mark))
+    if rows and not console.is_terminal:
+        table = Table(title="observations (base vs head)", title_justify="left")
+        for col in ("case", "observation", "base", "head", "expected", "ok"):
+            table.add_column(col, overflow="fold")
+        for cells in rows:
+            table.add_row(*cells)
         emit(console, table)
+    elif rows:
+        console.print("[italic]observations (base vs head)[/]")
+        for case in dict.fromkeys(r[0] for r in rows):
+            table = Table(title=case, title_justify="left", title_style="bold")
+            table.add_column("observation", no_wrap=True)
+            for col in ("base", "head", "expected", "ok"):
+                table.add_column(col, overflow="fold")
+            for cells in rows:
+                if cells[0] == case:
+                    table.add_row(*cells[1:])
+            emit(console, table)
     console.print(observation_headline(comp["counts"]))
     for path, summary in comp["test_summary"].items():
         console.print(
@@ -323,8 +355,8 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
     limit = None if verbosity > 0 else 20
     for reason in comp["reasons"][:limit]:
         console.print(f"  - {data(reason)}")
-    console.print(f"bundle: {data(bundle)}")
-    console.print(f"manifest sha256: {digest}")
+    whole_line(console, f"bundle: {data(bundle)}")
+    whole_line(console, f"manifest sha256: {digest}")
 
 
 def print_sweep_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str) -> None:
@@ -367,7 +399,12 @@ _STEP_STYLE = {
     "self-consistent": "yellow",
     "could-not-run": "bold magenta",
 }
-_OUTCOME_STYLE = {"verified": "bold green", "failed": "bold red", "could-not-rerun": "bold magenta"}
+_OUTCOME_STYLE = {
+    "verified": "bold green",
+    "self-consistent": "bold yellow",
+    "failed": "bold red",
+    "could-not-rerun": "bold magenta",
+}
 
 
 def print_verify_report(console: Console, report: Any) -> None:
@@ -378,10 +415,20 @@ def print_verify_report(console: Console, report: Any) -> None:
     for step in report.steps:
         count = f" ({len(step.defects)} defect{'s' if len(step.defects) != 1 else ''})" if step.defects else ""
         style = _STEP_STYLE.get(step.status, "bold")
-        table.add_row(str(step.number), data(step.name), f"[{style}]{data(step.status)}[/]", data(step.summary + count))
+        detail = cell(console, step.summary + count)
+        table.add_row(str(step.number), data(step.name), f"[{style}]{data(step.status)}[/]", data(detail))
     emit(console, table)
-    console.print(f"manifest sha256: {report.manifest_sha256 or '-'}")
-    console.print(f"result: [{_OUTCOME_STYLE.get(report.outcome, 'bold')}]{data(report.outcome)}[/]")
+    whole_line(console, f"manifest sha256: {report.manifest_sha256 or '-'}")
+    whole_line(console, f"result: [{_OUTCOME_STYLE.get(report.outcome, 'bold')}]{data(report.outcome)}[/]")
+    if report.outcome == "verified":
+        for anchor in report.anchored_by:
+            whole_line(console, f"anchored by: {data(anchor.kind)} — {data(anchor.detail)}")
+    elif report.outcome == "self-consistent":
+        whole_line(
+            console,
+            "anchored by: nothing — it agrees with itself (and with kvprobe's copy of a shipped experiment); "
+            "--expect-manifest-sha256, --attestation or --rerun anchors it",
+        )
 
 
 def print_verify_diagnostics(console: Console, report: Any, max_defects: int | None = 200) -> None:
@@ -390,15 +437,15 @@ def print_verify_diagnostics(console: Console, report: Any, max_defects: int | N
     shown = 0
     for step in report.steps:
         for note in step.notes:
-            console.print(f"[dim]·[/] {data(note)}")
+            whole_line(console, f"[dim]·[/] {data(note)}")
         if step.status != "pass":
             style = _STEP_STYLE.get(step.status, "bold")
-            console.print(
-                f"step {step.number} {data(step.name)}: [{style}]{data(step.status)}[/] — {data(step.summary)}"
+            whole_line(
+                console, f"step {step.number} {data(step.name)}: [{style}]{data(step.status)}[/] — {data(step.summary)}"
             )
         for defect in step.defects:
             if max_defects is None or shown < max_defects:
-                console.print(f"  [red]✗[/] [{step.number}] {data(defect.message)}")
+                whole_line(console, f"  [red]✗[/] [{step.number}] {data(defect.message)}")
             shown += 1
     if max_defects is not None and shown > max_defects:
         console.print(f"  … {shown - max_defects} more defects (use -v or --json for all)")
@@ -471,6 +518,12 @@ def print_cache(console: Console, root: str, entries: list[Any], now: float) -> 
         table.add_row(data(entry.kind), key, human_size(entry.size), _age(now - entry.last_used))
     emit(console, table)
     console.print(f"total: {human_size(sum(e.size for e in entries))} in {len(entries)} entries")
+    linked = sum(e.linked for e in entries)
+    if linked:
+        console.print(
+            f"each file is counted once: {human_size(linked)} more are hard links to files counted "
+            "already, under the first entry listed (uv's cache links the envs it built)"
+        )
 
 
 def print_prune(console: Console, outcomes: list[Any], dry_run: bool) -> None:

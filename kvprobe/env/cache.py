@@ -70,6 +70,9 @@ class Entry:
     lock: Path | None
     complete: bool = True
     label: str = ""  # what the key stands for: a git URL, a wheel's file name
+    # bytes of its files hard-linked to a file counted already, by an earlier entry or by this
+    # one (uv links an env's files to its own cache): not in ``size``, so sizes add up to disk use
+    linked: int = 0
 
     def to_json(self) -> dict:
         return {
@@ -78,6 +81,7 @@ class Entry:
             "label": self.label,
             "path": str(self.path),
             "size": self.size,
+            "linked_size": self.linked,
             "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.last_used)),
             "complete": self.complete,
         }
@@ -99,43 +103,53 @@ class Outcome:
 
 
 def scan(root: Path) -> list[Entry]:
-    """Every entry under ``root`` (an absent root is an empty cache), sorted by kind and key."""
+    """Every entry under ``root`` (an absent root is an empty cache), sorted by kind and key.
+
+    Each file (device and inode) is counted once across the entries, by the first entry that
+    holds it: a file hard-linked between an env and uv's cache is in the env's ``size`` and
+    the uv entry's ``linked``, so the sizes add up to what the cache takes on disk."""
     root = Path(root)
     if root.is_symlink() or not root.is_dir():
         return []
     entries = []
+    seen: set[tuple[int, int]] = set()
     for kind, dirname in KIND_DIRS.items():
         kind_dir = root / dirname
         if kind_dir.is_symlink() or not kind_dir.is_dir():
             continue  # a symlinked kind dir points outside the root: not ours
         for child in sorted(kind_dir.iterdir()):
-            entry = _entry(kind, child)
+            entry = _entry(kind, child, seen)
             if entry is not None:
                 entries.append(entry)
     uv = root / UV_DIR
     if uv.is_dir() and not uv.is_symlink():
         lock, label = root / f"{UV_DIR}.lock", "uv's download cache (shared by every lock)"
-        entries.append(Entry("uv", UV_DIR, uv, tree_size(uv), _last_used_tree(uv), lock, label=label))
+        size, linked = footprint(uv, seen)
+        entries.append(Entry("uv", UV_DIR, uv, size, _last_used_tree(uv), lock, label=label, linked=linked))
     return entries
 
 
-def _entry(kind: str, path: Path) -> Entry | None:
+def _entry(kind: str, path: Path, seen: set[tuple[int, int]]) -> Entry | None:
     name = path.name
     if name.endswith(".lock") or name.endswith(".users"):
         return None  # locks and lease folders belong to their entry
     if name.startswith(TRASH_PREFIX):
-        return Entry("trash", name, path, tree_size(path), _mtime(path), None, complete=False)
+        size, linked = footprint(path, seen)
+        return Entry("trash", name, path, size, _mtime(path), None, complete=False, linked=linked)
     if name.startswith(PARTIAL_PREFIXES) or (name.startswith(".") and ".tmp-" in name):
-        return Entry("partial", name, path, tree_size(path), _mtime(path), None, complete=False)
+        size, linked = footprint(path, seen)
+        return Entry("partial", name, path, size, _mtime(path), None, complete=False, linked=linked)
     if name.startswith(".") or not path.is_dir() or path.is_symlink():
         return None
     lock = path.parent / f"{name}.lock"
+    size, linked = footprint(path, seen)
     if kind in ("env", "tree"):
         marker = path / (ENV_MARKER if kind == "env" else TREE_MARKER)
         complete = marker.is_file()
         used = _mtime(marker) if complete else _mtime(path)
-        return Entry(kind, name, path, tree_size(path), used, lock, complete)
-    return Entry(kind, name, path, tree_size(path), _last_used_tree(path), lock, label=_label(kind, path))
+        return Entry(kind, name, path, size, used, lock, complete, linked=linked)
+    label = _label(kind, path)
+    return Entry(kind, name, path, size, _last_used_tree(path), lock, label=label, linked=linked)
 
 
 def _label(kind: str, path: Path) -> str:
@@ -164,17 +178,37 @@ def _last_used_tree(path: Path) -> float:
 
 
 def tree_size(path: Path) -> int:
-    """Bytes under ``path`` (lstat, symlinks not followed; vanishing files ignored)."""
+    """Bytes under ``path`` (lstat, symlinks not followed; vanishing files ignored; a file
+    hard-linked twice under it counted once)."""
+    return footprint(path, set())[0]
+
+
+def footprint(path: Path, seen: set[tuple[int, int]]) -> tuple[int, int]:
+    """(bytes under ``path`` not yet in ``seen``, bytes of files already in it): each file
+    with more than one link is added to ``seen`` by (st_dev, st_ino), so that it is counted
+    once however many entries link it."""
     if path.is_symlink() or path.is_file():
-        return os.lstat(path).st_size
-    total = 0
+        return _count(os.lstat(path), seen)
+    counted = linked = 0
     for dirpath, _dirs, files in os.walk(path):
         for name in files:
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                st = os.lstat(os.path.join(dirpath, name))
             except OSError:
                 continue
-    return total
+            new, old = _count(st, seen)
+            counted, linked = counted + new, linked + old
+    return counted, linked
+
+
+def _count(st: os.stat_result, seen: set[tuple[int, int]]) -> tuple[int, int]:
+    if st.st_nlink < 2:
+        return st.st_size, 0
+    key = (st.st_dev, st.st_ino)
+    if key in seen:
+        return 0, st.st_size
+    seen.add(key)
+    return st.st_size, 0
 
 
 # --- pruning -----------------------------------------------------------------------------

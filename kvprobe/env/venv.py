@@ -487,6 +487,6 @@ def _read_marker(env_dir: Path) -> EnvInfo:
             "torch": data.get("torch"),
             "torch_index": data.get("torch_index"),
             "build_seconds": data.get("build_seconds"),
-            "installer": data.get("installer", {"tool": "pip"}),
+            "installer": data.get("installer"),  # absent: a build that did not record it
         },
     )

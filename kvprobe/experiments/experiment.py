@@ -62,6 +62,18 @@ def sources(experiment_id: str) -> list[tuple[Path, str]]:
     return found
 
 
+def differing_files(one: Path, other: Path) -> list[str]:
+    """The names among :func:`bundled_files` of two experiment folders whose bytes differ, or
+    that only one of them has: empty when they hold the same experiment."""
+    ours = {p.name: p for p in bundled_files(one)}
+    theirs = {p.name: p for p in bundled_files(other)}
+    return sorted(
+        name
+        for name in set(ours) | set(theirs)
+        if name not in ours or name not in theirs or ours[name].read_bytes() != theirs[name].read_bytes()
+    )
+
+
 def bundled_files(directory: Path) -> list[Path]:
     """What a bundle carries of the experiment in ``directory``: its experiment.toml and every
     .py beside it (the probes and the helpers they import: all of it ran)."""

@@ -95,7 +95,7 @@ def start_server(opts: GateOptions, work: Path, reporter: Reporter, held: contex
         return None
     experiments = [e for _rule, e in _experiments()]
     early = cached_environment(*experiments[0], _run_options(opts), reporter, held)
-    return None if early is None else _serve(experiments, early[1], early[2], opts, work, held)
+    return None if early is None else _serve(experiments, early[1], early[2], opts, work, held, reporter)
 
 
 def _serve(
@@ -105,10 +105,11 @@ def _serve(
     opts: GateOptions,
     work: Path,
     held: contextlib.ExitStack,
+    reporter: Reporter,
 ) -> Serving:
     lifetime = opts.timeout_s * max(1, sum(len(e.probes) for e, _p in experiments)) + 600
     modules = preload_modules(*experiments[0])  # the behavioural experiments share one profile (one env)
-    server, reason = fork_server(python, env_vars, work, lifetime, opts.preload, modules)
+    server, reason = fork_server(python, env_vars, work, lifetime, opts.preload, modules, reporter=reporter)
     if server is not None:
         held.enter_context(server)
     return Serving(server, reason, python)
@@ -163,8 +164,8 @@ def run_behaviour(
         if exp.profile not in envs:
             envs[exp.profile] = environment(exp, pin_set, _run_options(opts), reporter, held)
         env, python, env_vars = envs[exp.profile]
-        serving = serving or _serve([e for _r, e in loaded], python, env_vars, opts, work, held)
-        serving = Serving(*server_ready(serving.server, serving.reason), serving.python)
+        serving = serving or _serve([e for _r, e in loaded], python, env_vars, opts, work, held, reporter)
+        serving = Serving(*server_ready(serving.server, serving.reason, reporter), serving.python)
         elsewhere = serving.server is not None and python != serving.python  # it forks only its env's python
         server = None if elsewhere else serving.server
         ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server)

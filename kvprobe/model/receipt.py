@@ -183,6 +183,15 @@ class SideRecord(Part):
 
 
 @dataclass(frozen=True)
+class InstallerRecord(Part):
+    """What filled the env from its lock: uv (kvprobe's default) or pip (without uv, or when
+    uv failed), and its version (None when it could not be read)."""
+
+    name: str  # uv | pip
+    version: str | None
+
+
+@dataclass(frozen=True)
 class EnvRecord(Part):
     """The env both sides ran in (one lock)."""
 
@@ -195,6 +204,9 @@ class EnvRecord(Part):
     torch: Mapping[str, Any] | None
     torch_index: str | None
     shared_by_sides: bool = True
+    # absent: kvprobe's own interpreter, an env whose build did not record it, or a receipt
+    # written before it was recorded
+    installer: InstallerRecord | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         _check_sources(exp, pin_set, opts)  # bad input is refused before a server starts
         # a cached env's python is known now: its fork server preloads while the trees are made
         early = cached_environment(exp, pin_set, opts, reporter, held) if opts.preload else None
-        server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early, modules)
+        server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early, modules, reporter)
         timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()
         sides = _materialize(exp, pin_set, opts, work, reporter, held)
@@ -132,8 +132,10 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)
         if early is None:
-            server, fresh_reason = _start_server(exp, pin_set, opts, work, held, (env, python, env_vars), modules)
-        server, fresh_reason = server_ready(server, fresh_reason)  # what the first check waits on
+            server, fresh_reason = _start_server(
+                exp, pin_set, opts, work, held, (env, python, env_vars), modules, reporter
+            )
+        server, fresh_reason = server_ready(server, fresh_reason, reporter)  # what the first check waits on
         if server is None and opts.keep_server_s is not None:
             reporter.note(f"checks run fresh: {fresh_reason}")  # asked for a kept server, not given one
         ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server)
@@ -164,6 +166,7 @@ def _start_server(
     held: contextlib.ExitStack,
     env: tuple[EnvRecord, str, dict[str, str]] | None,
     modules: tuple[str, ...],
+    reporter: Reporter,
 ) -> tuple[ForkServer | None, str | None]:
     """The run's fork server started in ``env``'s python (None: not known yet), importing
     ``modules``, stopped with ``held`` however the run ends; its lifetime covers every check
@@ -172,7 +175,7 @@ def _start_server(
         return None, None
     checks = 2 * (len(exp.tests_for(pin_set.name)) + len(exp.probes))
     lifetime_s = opts.timeout_s * max(1, checks) + 600
-    server, reason = fork_server(env[1], env[2], work, lifetime_s, opts.preload, modules, opts.keep_server_s)
+    server, reason = fork_server(env[1], env[2], work, lifetime_s, opts.preload, modules, opts.keep_server_s, reporter)
     if server is not None:
         held.enter_context(server)
     return server, reason
@@ -521,6 +524,6 @@ def verify_on_write(staging: Path) -> None:
     """The bundle must pass the same offline verification a reader will run on it (but for the
     comparison with kvprobe's installed copy: a project may run its own edit of an experiment)."""
     report = verify(staging, VerifyOptions(check_installed=False))
-    if report.outcome != "verified":
+    if not report.ok:
         details = "; ".join(str(d) for d in report.defects[:3])
         raise CheckRunError(f"the new bundle failed its own verification: {details}")

@@ -11,6 +11,7 @@ import contextlib
 import json
 import platform
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from kvprobe.checks.forkserver import FRESH, PRELOAD, BadReply, ForkServer
 from kvprobe.checks.keptserver import KeptServer
 from kvprobe.errors import ExperimentError, ObserveError
 from kvprobe.files import write_json
-from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord, KeptServerRecord
+from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord, InstallerRecord, KeptServerRecord
 from kvprobe.model.records import EnvInfo, Experiment, ModelPin, PinSet, ProbeCheck, Side, SourceKind, WheelPin
 from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
 from kvprobe.progress import Reporter
@@ -89,8 +90,22 @@ def _described(info: EnvInfo, profile: str, env_vars: dict[str, str]) -> tuple[E
         packages=dict(sorted(info.packages.items())),
         torch=info.build.get("torch"),
         torch_index=info.build.get("torch_index"),
+        installer=installer_record(info),
     )
     return env, str(info.path / "bin" / "python"), env_vars
+
+
+def installer_record(info: EnvInfo) -> InstallerRecord | None:
+    """The installer the env's build recorded (``kvprobe-env.json``), with its version: uv's
+    as it reported it, pip's the one in the env. None when the build recorded none."""
+    how = info.build.get("installer")
+    if not isinstance(how, dict) or how.get("tool") not in ("uv", "pip"):
+        return None
+    if how["tool"] == "uv":
+        words = str(how.get("version", "")).split()  # "uv 0.13.9 (x86_64-unknown-linux-gnu)"
+        version = words[1] if len(words) > 1 and words[0] == "uv" and words[1][:1].isdigit() else None
+        return InstallerRecord("uv", version)
+    return InstallerRecord("pip", info.packages.get("pip"))
 
 
 @dataclass(frozen=True)
@@ -251,6 +266,7 @@ def fork_server(
     preload: bool,
     modules: Sequence[str],
     keep_s: float | None = None,
+    reporter: Reporter | None = None,
 ) -> tuple[ForkServer | None, str | None]:
     """The run's fork server importing ``modules``, started (its preload runs while the caller
     goes on), or None and why its checks run in fresh interpreters. :func:`server_ready` waits.
@@ -259,17 +275,29 @@ def fork_server(
     """
     if not preload:
         return None, "--no-preload"
+    reporter = reporter or Reporter()
+    server: ForkServer
     try:
         if keep_s is not None:
-            return KeptServer(
+            server = KeptServer(
                 python, preload=modules, env=env_vars, idle_s=keep_s, lease=_env_lease(python), wait=False
-            ), None
-        server = ForkServer(
-            python, preload=modules, env=env_vars, work=work / "forkserver", lifetime_s=lifetime_s, wait=False
-        )
+            )
+        else:
+            server = ForkServer(
+                python, preload=modules, env=env_vars, work=work / "forkserver", lifetime_s=lifetime_s, wait=False
+            )
     except ObserveError as exc:
+        reporter.note(f"preload: the fork server did not start ({exc}); checks run in fresh interpreters")
         return None, f"the fork server did not start: {exc}"
+    if isinstance(server, KeptServer) and server.reused:
+        reporter.note(f"preload: the kept fork server is running ({_listed(modules)})")
+    else:
+        reporter.note(f"preload: fork server started, importing {_listed(modules)} in the background")
     return server, None
+
+
+def _listed(modules: Sequence[str]) -> str:
+    return ", ".join(modules) if modules else "nothing"
 
 
 def _env_lease(python: str) -> Path | None:
@@ -281,19 +309,31 @@ def _env_lease(python: str) -> Path | None:
     return lease_file(env_dir) if (env_dir.parent / f"{env_dir.name}.users").is_dir() else None
 
 
-def server_ready(server: ForkServer | None, reason: str | None) -> tuple[ForkServer | None, str | None]:
+def server_ready(
+    server: ForkServer | None, reason: str | None, reporter: Reporter | None = None
+) -> tuple[ForkServer | None, str | None]:
     """The server once it has preloaded, or None and why: a server that cannot start is not a
-    failed run, its checks run fresh and the receipt says why (it is closed here)."""
+    failed run, its checks run fresh and the receipt says why (it is closed here). The first
+    wait is a reporter step (a heartbeat while torch and the rest import, then its time)."""
     if server is None:
         return None, reason
+    reporter = reporter or Reporter()
+    waited = not server.is_ready
     try:
-        server.ready()
+        if waited:
+            with reporter.step(f"preload: fork server importing {_listed(server.modules)}"):
+                server.ready()
+        else:
+            server.ready()
     except BadReply as exc:  # a kept server found on the run's key is any process of this user
         server.close()
         return None, f"ignored a fork server whose reply is not one: {exc}"
     except ObserveError as exc:
         server.close()
+        reporter.note(f"preload: the fork server did not start ({exc}); checks run in fresh interpreters")
         return None, f"the fork server did not start: {exc}"
+    if waited:
+        reporter.note(f"preload: fork server ready, {time.monotonic() - server.started:.1f}s after it started")
     return server, None
 
 

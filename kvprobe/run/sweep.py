@@ -218,6 +218,6 @@ def _final_path(opts: SweepOptions, exp: Experiment, started: datetime) -> Path:
 def _verify_on_write(staging: Path) -> None:
     """The sweep bundle must pass the same offline verification a reader will run on it."""
     report = verify(staging)
-    if report.outcome != "verified":
+    if not report.ok:
         details = "; ".join(str(d) for d in report.defects[:3])
         raise CheckRunError(f"the new sweep bundle failed its own verification: {details}")

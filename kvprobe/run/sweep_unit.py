@@ -150,7 +150,9 @@ def prepare(
     server: ForkServer | None = None
     reason: str | None = UNIT_FRESH
     if serve is not None:
-        server, reason = fork_server(python, env_vars, serve.work, serve.lifetime_s, serve.preload, modules)
+        server, reason = fork_server(
+            python, env_vars, serve.work, serve.lifetime_s, serve.preload, modules, reporter=reporter
+        )
         if server is not None:
             held.enter_context(server)
     return Prepared(env, python, env_vars, WheelSource(cache_root, reporter=reporter), server, reason)
@@ -221,7 +223,7 @@ def run_unit(
     records: list[ProbeRecord] = []
     execution: ReleaseExecution | None = None
     if problem is None:
-        server, reason = server_ready(prepared.server, prepared.fresh_reason)
+        server, reason = server_ready(prepared.server, prepared.fresh_reason, reporter)
         ran = []
         for check in exp.probes:
             reporter.update(f"{version}: probe {check.name}")
@@ -419,7 +421,7 @@ def accept_unit(outcome: UnitOutcome, expected: Expected, work: Path) -> tuple[R
 def _check_unit(root: Path, request: UnitRequest, expected: Expected) -> SweepReceipt | str:
     """The unit bundle's receipt at ``root``, or the first reason to refuse it."""
     report = verify_dir(root, VerifyOptions(limits=expected.limits))
-    if report.outcome != "verified":
+    if not report.ok:
         first = report.defects[0].message if report.defects else "a step did not pass"
         return f"does not verify: {first}"
     assert report.receipt is not None, "a verified bundle has a receipt"

@@ -49,7 +49,7 @@ def pack(bundle: Path, out: Path | None = None, limits: Limits = Limits(), *, fo
     if not Path(bundle).is_dir():
         raise NotABundle(f"{bundle}: not a bundle directory")
     report = verify_dir(Path(bundle), VerifyOptions(limits=limits))
-    if report.outcome != "verified":
+    if not report.ok:
         raise UsageError(
             f"{bundle} does not verify; refusing to pack it", hints=[d.message for d in report.defects[:20]]
         )

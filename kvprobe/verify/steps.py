@@ -52,11 +52,25 @@ RerunStep = Callable[[Bundle], StepResult]
 
 
 @dataclass(frozen=True)
+class Anchoring:
+    """One thing outside the bundle that a verified outcome rests on."""
+
+    kind: str  # expect-manifest-sha256 | attestation | rerun
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "detail": self.detail}
+
+
+@dataclass(frozen=True)
 class VerifyOptions:
     limits: Limits = Limits()
     expect_manifest_sha256: str | None = None
     rerun: RerunStep | None = None
     check_installed: bool = True  # step 5 compares a known experiment with kvprobe's own copy
+    # what supplied expect_manifest_sha256 (its anchor's name in the Report): the user's
+    # --expect-manifest-sha256, a checked --attestation (with its key id), or both
+    digest_from: tuple[Anchoring, ...] = ()
 
 
 @dataclass
@@ -67,6 +81,7 @@ class Report:
     manifest_sha256: str | None = None
     expected_manifest_sha256: str | None = None
     run_id: str | None = None
+    digest_from: tuple[Anchoring, ...] = ()
     # the documents steps 2-4 checked, for readers that go on to use them (report, pack)
     receipt: dict[str, Any] | None = field(default=None, repr=False)
     manifest: dict[str, Any] | None = field(default=None, repr=False)
@@ -77,18 +92,44 @@ class Report:
 
     @property
     def outcome(self) -> str:
-        """verified | failed | could-not-rerun (the rerun could not observe; never a pass)."""
-        if any(s.status == "fail" for s in self.steps) or self.defects:
+        """verified (sound, and anchored outside the bundle) | self-consistent (sound, but
+        nothing outside the bundle vouches for it) | failed | could-not-rerun (the rerun
+        could not observe; never a pass)."""
+        if not self._sound():
             return "failed"
         if any(s.status == "could-not-run" for s in self.steps):
             return "could-not-rerun"
-        if any(s.status == "skipped" and s.number <= 4 for s in self.steps):
-            return "failed"
-        return "verified"
+        return "verified" if self._anchors() else "self-consistent"
+
+    @property
+    def ok(self) -> bool:
+        """No defect and nothing left unobserved: verified or self-consistent. What a writer
+        (verify-on-write) or a reader that only needs a sound bundle (pack, report) asks."""
+        return self.outcome in ("verified", "self-consistent")
+
+    @property
+    def anchored_by(self) -> list[Anchoring]:
+        """What outside the bundle a ``verified`` outcome rests on; empty for every other outcome."""
+        return self._anchors() if self.outcome == "verified" else []
+
+    def _sound(self) -> bool:
+        if any(s.status == "fail" for s in self.steps) or self.defects:
+            return False
+        return not any(s.status == "skipped" and s.number <= 4 for s in self.steps)
+
+    def _anchors(self) -> list[Anchoring]:
+        found: list[Anchoring] = []
+        for step in self.steps:
+            if step.number == 5 and step.status == "pass":
+                found += self.digest_from
+            elif step.number == 6 and step.status == "pass":
+                found.append(Anchoring("rerun", f"re-ran and reproduced: {step.summary}"))
+        return found
 
     def to_json(self) -> dict[str, Any]:
         return {
             "outcome": self.outcome,
+            "anchored_by": [a.to_json() for a in self.anchored_by],
             "bundle": self.bundle,
             "archive": self.archive,
             "run_id": self.run_id,
@@ -145,7 +186,7 @@ def verified(path: Path, opts: VerifyOptions = VerifyOptions()) -> Report:
     the Report of a bundle that verifies; VerificationFailed naming its first defect (exit 1)
     otherwise, NotABundle (exit 2) when ``path`` is not a bundle."""
     report = verify(path, opts)
-    if report.outcome == "verified":
+    if report.ok:
         return report
     defects = report.defects
     first = defects[0].message if defects else next(s.summary for s in report.steps if s.status != "pass")
@@ -178,10 +219,20 @@ def verify_dir(root: Path, opts: VerifyOptions) -> Report:
             steps,
             manifest_sha256=_digest(bundle.manifest_bytes),
             expected_manifest_sha256=opts.expect_manifest_sha256,
+            digest_from=_digest_sources(opts),
             run_id=(bundle.receipt or {}).get("run_id") if isinstance(bundle.receipt, dict) else None,
             receipt=bundle.receipt,
             manifest=bundle.manifest,
         )
+
+
+def _digest_sources(opts: VerifyOptions) -> tuple[Anchoring, ...]:
+    """What step 5's digest match stands for: the caller's sources, else the user's flag."""
+    if opts.expect_manifest_sha256 is None:
+        return ()
+    return opts.digest_from or (
+        Anchoring("expect-manifest-sha256", "manifest sha256 matches --expect-manifest-sha256"),
+    )
 
 
 def _usable(layout: StepResult) -> bool:
@@ -358,7 +409,7 @@ def step_integrity(bundle: Bundle) -> StepResult:
 SELF_CONSISTENT_NOTE = (
     "a bundle that agrees with itself proves that it agrees with itself, nothing more: its raw "
     "outputs could have been written by hand. Pass --expect-manifest-sha256 with a digest published "
-    "elsewhere to tie it to its publisher"
+    "elsewhere, or --attestation with the publisher's key, to tie it to its publisher (or --rerun)"
 )
 
 

@@ -7,8 +7,11 @@ friends (the preload mechanism is the same); /proc is read to show nothing is le
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -335,3 +338,53 @@ def test_a_check_whose_tree_provides_a_preloaded_module_runs_fresh_with_its_own(
     )
     assert result.stdout() == "tree\n"
     assert result.execution == Execution(FRESH, "its tree provides decimal, which the fork server had imported")
+
+
+def test_the_preload_is_a_reported_step_with_heartbeat_and_time(tmp_path):
+    """`env ... cached` then silence while torch imports (#25): the preload says it started,
+    beats while it is waited for on a log, and ends with its time; the second wait is silent."""
+    import io
+
+    from kvprobe.cli.console import PlainReporter, make_console
+    from kvprobe.run.side import fork_server, server_ready
+
+    slow = tmp_path / "python"  # an interpreter whose start (the preload, as far as we see) takes 1 s
+    slow.write_text(f'#!/bin/sh\nsleep 1\nexec "{sys.executable}" "$@"\n')
+    slow.chmod(0o755)
+    buffer = io.StringIO()
+    reporter = PlainReporter(make_console(buffer), heartbeat_s=0.2)
+    work = Path(tempfile.mkdtemp(prefix="kv-"))  # the server's TMPDIR holds an AF_UNIX socket: short
+    server, reason = fork_server(str(slow), {}, work, 60, True, STAND_INS, reporter=reporter)
+    assert server is not None and reason is None
+    with server:
+        ready = server_ready(server, reason, reporter)
+        assert ready == (server, None), (work / "forkserver" / "server.stderr").read_text()
+        lines = buffer.getvalue().splitlines()
+        assert lines[0] == "· preload: fork server started, importing decimal, xml.dom.minidom in the background"
+        assert lines[1] == "… preload: fork server importing decimal, xml.dom.minidom"
+        assert any("preload: fork server importing decimal, xml.dom.minidom: still running" in x for x in lines)
+        assert re.fullmatch(r"✓ preload: fork server importing decimal, xml\.dom\.minidom \(\d+\.\ds\)", lines[-2])
+        assert re.fullmatch(r"· preload: fork server ready, \d+\.\ds after it started", lines[-1])
+        assert float(lines[-1].split(", ")[1].split("s ")[0]) >= 1.0
+        before = buffer.getvalue()
+        assert server_ready(server, None, reporter) == (server, None)
+        assert buffer.getvalue() == before
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_preload_that_fails_says_its_checks_run_fresh(tmp_path):
+    import io
+
+    from kvprobe.cli.console import PlainReporter, make_console
+    from kvprobe.run.side import fork_server, server_ready
+
+    dies = tmp_path / "python"
+    dies.write_text("#!/bin/sh\necho 'no torch here' >&2\nexit 7\n")
+    dies.chmod(0o755)
+    buffer = io.StringIO()
+    reporter = PlainReporter(make_console(buffer), heartbeat_s=10)
+    server, reason = fork_server(str(dies), {}, tmp_path, 60, True, ("torch",), reporter=reporter)
+    assert server_ready(server, reason, reporter)[0] is None
+    lines = buffer.getvalue().splitlines()
+    assert lines[-2].startswith("✗ preload: fork server importing torch (")
+    assert lines[-1].startswith("· preload: the fork server did not start (") and "fresh interpreters" in lines[-1]

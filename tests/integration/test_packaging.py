@@ -59,7 +59,7 @@ def test_installed_tree_lists_experiments_from_anywhere(wheel, tmp_path):
 
     result = python("-m", "kvprobe", "list", "--json")
     assert result.returncode == 0, result.stderr
-    assert {"experiment-a", "experiment-b", "model"} <= {e["id"] for e in json.loads(result.stdout)}
+    assert {"experiment-a", "experiment-b", "model"} <= {e["id"] for e in json.loads(result.stdout)["experiments"]}
     where = python("-c", "import kvprobe.resources as r; print(r.schemas_dir())")
     assert where.stdout.strip() == str(site / "kvprobe" / "_data" / "schemas")
     markers = python("-c", "from kvprobe.gates import fixmarkers as f; print(f.MARKERS_FILE, len(f.markers()))")

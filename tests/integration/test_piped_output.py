@@ -67,7 +67,9 @@ def test_list_and_show(tmp_path):
     assert listed.stderr == ""
     rows = [line for line in listed.stdout.splitlines() if line.startswith(("experiment-a ", "model "))]
     assert len(rows) == 2 and all("built-in" in row for row in rows), listed.stdout
-    ids = {e["id"]: e["source"] for e in assert_json(kvprobe(tmp_path, "list", "--json"))}
+    listed_json = assert_json(kvprobe(tmp_path, "list", "--json"))
+    assert isinstance(listed_json, dict) and listed_json["schema"] == "kvprobe.cli.list/1"
+    ids = {e["id"]: e["source"] for e in listed_json["experiments"]}
     assert ids["model"] == "built-in"
 
     shown = kvprobe(tmp_path, "show", "experiment-a")
@@ -82,6 +84,9 @@ def test_a_project_folder_that_shadows_a_built_in_is_reported(tmp_path):
     for path in (REPO / "probes" / "model").iterdir():
         if path.is_file():
             (target / path.name).write_bytes(path.read_bytes())
+    same = kvprobe(tmp_path, "show", "model")  # the same files: the same experiment, no warning
+    assert same.returncode == 0 and "shadows" not in same.stderr, same.stderr
+    (target / "experiment.toml").write_text((target / "experiment.toml").read_text() + "\n# a local edit\n")
     for args in (("list",), ("show", "model"), ("list", "--json")):
         result = kvprobe(tmp_path, *args)
         assert result.returncode == 0, result.stderr
@@ -95,7 +100,7 @@ def test_a_project_folder_that_shadows_a_built_in_is_reported(tmp_path):
 
 def test_model_run_verify_report_and_pack(tmp_path):
     out = tmp_path / "bundle-with-a-long-name-that-would-wrap-at-eighty-columns-in-a-table"
-    ran = kvprobe(tmp_path, "model", "--out", str(out))
+    ran = kvprobe(tmp_path, "run", "model", "--out", str(out))
     assert ran.returncode == 0, ran.stderr
     receipt = json.loads((out / "receipt.json").read_text())
     assert receipt["experiment"]["source"] == "built-in"
@@ -104,20 +109,20 @@ def test_model_run_verify_report_and_pack(tmp_path):
     assert len(ran.stdout.splitlines()) < 40, f"a piped model run prints a summary:\n{ran.stdout}"
     assert "manifest sha256" not in ran.stderr and "running" in ran.stderr  # progress on stderr
     assert any(line.startswith("✓ ") for line in ran.stderr.splitlines()), ran.stderr
-    full = kvprobe(tmp_path, "model", "-v", "--out", str(tmp_path / "second"))
+    full = kvprobe(tmp_path, "run", "model", "-v", "--out", str(tmp_path / "second"))
     assert len(full.stdout.splitlines()) > len(ran.stdout.splitlines())
-    quiet = kvprobe(tmp_path, "model", "-q", "--out", str(tmp_path / "third"))
+    quiet = kvprobe(tmp_path, "run", "model", "-q", "--out", str(tmp_path / "third"))
     assert quiet.stderr == "" and "verdict: reproduced" in quiet.stdout
-    as_json = kvprobe(tmp_path, "model", "--json", "--out", str(tmp_path / "fourth"))
+    as_json = kvprobe(tmp_path, "run", "model", "--json", "--out", str(tmp_path / "fourth"))
     assert assert_json(as_json)["verdict"] == "reproduced"
 
     verified = kvprobe(tmp_path, "verify", str(out))
     assert verified.returncode == 0, verified.stderr
-    assert_plain(verified, f"manifest sha256: {digest}", "result: verified")
+    assert_plain(verified, f"manifest sha256: {digest}", "result: self-consistent")
     grep = [line for line in verified.stdout.splitlines() if "manifest sha256:" in line]
     assert grep == [f"manifest sha256: {digest}"]
     assert "self-consistent" in verified.stderr  # step 5 without --expect-manifest-sha256: a diagnostic
-    assert assert_json(kvprobe(tmp_path, "verify", str(out), "--json"))["outcome"] == "verified"
+    assert assert_json(kvprobe(tmp_path, "verify", str(out), "--json"))["outcome"] == "self-consistent"
     assert kvprobe(tmp_path, "verify", "--debug", "-qq", str(out)).stdout == ""
 
     for fmt in ("openvex", "intoto"):

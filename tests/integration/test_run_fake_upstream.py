@@ -162,6 +162,13 @@ def test_run_reproduces_and_writes_a_checkable_bundle(world, cli, tmp_path):
     assert receipt["sides"]["head"]["source"]["commit"] == fake.head_sha
     assert receipt["sides"]["head"]["source"]["tree"]
     assert receipt["env"]["packages"]["pytest"] == "9.2.0"
+    from kvprobe.env import installer
+
+    uv = installer.find_uv()  # the env was built with uv when there is one: the receipt says which
+    recorded = receipt["env"]["installer"]
+    assert recorded["name"] == ("uv" if uv else "pip")
+    if uv:
+        assert installer.uv_version(uv).split()[1] == recorded["version"]
     assert receipt["evidence"]["mocks"] == {"minikv_probe": {"nothing": "minikv has no transport to mock"}}
     rows = {r["test"]: r for r in summary["tests"]}
     for nodeid, expected in fake.expected_tests.items():
@@ -215,9 +222,10 @@ def test_missing_sha_is_exit_3_with_a_clear_message(cli, tmp_path):
 
 
 def _lines(stderr: str) -> list[str]:
-    """Progress lines without their timings, and git's own words cut (they vary run to run)."""
+    """Progress lines without their timings, and git's own words cut (they vary run to run);
+    the preload's own progress lines (a run with a server has them) left out."""
     lines = (re.sub(r" \([0-9.]+s\)$", "", line).partition(": fatal:")[0] for line in stderr.splitlines())
-    return sorted(lines)
+    return sorted(line for line in lines if not line.startswith("· preload: "))
 
 
 def test_a_fetch_failure_after_the_server_started_early_is_the_error_and_leaves_no_server(

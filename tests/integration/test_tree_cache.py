@@ -72,6 +72,7 @@ def test_tamper_that_keeps_size_and_mtime_is_found_by_cache_verify(tmp_path, mon
     result = CliRunner().invoke(main, ["cache", "verify", "--json"])
     assert result.exit_code == 1
     assert json.loads(result.stdout) == {
+        "schema": "kvprobe.cli.cache-verify/1",
         "intact": False,
         "trees": {"k": ["pkg/data.txt: sha256 differs from the listing"]},
     }

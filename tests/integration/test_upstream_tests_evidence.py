@@ -71,7 +71,7 @@ def run_json(cli, *args: str) -> tuple[int, dict]:
 
 def verified(cli, bundle: Path) -> bool:
     result = cli("verify", str(bundle), "--json")
-    return result.exit_code == 0 and json.loads(result.stdout)["outcome"] == "verified"
+    return result.exit_code == 0 and json.loads(result.stdout)["outcome"] == "self-consistent"
 
 
 def test_readme_walkthrough_tests_only(world, cli, probes_dir, tmp_path):

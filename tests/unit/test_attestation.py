@@ -57,6 +57,7 @@ def test_a_signed_statement_of_the_bundle_verifies(signed):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["outcome"] == "verified"
+    assert [a["kind"] for a in doc["anchored_by"]] == ["attestation"]
     assert doc["attestation"]["manifest_sha256"] == forge.sha((bundle / "manifest.json").read_bytes())
     assert "attestation: signature verified" in result.stderr
 

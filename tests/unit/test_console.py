@@ -93,3 +93,55 @@ def test_the_headline_counts_flips_and_controls_apart_and_no_row_without_expecta
     assert "observations: 1/1 changed as expected, 1/1 controls held, 1 recorded unchecked" in out
     [extra] = [line for line in out.splitlines() if "extra" in line]
     assert "unchecked" in extra and "✓" not in extra
+
+
+def _terminal(width: int) -> tuple[io.StringIO, Console]:
+    """A console as make_console builds it for a terminal (rich's layout), into a buffer."""
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer, force_terminal=True, color_system=None, width=width, highlight=False, soft_wrap=False
+    )
+    return buffer, console
+
+
+def test_verify_on_a_terminal_never_splits_the_digest(tmp_path):
+    from kvprobe.cli.console import print_verify_report
+    from kvprobe.verify.steps import verify
+    from tests import forge
+
+    report = verify(forge.build(tmp_path / "b"))
+    digest = report.manifest_sha256
+    buffer, console = _terminal(80)
+    print_verify_report(console, report)
+    lines = buffer.getvalue().splitlines()
+    assert f"manifest sha256: {digest}" in lines  # whole, on one line (the terminal may wrap it on screen)
+    table = [line for line in lines if line.startswith("│")]
+    assert table and all(len(line) <= 80 for line in table)
+    assert any(f"{digest[:12]}…" in line for line in table)
+    assert not any(digest[12:24] in line for line in table)  # no fragment of it folded onto a row
+
+
+def test_a_run_on_a_terminal_shows_the_rows_that_matter_and_never_folds_ids():
+    """`kvprobe run model` on a 120-column terminal printed ~520 lines, case ids folded
+    mid-word (#25): the rows that matter by default, every row with -v, each id whole."""
+    import json
+    from pathlib import Path
+
+    from kvprobe.cli.console import print_run_summary
+
+    root = Path(__file__).resolve().parents[2]
+    receipt = json.loads(next((root / "bundles").glob("model-model-*/receipt.json")).read_text())
+    rows = receipt["comparison"]["observations"]
+    shown = [r for r in rows if r["expected_base_declared"] or r["expected_head_declared"] or r["changed"]]
+    matter = [r for r in shown if r["changed"] and not (r["expected_base_declared"] or r["expected_head_declared"])]
+    outputs = {}
+    for verbosity in (0, 1):
+        buffer, console = _terminal(120)
+        print_run_summary(console, receipt, "b", "0" * 64, verbosity=verbosity)
+        outputs[verbosity] = buffer.getvalue().splitlines()
+        assert all(len(line) <= 120 for line in outputs[verbosity])
+    assert len(outputs[0]) < len(outputs[1]) and len(outputs[0]) < 150
+    assert all(any(line.strip() == r["case"] for line in outputs[0]) for r in matter)  # the id whole, on its line
+    full = "\n".join(outputs[1])
+    assert all(any(line.strip() == r["case"] for line in outputs[1]) for r in shown)
+    assert all(r["observation"] in full for r in shown)

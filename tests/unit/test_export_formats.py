@@ -371,11 +371,14 @@ def test_sweep_markdown_shows_the_timeline_as_an_image_not_inline_svg():
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
+    return one_bundle_of_each_kind(tmp_path_factory.mktemp("kinds"))
+
+
+def one_bundle_of_each_kind(root):
     """One bundle of each kind: a run (tests/forge.py), a sweep (tests/relabel.py), a gates bundle."""
     from tests.relabel import relabelled_sweep
     from tests.unit.test_gates_logs import GLM_CONTEXT, INCIDENT_POOL, startup_log, write
 
-    root = tmp_path_factory.mktemp("kinds")
     log = write(root, "prefill.log", startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
     gates_out = root / "gates"
     made = CliRunner().invoke(main, ["gates", "--log", str(log), "--out", str(gates_out)], catch_exceptions=False)
@@ -493,7 +496,7 @@ def test_gates_receipts_of_schema_1_render_too(tmp_path):
     from tests.unit.test_gates_logs import _as_first_shape, _gates_bundle, _rewrite_receipt
 
     bundle = _gates_bundle(tmp_path / "first")
-    assert _rewrite_receipt(bundle, _as_first_shape) == "verified"
+    assert _rewrite_receipt(bundle, _as_first_shape) == "self-consistent"
     result = report(bundle)
     assert result.exit_code == 0, result.output
     assert "`/var/log/sglang/prefill.log`" in result.stdout

@@ -617,19 +617,19 @@ def _as_first_shape(receipt: dict) -> None:
 
 def test_gates_receipts_of_schema_1_verify_by_their_own_schema(tmp_path):
     first = _gates_bundle(tmp_path / "first")
-    assert _rewrite_receipt(first, _as_first_shape) == "verified"
+    assert _rewrite_receipt(first, _as_first_shape) == "self-consistent"
     # /1 receipts written after inputs went by name, before the id was bumped
     later = _gates_bundle(tmp_path / "later")
-    assert _rewrite_receipt(later, _as_schema_1) == "verified"
+    assert _rewrite_receipt(later, _as_schema_1) == "self-consistent"
 
 
 def test_gates_receipts_of_schema_2_verify_by_their_own_schema(tmp_path):
-    assert _rewrite_receipt(_gates_bundle(tmp_path), _as_schema_2) == "verified"
+    assert _rewrite_receipt(_gates_bundle(tmp_path), _as_schema_2) == "self-consistent"
 
 
 def test_gates_receipts_of_schema_3_verify_by_their_own_schema(tmp_path):
     bundle = _gates_bundle(tmp_path)
-    assert _rewrite_receipt(bundle, _as_schema_3) == "verified"
+    assert _rewrite_receipt(bundle, _as_schema_3) == "self-consistent"
     result = CliRunner().invoke(main, ["verify", str(bundle), "--json"], catch_exceptions=False)
     notes = json.loads(result.stdout)["steps"][3]["notes"]  # said, so no reader takes /3's gates 3-4 for probes
     assert any("gates 3 and 4 were decided by code markers" in n for n in notes), notes

@@ -16,7 +16,7 @@ from kvprobe import resources
 from kvprobe.defects import SchemaViolation
 from kvprobe.files import json_bytes, write_json
 from kvprobe.model import sweep_receipt as model
-from kvprobe.model.receipt import CheckMode, EnvRecord, FileRef, ProbeRecord, ScopeRecord, Tool
+from kvprobe.model.receipt import CheckMode, EnvRecord, FileRef, InstallerRecord, ProbeRecord, ScopeRecord, Tool
 from kvprobe.model.records import Fix, Vulnerability
 from kvprobe.names import SWEEP_RECEIPT_SCHEMA
 from kvprobe.verify.steps import VerifyOptions, verify_dir
@@ -70,6 +70,7 @@ def _parts() -> list[tuple[type, dict[str, Any]]]:
         (model.ListedRelease, props["listing"]["properties"]["selected"]["items"]),
         (model.ObservedRange, props["observed"]),
         (EnvRecord, props["env"]["oneOf"][1]),
+        (InstallerRecord, root["$defs"]["installer"]),
         (ScopeRecord, props["evidence"]),
         (model.ReleaseRecord, release),
         (model.WheelRecord, release["properties"]["wheel"]),

@@ -91,7 +91,7 @@ def test_the_installed_copy_never_comes_from_the_search_path(tmp_path, monkeypat
 def test_an_unknown_experiment_has_no_anchor(tmp_path):
     bundle = forge.build(tmp_path / "b")
     report = verify(bundle)
-    assert report.outcome == "verified"
+    assert report.outcome == "self-consistent"
     assert any("not an experiment this kvprobe ships" in n for n in report.steps[4].notes)
     with Tree(bundle) as tree:
         loaded = Bundle(tree, Limits(), receipt=report.receipt, manifest=report.manifest)
@@ -219,7 +219,7 @@ def test_verify_options_can_leave_out_the_installed_copy(model):
     (model / "probes/model/pd_model.py").write_bytes(b"# a project's own edit\n")
     forge.rehash(model)
     assert verify(model).outcome == "failed"
-    assert verify(model, VerifyOptions(check_installed=False)).outcome == "verified"
+    assert verify(model, VerifyOptions(check_installed=False)).outcome == "self-consistent"
 
 
 # --- exit codes --------------------------------------------------------------------------

@@ -75,9 +75,11 @@ B = "raw/base/probes/doors.json"
 # --- the valid bundle --------------------------------------------------------------------
 
 
-def test_pristine_forge_verifies(env):
+def test_pristine_forge_is_only_self_consistent(env):
+    """Nothing outside the bundle vouches for it: not `verified`, and nothing anchors it."""
     doc = verify(env, env["bundle"], code=0)
-    assert doc["outcome"] == "verified" and defects(doc) == []
+    assert doc["outcome"] == "self-consistent" and defects(doc) == []
+    assert doc["anchored_by"] == []
     assert step_status(doc) == {1: "pass", 2: "pass", 3: "pass", 4: "pass", 5: "self-consistent"}
     assert doc["manifest_sha256"] == forge.sha((env["bundle"] / "manifest.json").read_bytes())
 
@@ -455,6 +457,30 @@ def test_expected_manifest_digest_matches(env):
     digest = forge.sha((env["bundle"] / "manifest.json").read_bytes())
     doc = verify(env, env["bundle"], "--expect-manifest-sha256", digest, code=0)
     assert step_status(doc)[5] == "pass"
+    assert doc["outcome"] == "verified"
+    assert [a["kind"] for a in doc["anchored_by"]] == ["expect-manifest-sha256"]
+
+
+def test_require_anchor_fails_a_self_consistent_bundle(env):
+    doc = verify(env, env["bundle"], "--require-anchor", code=1)
+    assert doc["outcome"] == "self-consistent" and defects(doc) == []
+    assert "--require-anchor" in doc["_stderr"]
+    digest = forge.sha((env["bundle"] / "manifest.json").read_bytes())
+    anchored = verify(env, env["bundle"], "--require-anchor", "--expect-manifest-sha256", digest, code=0)
+    assert anchored["outcome"] == "verified"
+
+
+def test_the_result_lines_say_what_anchored_it(env):
+    plain = CliRunner().invoke(main, ["verify", str(env["bundle"])], catch_exceptions=False)
+    assert plain.exit_code == 0
+    assert "result: self-consistent" in plain.stdout and "result: verified" not in plain.stdout
+    assert "anchored by: nothing" in plain.stdout
+    digest = forge.sha((env["bundle"] / "manifest.json").read_bytes())
+    pinned = CliRunner().invoke(
+        main, ["verify", str(env["bundle"]), "--expect-manifest-sha256", digest], catch_exceptions=False
+    )
+    assert "result: verified" in pinned.stdout
+    assert "anchored by: expect-manifest-sha256" in pinned.stdout
 
 
 def test_expected_manifest_digest_mismatch(env):
@@ -609,6 +635,7 @@ BUNDLE_UNDER_TEST: list[Path] = []
 def test_rerun_that_reproduces(env, monkeypatch):
     doc = _verify_rerun(env, monkeypatch, code=0)
     assert step_status(doc)[6] == "pass"
+    assert doc["outcome"] == "verified" and [a["kind"] for a in doc["anchored_by"]] == ["rerun"]
 
 
 def test_rerun_that_differs_reports_each_difference(env, monkeypatch):
