@@ -397,11 +397,48 @@ def _run_options(
     return opts
 
 
+_several_out = click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Bundle directory (must not exist or be empty); with several experiments, the directory "
+    "that holds one bundle per experiment, DIR/ID.",
+)
+_all_experiments = click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Every experiment kvprobe ships that runs in an env (all but `model`).",
+)
+
+
+def _chosen(ids: tuple[str, ...], every: bool) -> list[str]:
+    """The experiment ids an invocation names: IDs, or --all (never both, never none, no repeats)."""
+    from kvprobe.errors import UsageError
+    from kvprobe.experiments.experiment import shipped_ids
+
+    if every and ids:
+        raise UsageError("give experiment ids or --all, not both")
+    if not every and not ids:
+        raise UsageError("give an experiment id (or several), or --all")
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise UsageError(f"experiment {repeated[0]} is named twice")
+    return shipped_ids() if every else list(ids)
+
+
+def _worst(codes: list[int]) -> int:
+    """Several experiments' exit codes as one: the worst, 2 (bad input) over 3 (could not
+    observe) over 1 (does not hold) over 0; 4 and interrupts are never reached here."""
+    order = (EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED, 2)
+    return max(codes, key=order.index)
+
+
 @main.command("run")
-@click.argument("experiment_id")
-@click.option("--pins", help="Pin set to run (default: the experiment's default).")
-@_bundle_out
-@click.option("--repo", help="Git URL or local path of a mirror/clone to fetch pins from.")
+@click.argument("experiment_ids", nargs=-1, metavar="ID [ID ...]")
+@_all_experiments
+@click.option("--pins", help="Pin set to run (default: the experiment's default; one experiment only).")
+@_several_out
+@click.option("--repo", help="Git URL or local path of a mirror/clone to fetch pins from (one experiment only).")
 @_torch_index("Index for torch/torchvision, https:// or file:// (e.g. https://download.pytorch.org/whl/cpu).")
 @click.option(
     "--jobs",
@@ -439,7 +476,7 @@ def _run_options(
 @click.option("--yes", is_flag=True, help="With --record-expectations: write without asking.")
 @guarded
 def run_cmd(
-    experiment_id: str,
+    experiment_ids: tuple[str, ...],
     pins: str | None,
     out: Path | None,
     repo: str | None,
@@ -452,8 +489,13 @@ def run_cmd(
     no_preload: bool = False,
     keep_server: bool = False,
     server_idle: int | None = None,
+    every: bool = False,
 ) -> int:
-    """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not, 3 could not observe)."""
+    """Reproduce experiments into evidence bundles, one per experiment (exit 0 reproduced, 1 not,
+    3 could not observe; with several, the worst of them: 2 over 3 over 1 over 0).
+
+    Several ids (or --all) run in turn, those of one profile sharing one env and one fork
+    server; one verdict block per experiment on stdout, in order."""
     from kvprobe.cli.console import print_run_diagnostics, print_run_summary
     from kvprobe.errors import UsageError
     from kvprobe.experiments import experiment
@@ -463,10 +505,20 @@ def run_cmd(
         raise UsageError("--keep-server keeps a preloaded interpreter: it cannot go with --no-preload")
     if server_idle is not None and not keep_server:
         raise UsageError("--server-idle is the idle limit of a kept server: it needs --keep-server")
-    exp = experiment.load(experiment_id)
+    ids = _chosen(experiment_ids, every)
+    keep_s = float(server_idle or 600) if keep_server else None
+    if len(ids) > 1 or every:
+        for flag, given in (("--pins", pins), ("--repo", repo), ("--record-expectations", record or None)):
+            if given is not None:
+                raise UsageError(f"{flag} applies to one experiment: run it with one id")
+        opts = [
+            _run_options(None, out / i if out else None, None, torch_index, jobs, timeout, not no_preload, keep_s)
+            for i in ids
+        ]
+        return _run_several(ids, opts, as_json)
+    exp = experiment.load(ids[0])
     streams = _streams(as_json)
     _warn_shadowing(streams, exp.id)
-    keep_s = float(server_idle or 600) if keep_server else None
     result = run_experiment(
         exp, _run_options(pins, out, repo, torch_index, jobs, timeout, not no_preload, keep_s), streams.reporter()
     )
@@ -479,6 +531,42 @@ def run_cmd(
     if record:
         return _record_expectations(exp, result.receipt, streams.err, yes)
     return _VERDICT_EXIT[result.receipt["verdict"]]
+
+
+def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
+    """`kvprobe run A B ...`: every experiment checked before any runs, then each run in turn
+    (runner.run_experiments), its verdict block printed as it ends; the worst exit code."""
+    from kvprobe.cli.console import print_run_diagnostics, print_run_summary
+    from kvprobe.experiments import experiment
+    from kvprobe.run.runner import check_run, run_experiments
+
+    exps = [experiment.load(i) for i in ids]
+    streams = _streams(as_json)
+    for exp, o in zip(exps, opts, strict=True):
+        _warn_shadowing(streams, exp.id)
+        check_run(exp, o)
+    codes, documents = [], []
+    for exp, outcome in run_experiments(list(zip(exps, opts, strict=True)), streams.reporter()):
+        if isinstance(outcome, KvprobeError):
+            codes.append(outcome.exit_code)
+            lines = [for_terminal(line) for line in outcome.diagnostics()]
+            click.echo(f"kvprobe: error: {exp.id}: {lines[0]}", err=True)
+            if streams.results:
+                click.echo(f"{exp.id}: no bundle ({lines[0]})")
+            documents.append({"experiment": exp.id, "error": outcome.message, "exit": outcome.exit_code})
+            continue
+        codes.append(_VERDICT_EXIT[outcome.receipt["verdict"]])
+        if streams.verbosity > -2:
+            print_run_diagnostics(streams.err, outcome.receipt)
+        if streams.results:
+            streams.out.print(f"experiment: {exp.id}")
+            print_run_summary(
+                streams.out, outcome.receipt, str(outcome.bundle), outcome.manifest_sha256, streams.verbosity
+            )
+        documents.append({**run_summary(outcome), "exit": codes[-1]})
+    if as_json:
+        emit_json({"runs": documents, "exit": _worst(codes)})
+    return _worst(codes)
 
 
 @main.command("sweep")
@@ -569,7 +657,7 @@ def model_cmd(ctx: click.Context, out: Path | None, as_json: bool) -> None:
     """Run the synthetic PD handoff model (same as `kvprobe run model`; seconds, no downloads)."""
     ctx.invoke(
         run_cmd,
-        experiment_id="model",
+        experiment_ids=("model",),
         pins=None,
         out=out,
         repo=None,
