@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from kvprobe.evidence.safetree import Limits
     from kvprobe.model.records import Experiment
     from kvprobe.run.runner import RunOptions, RunResult
+    from kvprobe.run.sweep import SweepOptions, SweepResult
     from kvprobe.verify.attestation import SignedStatement
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
@@ -533,6 +534,16 @@ def run_cmd(
     return _VERDICT_EXIT[result.receipt["verdict"]]
 
 
+def _several_error(experiment_id: str, exc: KvprobeError, streams: Output) -> dict[str, Any]:
+    """One experiment of several that ended without a bundle: its error on stderr, a line in
+    its place on stdout; its --json entry returned."""
+    lines = [for_terminal(line) for line in exc.diagnostics()]
+    click.echo(f"kvprobe: error: {experiment_id}: {lines[0]}", err=True)
+    if streams.results:
+        click.echo(f"{experiment_id}: no bundle ({lines[0]})")
+    return {"experiment": experiment_id, "error": exc.message, "exit": exc.exit_code}
+
+
 def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
     """`kvprobe run A B ...`: every experiment checked before any runs, then each run in turn
     (runner.run_experiments), its verdict block printed as it ends; the worst exit code."""
@@ -549,11 +560,7 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
     for exp, outcome in run_experiments(list(zip(exps, opts, strict=True)), streams.reporter()):
         if isinstance(outcome, KvprobeError):
             codes.append(outcome.exit_code)
-            lines = [for_terminal(line) for line in outcome.diagnostics()]
-            click.echo(f"kvprobe: error: {exp.id}: {lines[0]}", err=True)
-            if streams.results:
-                click.echo(f"{exp.id}: no bundle ({lines[0]})")
-            documents.append({"experiment": exp.id, "error": outcome.message, "exit": outcome.exit_code})
+            documents.append(_several_error(exp.id, outcome, streams))
             continue
         codes.append(_VERDICT_EXIT[outcome.receipt["verdict"]])
         if streams.verbosity > -2:
@@ -570,14 +577,15 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
 
 
 @main.command("sweep")
-@click.argument("experiment_id")
+@click.argument("experiment_ids", nargs=-1, metavar="ID [ID ...]")
+@_all_experiments
 @click.option(
     "--releases",
     "spec",
     help="Releases to run: ranges and lists, e.g. 0.5.13..0.5.23, 0.5.19,0.5.23 or >=0.5.20 "
     "(default: every release on the index the experiment's profile serves).",
 )
-@_bundle_out
+@_several_out
 @_torch_index("Index for torch/torchvision (e.g. https://download.pytorch.org/whl/cpu).", checked=False)
 @click.option("--jobs", type=click.IntRange(1), help="Releases run at a time (default: min(2, cores)).")
 @click.option("--timeout", default=900, show_default=True, type=click.IntRange(1), help="Seconds per probe.")
@@ -603,7 +611,7 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
 @_json_summary
 @guarded
 def sweep_cmd(
-    experiment_id: str,
+    experiment_ids: tuple[str, ...],
     spec: str | None,
     out: Path | None,
     torch_index: str | None,
@@ -614,29 +622,40 @@ def sweep_cmd(
     unit_timeout: int | None,
     no_preload: bool,
     as_json: bool,
+    every: bool = False,
 ) -> int:
     """Classify each release in a range as affected, fixed, mixed, could not observe or not
-    present, into one sweep bundle (exit 0 every release observed, 3 some could not be).
+    present, into one sweep bundle per experiment (exit 0 every release observed, 3 some could
+    not be; with several, the worst of them: 2 over 3 over 0).
 
     Results on stdout (one line per release, the bundle, its manifest sha256); progress on
-    stderr, a line per release as it is classified."""
+    stderr, a line per release as it is classified. Several ids (or --all) sweep in turn,
+    sharing the index's listing, each release's wheel, and per profile one env and fork server."""
     from kvprobe.cli.console import print_sweep_summary
     from kvprobe.experiments import experiment
     from kvprobe.run.sweep import SweepOptions, sweep_experiment
 
-    opts = SweepOptions(
-        releases=spec,
-        out=out,
-        torch_index=torch_index,
-        timeout_s=timeout,
-        executor=executor,
-        address=address,
-        unit_timeout_s=unit_timeout,
-        preload=not no_preload,
-    )
-    if jobs is not None:
-        opts.jobs = jobs
-    exp = experiment.load(experiment_id)
+    ids = _chosen(experiment_ids, every)
+
+    def options(bundle: Path | None) -> SweepOptions:
+        opts = SweepOptions(
+            releases=spec,
+            out=bundle,
+            torch_index=torch_index,
+            timeout_s=timeout,
+            executor=executor,
+            address=address,
+            unit_timeout_s=unit_timeout,
+            preload=not no_preload,
+        )
+        if jobs is not None:
+            opts.jobs = jobs
+        return opts
+
+    if len(ids) > 1 or every:
+        return _sweep_several(ids, [options(out / i if out else None) for i in ids], as_json)
+    opts = options(out)
+    exp = experiment.load(ids[0])
     streams = _streams(as_json)
     _warn_shadowing(streams, exp.id)
     result = sweep_experiment(exp, opts, streams.reporter())
@@ -647,6 +666,43 @@ def sweep_cmd(
         emit_json({"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": receipt.summary})
     unobserved = {"could-not-observe", "not-present"} & set(receipt.summary)
     return EXIT_UNOBSERVED if unobserved else EXIT_OK
+
+
+def _sweep_summary(result: SweepResult) -> dict[str, Any]:
+    return {"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": result.receipt.summary}
+
+
+def _sweep_exit(result: SweepResult) -> int:
+    unobserved = {"could-not-observe", "not-present"} & set(result.receipt.summary)
+    return EXIT_UNOBSERVED if unobserved else EXIT_OK
+
+
+def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> int:
+    """`kvprobe sweep A B ...`: every experiment checked before any sweeps, then each swept in
+    turn (run.sweep.sweep_experiments), its block printed as it ends; the worst exit code."""
+    from kvprobe.cli.console import print_sweep_summary
+    from kvprobe.experiments import experiment
+    from kvprobe.run.sweep import check_sweep, sweep_experiments
+
+    exps = [experiment.load(i) for i in ids]
+    streams = _streams(as_json)
+    for exp, o in zip(exps, opts, strict=True):
+        _warn_shadowing(streams, exp.id)
+        check_sweep(exp, o)
+    codes, documents = [], []
+    for exp, outcome in sweep_experiments(list(zip(exps, opts, strict=True)), streams.reporter()):
+        if isinstance(outcome, KvprobeError):
+            codes.append(outcome.exit_code)
+            documents.append(_several_error(exp.id, outcome, streams))
+            continue
+        codes.append(_sweep_exit(outcome))
+        if streams.results:
+            streams.out.print(f"experiment: {exp.id}", highlight=False)
+            print_sweep_summary(streams.out, outcome.receipt.to_json(), str(outcome.bundle), outcome.manifest_sha256)
+        documents.append({"experiment": exp.id, **_sweep_summary(outcome), "exit": codes[-1]})
+    if as_json:
+        emit_json({"sweeps": documents, "exit": _worst(codes)})
+    return _worst(codes)
 
 
 @main.command("model")
