@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -557,20 +558,23 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
         _warn_shadowing(streams, exp.id)
         check_run(exp, o)
     codes, documents = [], []
-    for exp, outcome in run_experiments(list(zip(exps, opts, strict=True)), streams.reporter()):
-        if isinstance(outcome, KvprobeError):
-            codes.append(outcome.exit_code)
-            documents.append(_several_error(exp.id, outcome, streams))
-            continue
-        codes.append(_VERDICT_EXIT[outcome.receipt["verdict"]])
-        if streams.verbosity > -2:
-            print_run_diagnostics(streams.err, outcome.receipt)
-        if streams.results:
-            streams.out.print(f"experiment: {exp.id}")
-            print_run_summary(
-                streams.out, outcome.receipt, str(outcome.bundle), outcome.manifest_sha256, streams.verbosity
-            )
-        documents.append({**run_summary(outcome), "exit": codes[-1]})
+    # closing: the shared servers stop here, not whenever the generator is collected
+    outcomes = contextlib.closing(run_experiments(list(zip(exps, opts, strict=True)), streams.reporter()))
+    with outcomes as ran:
+        for exp, outcome in ran:
+            if isinstance(outcome, KvprobeError):
+                codes.append(outcome.exit_code)
+                documents.append(_several_error(exp.id, outcome, streams))
+                continue
+            codes.append(_VERDICT_EXIT[outcome.receipt["verdict"]])
+            if streams.verbosity > -2:
+                print_run_diagnostics(streams.err, outcome.receipt)
+            if streams.results:
+                streams.out.print(f"experiment: {exp.id}", highlight=False, markup=False)
+                print_run_summary(
+                    streams.out, outcome.receipt, str(outcome.bundle), outcome.manifest_sha256, streams.verbosity
+                )
+            documents.append({**run_summary(outcome), "exit": codes[-1]})
     if as_json:
         emit_json({"runs": documents, "exit": _worst(codes)})
     return _worst(codes)
@@ -690,16 +694,20 @@ def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> i
         _warn_shadowing(streams, exp.id)
         check_sweep(exp, o)
     codes, documents = [], []
-    for exp, outcome in sweep_experiments(list(zip(exps, opts, strict=True)), streams.reporter()):
-        if isinstance(outcome, KvprobeError):
-            codes.append(outcome.exit_code)
-            documents.append(_several_error(exp.id, outcome, streams))
-            continue
-        codes.append(_sweep_exit(outcome))
-        if streams.results:
-            streams.out.print(f"experiment: {exp.id}", highlight=False)
-            print_sweep_summary(streams.out, outcome.receipt.to_json(), str(outcome.bundle), outcome.manifest_sha256)
-        documents.append({"experiment": exp.id, **_sweep_summary(outcome), "exit": codes[-1]})
+    outcomes = contextlib.closing(sweep_experiments(list(zip(exps, opts, strict=True)), streams.reporter()))
+    with outcomes as ran:
+        for exp, outcome in ran:
+            if isinstance(outcome, KvprobeError):
+                codes.append(outcome.exit_code)
+                documents.append(_several_error(exp.id, outcome, streams))
+                continue
+            codes.append(_sweep_exit(outcome))
+            if streams.results:
+                streams.out.print(f"experiment: {exp.id}", highlight=False, markup=False)
+                print_sweep_summary(
+                    streams.out, outcome.receipt.to_json(), str(outcome.bundle), outcome.manifest_sha256
+                )
+            documents.append({"experiment": exp.id, **_sweep_summary(outcome), "exit": codes[-1]})
     if as_json:
         emit_json({"sweeps": documents, "exit": _worst(codes)})
     return _worst(codes)
