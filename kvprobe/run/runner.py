@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -113,6 +113,7 @@ class ServerPool:
 
     def __init__(self, planned: Sequence[tuple[Experiment, RunOptions]]) -> None:
         self._held = contextlib.ExitStack()
+        self.leases = self._held  # the envs' leases: `cache prune` leaves them while a server may fork from them
         self._work = Path(tempfile.mkdtemp(prefix="kvprobe-servers-"))
         self._servers: dict[tuple[object, ...], tuple[ForkServer | None, str | None, str]] = {}
         self._lifetime_s = sum(_lifetime(exp, _pin_set(exp, o.pin_set), o) for exp, o in planned)
@@ -163,7 +164,7 @@ class ServerPool:
 
 def run_experiments(
     planned: Sequence[tuple[Experiment, RunOptions]], reporter: Reporter | None = None
-) -> Iterator[tuple[Experiment, RunResult | KvprobeError]]:
+) -> Generator[tuple[Experiment, RunResult | KvprobeError], None, None]:
     """Run each experiment in turn with its options, experiments of one profile sharing one env
     and one fork server; yields each one's result, or the error that kept it from a bundle (the
     next ones still run). Check :func:`check_run` for every one first: bad input is refused
@@ -207,7 +208,9 @@ def run_experiment(
         clock = time.monotonic()
         _check_sources(exp, pin_set, opts)  # bad input is refused before a server starts
         # a cached env's python is known now: its fork server preloads while the trees are made
-        early = cached_environment(exp, pin_set, opts, reporter, held) if opts.preload else None
+        # with servers, the env stays leased until the invocation ends, as its server lives on
+        leases = servers.leases if servers is not None else held
+        early = cached_environment(exp, pin_set, opts, reporter, leases) if opts.preload else None
         server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early, modules, servers)
         timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()
@@ -216,7 +219,7 @@ def run_experiment(
         clock = time.monotonic()
         if early is not None and early[0].lock_name is not None:
             reporter.note(f"env {early[0].key}: cached")  # where environment() says it
-        env, python, env_vars = early or environment(exp, pin_set, opts, reporter, held)
+        env, python, env_vars = early or environment(exp, pin_set, opts, reporter, leases)
         timings["environment_s"] = time.monotonic() - clock
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)

@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -246,7 +246,7 @@ def check_sweep(exp: Experiment, opts: SweepOptions) -> Path:
 
 def sweep_experiments(
     planned: Sequence[tuple[Experiment, SweepOptions]], reporter: Reporter | None = None
-) -> Iterator[tuple[Experiment, SweepResult | KvprobeError]]:
+) -> Generator[tuple[Experiment, SweepResult | KvprobeError], None, None]:
     """Sweep each experiment in turn, sharing what :class:`SweepShare` shares; yields each
     one's result, or the error that kept it from a bundle (the next ones still run). Check
     :func:`check_sweep` for every one first."""

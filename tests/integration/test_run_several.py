@@ -107,3 +107,26 @@ def test_usage_errors_with_several_are_exit_2_and_run_nothing(cli, tmp_path, arg
     assert result.exit_code == 2, result.stderr
     assert says in result.stderr
     assert not out.exists()
+
+
+def test_the_env_stays_leased_between_experiments_while_the_shared_server_lives(world, cli, tmp_path):  # noqa: F811
+    """`cache prune --all` between two experiments must not take the env the server forks from."""
+    from kvprobe.experiments import experiment
+    from kvprobe.run.runner import RunOptions, run_experiments
+
+    planned = [
+        (experiment.load(name), RunOptions(out=tmp_path / name, cache_root=world["cache"]))
+        for name in ("fake-fix", "fake-drift")
+    ]
+    ran = run_experiments(planned)
+    try:
+        exp, first = next(ran)
+        assert exp.id == "fake-fix" and not isinstance(first, Exception)
+        pruned = json.loads(cli("cache", "prune", "--all", "--dry-run", "--json").stdout)
+        env = [o for o in pruned["outcomes"] if o["kind"] == "env" and first.receipt["env"]["key"] in o["key"]]
+        assert env and env[0]["action"] == "skipped", env
+    finally:
+        ran.close()
+    pruned = json.loads(cli("cache", "prune", "--all", "--dry-run", "--json").stdout)
+    env = [o for o in pruned["outcomes"] if o["kind"] == "env" and first.receipt["env"]["key"] in o["key"]]
+    assert env and env[0]["action"] != "skipped", "the invocation's lease outlived it"
