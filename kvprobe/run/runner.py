@@ -169,8 +169,10 @@ def run_experiments(
     and one fork server; yields each one's result, or the error that kept it from a bundle (the
     next ones still run). Check :func:`check_run` for every one first: bad input is refused
     before anything runs."""
+    reporter = reporter or Reporter()
     with ServerPool(planned) as servers:
-        for exp, opts in planned:
+        for done, (exp, opts) in enumerate(planned, 1):
+            reporter.note(f"experiment {exp.id} ({done}/{len(planned)})")  # the lines below are its
             try:
                 yield exp, run_experiment(exp, opts, reporter, servers)
             except KvprobeError as exc:

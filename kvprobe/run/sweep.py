@@ -250,8 +250,10 @@ def sweep_experiments(
     """Sweep each experiment in turn, sharing what :class:`SweepShare` shares; yields each
     one's result, or the error that kept it from a bundle (the next ones still run). Check
     :func:`check_sweep` for every one first."""
+    reporter = reporter or Reporter()
     with SweepShare([exp for exp, _ in planned]) as share:
-        for exp, opts in planned:
+        for done, (exp, opts) in enumerate(planned, 1):
+            reporter.note(f"experiment {exp.id} ({done}/{len(planned)})")  # the lines below are its
             try:
                 yield exp, sweep_experiment(exp, opts, reporter, share=share)
             except KvprobeError as exc:

@@ -57,6 +57,8 @@ def test_several_print_one_verdict_block_each_in_order(cli, tmp_path):  # noqa: 
     bundles = [line for line in lines if line.startswith("bundle: ")]
     assert len(digests) == 2 and bundles == [f"bundle: {(out / n).resolve()}" for n in ("fake-drift", "fake-fix")]
     assert heads[1] > lines.index(bundles[0])  # the first block is whole before the second starts
+    progress = result.stderr
+    assert progress.index("experiment fake-drift (1/2)") < progress.index("experiment fake-fix (2/2)")
 
 
 def test_an_experiment_that_fails_is_its_error_and_the_next_still_runs(world, cli, tmp_path, monkeypatch):  # noqa: F811
