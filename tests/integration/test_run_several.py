@@ -132,3 +132,29 @@ def test_the_env_stays_leased_between_experiments_while_the_shared_server_lives(
     pruned = json.loads(cli("cache", "prune", "--all", "--dry-run", "--json").stdout)
     env = [o for o in pruned["outcomes"] if o["kind"] == "env" and first.receipt["env"]["key"] in o["key"]]
     assert env and env[0]["action"] != "skipped", "the invocation's lease outlived it"
+
+
+def test_several_with_keep_server_attach_once_and_leave_the_server_up(cli, tmp_path, monkeypatch):  # noqa: F811
+    """--keep-server: the invocation starts (or finds) one kept server, every experiment forks
+    from it, and it stays up after the invocation as after a single run."""
+    import shutil
+    import tempfile
+
+    from kvprobe.checks.keptserver import kept_servers, stop_kept_servers
+
+    runtime = tempfile.mkdtemp(prefix="kvrt-")  # short: a socket path has 107 bytes
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    try:
+        out = tmp_path / "kept"
+        result = cli("run", "fake-fix", "fake-drift", "--keep-server", "--out", str(out), "--json")
+        assert result.exit_code == 3, result.stderr
+        executions = [
+            json.loads((out / n / "receipt.json").read_text())["execution"] for n in ("fake-fix", "fake-drift")
+        ]
+        (server,) = kept_servers()
+        assert [e["server"]["started_utc"] for e in executions] == [server.started_utc] * 2
+        assert executions[0]["shared"] == executions[1]["shared"]
+        assert server.served == sum(len(e["checks"]) for e in executions) and server.attached == 0
+    finally:
+        stop_kept_servers()
+        shutil.rmtree(runtime, ignore_errors=True)
