@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from kvprobe.evidence.safetree import Limits
     from kvprobe.model.records import Experiment
     from kvprobe.run.runner import RunOptions, RunResult
+    from kvprobe.run.sweep import SweepOptions, SweepResult
     from kvprobe.verify.attestation import SignedStatement
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
@@ -471,11 +473,48 @@ def _run_options(
     return opts
 
 
+_several_out = click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Bundle directory (must not exist or be empty); with several experiments, the directory "
+    "that holds one bundle per experiment, DIR/ID.",
+)
+_all_experiments = click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Every experiment kvprobe ships that runs in an env (all but `model`).",
+)
+
+
+def _chosen(ids: tuple[str, ...], every: bool) -> list[str]:
+    """The experiment ids an invocation names: IDs, or --all (never both, never none, no repeats)."""
+    from kvprobe.errors import UsageError
+    from kvprobe.experiments.experiment import shipped_ids
+
+    if every and ids:
+        raise UsageError("give experiment ids or --all, not both")
+    if not every and not ids:
+        raise UsageError("give an experiment id (or several), or --all")
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise UsageError(f"experiment {repeated[0]} is named twice")
+    return shipped_ids() if every else list(ids)
+
+
+def _worst(codes: list[int]) -> int:
+    """Several experiments' exit codes as one: the worst, 2 (bad input) over 3 (could not
+    observe) over 1 (does not hold) over 0; 4 and interrupts are never reached here."""
+    order = (EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED, 2)
+    return max(codes, key=order.index)
+
+
 @main.command("run")
-@click.argument("experiment_id")
-@click.option("--pins", help="Pin set to run (default: the experiment's default).")
-@_bundle_out
-@click.option("--repo", help="Git URL or local path of a mirror/clone to fetch pins from.")
+@click.argument("experiment_ids", nargs=-1, metavar="ID [ID ...]")
+@_all_experiments
+@click.option("--pins", help="Pin set to run (default: the experiment's default; one experiment only).")
+@_several_out
+@click.option("--repo", help="Git URL or local path of a mirror/clone to fetch pins from (one experiment only).")
 @_torch_index("Index for torch/torchvision, https:// or file:// (e.g. https://download.pytorch.org/whl/cpu).")
 @click.option(
     "--jobs",
@@ -513,7 +552,7 @@ def _run_options(
 @click.option("--yes", is_flag=True, help="With --record-expectations: write without asking.")
 @guarded
 def run_cmd(
-    experiment_id: str,
+    experiment_ids: tuple[str, ...],
     pins: str | None,
     out: Path | None,
     repo: str | None,
@@ -526,8 +565,13 @@ def run_cmd(
     no_preload: bool = False,
     keep_server: bool = False,
     server_idle: int | None = None,
+    every: bool = False,
 ) -> int:
-    """Reproduce one experiment into an evidence bundle (exit 0 reproduced, 1 not, 3 could not observe)."""
+    """Reproduce experiments into evidence bundles, one per experiment (exit 0 reproduced, 1 not,
+    3 could not observe; with several, the worst of them: 2 over 3 over 1 over 0).
+
+    Several ids (or --all) run in turn, those of one profile sharing one env and one fork
+    server; one verdict block per experiment on stdout, in order."""
     from kvprobe.cli.console import print_run_diagnostics, print_run_summary
     from kvprobe.errors import UsageError
     from kvprobe.experiments import experiment
@@ -537,10 +581,20 @@ def run_cmd(
         raise UsageError("--keep-server keeps a preloaded interpreter: it cannot go with --no-preload")
     if server_idle is not None and not keep_server:
         raise UsageError("--server-idle is the idle limit of a kept server: it needs --keep-server")
-    exp = experiment.load(experiment_id)
+    ids = _chosen(experiment_ids, every)
+    keep_s = float(server_idle or 600) if keep_server else None
+    if len(ids) > 1 or every:
+        for flag, given in (("--pins", pins), ("--repo", repo), ("--record-expectations", record or None)):
+            if given is not None:
+                raise UsageError(f"{flag} applies to one experiment: run it with one id")
+        opts = [
+            _run_options(None, out / i if out else None, None, torch_index, jobs, timeout, not no_preload, keep_s)
+            for i in ids
+        ]
+        return _run_several(ids, opts, as_json)
+    exp = experiment.load(ids[0])
     streams = _streams(as_json)
     _warn_shadowing(streams, exp.id)
-    keep_s = float(server_idle or 600) if keep_server else None
     result = run_experiment(
         exp, _run_options(pins, out, repo, torch_index, jobs, timeout, not no_preload, keep_s), streams.reporter()
     )
@@ -555,15 +609,61 @@ def run_cmd(
     return _VERDICT_EXIT[result.receipt["verdict"]]
 
 
+def _several_error(experiment_id: str, exc: KvprobeError, streams: Output) -> dict[str, Any]:
+    """One experiment of several that ended without a bundle: its error on stderr, a line in
+    its place on stdout; its --json entry returned."""
+    lines = [for_terminal(line) for line in exc.diagnostics()]
+    click.echo(f"kvprobe: error: {experiment_id}: {lines[0]}", err=True)
+    if streams.results:
+        click.echo(f"{experiment_id}: no bundle ({lines[0]})")
+    return {"experiment": experiment_id, "error": exc.message, "exit": exc.exit_code}
+
+
+def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
+    """`kvprobe run A B ...`: every experiment checked before any runs, then each run in turn
+    (runner.run_experiments), its verdict block printed as it ends; the worst exit code."""
+    from kvprobe.cli.console import print_run_diagnostics, print_run_summary
+    from kvprobe.experiments import experiment
+    from kvprobe.run.runner import check_run, run_experiments
+
+    exps = [experiment.load(i) for i in ids]
+    streams = _streams(as_json)
+    for exp, o in zip(exps, opts, strict=True):
+        _warn_shadowing(streams, exp.id)
+        check_run(exp, o)
+    codes, documents = [], []
+    # closing: the shared servers stop here, not whenever the generator is collected
+    outcomes = contextlib.closing(run_experiments(list(zip(exps, opts, strict=True)), streams.reporter()))
+    with outcomes as ran:
+        for exp, outcome in ran:
+            if isinstance(outcome, KvprobeError):
+                codes.append(outcome.exit_code)
+                documents.append(_several_error(exp.id, outcome, streams))
+                continue
+            codes.append(_VERDICT_EXIT[outcome.receipt["verdict"]])
+            if streams.verbosity > -2:
+                print_run_diagnostics(streams.err, outcome.receipt)
+            if streams.results:
+                streams.out.print(f"experiment: {exp.id}", highlight=False, markup=False)
+                print_run_summary(
+                    streams.out, outcome.receipt, str(outcome.bundle), outcome.manifest_sha256, streams.verbosity
+                )
+            documents.append({**run_summary(outcome), "exit": codes[-1]})
+    if as_json:
+        emit_json({"runs": documents, "exit": _worst(codes)})
+    return _worst(codes)
+
+
 @main.command("sweep")
-@click.argument("experiment_id")
+@click.argument("experiment_ids", nargs=-1, metavar="ID [ID ...]")
+@_all_experiments
 @click.option(
     "--releases",
     "spec",
     help="Releases to run: ranges and lists, e.g. 0.5.13..0.5.23, 0.5.19,0.5.23 or >=0.5.20 "
     "(default: every release on the index the experiment's profile serves).",
 )
-@_bundle_out
+@_several_out
 @_torch_index("Index for torch/torchvision (e.g. https://download.pytorch.org/whl/cpu).", checked=False)
 @click.option("--jobs", type=click.IntRange(1), help="Releases run at a time (default: min(2, cores)).")
 @click.option("--timeout", default=900, show_default=True, type=click.IntRange(1), help="Seconds per probe.")
@@ -589,7 +689,7 @@ def run_cmd(
 @_json_summary
 @guarded
 def sweep_cmd(
-    experiment_id: str,
+    experiment_ids: tuple[str, ...],
     spec: str | None,
     out: Path | None,
     torch_index: str | None,
@@ -600,29 +700,40 @@ def sweep_cmd(
     unit_timeout: int | None,
     no_preload: bool,
     as_json: bool,
+    every: bool = False,
 ) -> int:
     """Classify each release in a range as affected, fixed, mixed, could not observe or not
-    present, into one sweep bundle (exit 0 every release observed, 3 some could not be).
+    present, into one sweep bundle per experiment (exit 0 every release observed, 3 some could
+    not be; with several, the worst of them: 2 over 3 over 0).
 
     Results on stdout (one line per release, the bundle, its manifest sha256); progress on
-    stderr, a line per release as it is classified."""
+    stderr, a line per release as it is classified. Several ids (or --all) sweep in turn,
+    sharing the index's listing, each release's wheel, and per profile one env and fork server."""
     from kvprobe.cli.console import print_sweep_summary
     from kvprobe.experiments import experiment
     from kvprobe.run.sweep import SweepOptions, sweep_experiment
 
-    opts = SweepOptions(
-        releases=spec,
-        out=out,
-        torch_index=torch_index,
-        timeout_s=timeout,
-        executor=executor,
-        address=address,
-        unit_timeout_s=unit_timeout,
-        preload=not no_preload,
-    )
-    if jobs is not None:
-        opts.jobs = jobs
-    exp = experiment.load(experiment_id)
+    ids = _chosen(experiment_ids, every)
+
+    def options(bundle: Path | None) -> SweepOptions:
+        opts = SweepOptions(
+            releases=spec,
+            out=bundle,
+            torch_index=torch_index,
+            timeout_s=timeout,
+            executor=executor,
+            address=address,
+            unit_timeout_s=unit_timeout,
+            preload=not no_preload,
+        )
+        if jobs is not None:
+            opts.jobs = jobs
+        return opts
+
+    if len(ids) > 1 or every:
+        return _sweep_several(ids, [options(out / i if out else None) for i in ids], as_json)
+    opts = options(out)
+    exp = experiment.load(ids[0])
     streams = _streams(as_json)
     _warn_shadowing(streams, exp.id)
     result = sweep_experiment(exp, opts, streams.reporter())
@@ -633,6 +744,47 @@ def sweep_cmd(
         emit_json({"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": receipt.summary})
     unobserved = {"could-not-observe", "not-present"} & set(receipt.summary)
     return EXIT_UNOBSERVED if unobserved else EXIT_OK
+
+
+def _sweep_summary(result: SweepResult) -> dict[str, Any]:
+    return {"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": result.receipt.summary}
+
+
+def _sweep_exit(result: SweepResult) -> int:
+    unobserved = {"could-not-observe", "not-present"} & set(result.receipt.summary)
+    return EXIT_UNOBSERVED if unobserved else EXIT_OK
+
+
+def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> int:
+    """`kvprobe sweep A B ...`: every experiment checked before any sweeps, then each swept in
+    turn (run.sweep.sweep_experiments), its block printed as it ends; the worst exit code."""
+    from kvprobe.cli.console import print_sweep_summary
+    from kvprobe.experiments import experiment
+    from kvprobe.run.sweep import check_sweep, sweep_experiments
+
+    exps = [experiment.load(i) for i in ids]
+    streams = _streams(as_json)
+    for exp, o in zip(exps, opts, strict=True):
+        _warn_shadowing(streams, exp.id)
+        check_sweep(exp, o)
+    codes, documents = [], []
+    outcomes = contextlib.closing(sweep_experiments(list(zip(exps, opts, strict=True)), streams.reporter()))
+    with outcomes as ran:
+        for exp, outcome in ran:
+            if isinstance(outcome, KvprobeError):
+                codes.append(outcome.exit_code)
+                documents.append(_several_error(exp.id, outcome, streams))
+                continue
+            codes.append(_sweep_exit(outcome))
+            if streams.results:
+                streams.out.print(f"experiment: {exp.id}", highlight=False, markup=False)
+                print_sweep_summary(
+                    streams.out, outcome.receipt.to_json(), str(outcome.bundle), outcome.manifest_sha256
+                )
+            documents.append({"experiment": exp.id, **_sweep_summary(outcome), "exit": codes[-1]})
+    if as_json:
+        emit_json({"sweeps": documents, "exit": _worst(codes)})
+    return _worst(codes)
 
 
 def run_summary(result: RunResult) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from kvprobe.model.records import (
     WheelPin,
 )
 from kvprobe.names import EXPERIMENT_SCHEMA, PROBES_DIR, SIDES
-from kvprobe.resources import SOURCE_BUILTIN, experiment_dirs, experiment_search_path
+from kvprobe.resources import SOURCE_BUILTIN, builtin_probes_dir, experiment_dirs, experiment_search_path
 
 FILENAME = "experiment.toml"
 
@@ -104,6 +104,17 @@ def list_ids() -> list[str]:
             if path.parent.name not in seen:
                 seen.append(path.parent.name)
     return sorted(seen)
+
+
+def shipped_ids() -> list[str]:
+    """The experiments kvprobe ships that run in an env (`run --all`, `sweep --all`): every
+    built-in one with a pin set that is not synthetic (so not `model`, kvprobe's own model)."""
+    found = []
+    for path in sorted(builtin_probes_dir().glob(f"*/{FILENAME}")):
+        exp = load_file(path, validate=False)
+        if any(p.kind is not SourceKind.SYNTHETIC for p in exp.pin_sets.values()):
+            found.append(exp.id)
+    return found
 
 
 def load(experiment_id: str, *, validate: bool = True) -> Experiment:

@@ -293,11 +293,21 @@ class KeptServerRecord(Part):
 
 
 @dataclass(frozen=True)
+class SharedServerRecord(Part):
+    """The fork server one invocation of several experiments (`kvprobe run A B`) shared: when
+    it started, and the experiments of the invocation planned to fork from it."""
+
+    started_utc: str
+    experiments: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ExecutionRecord(Preloaded):
     """How each of a run's checks ran."""
 
     checks: tuple[CheckExecution, ...]
     server: KeptServerRecord | None = field(default=None, metadata=OPTIONAL)  # absent: the run's own server
+    shared: SharedServerRecord | None = field(default=None, metadata=OPTIONAL)  # absent: not shared
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kvprobe import __version__
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import check_index_url
-from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, UsageError
+from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, KvprobeError, UsageError
 from kvprobe.evidence import compare
 from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
 from kvprobe.evidence.bundle_readme import render_readme
@@ -32,6 +33,7 @@ from kvprobe.model.receipt import (
     PinSetRef,
     ProbeRecord,
     Receipt,
+    SharedServerRecord,
     SideRecord,
     TestRecord,
     Tool,
@@ -101,8 +103,98 @@ class RunResult:
     manifest_sha256: str
 
 
-def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None = None) -> RunResult:
-    """Run ``exp`` and write its bundle; raises only when no honest receipt can be written."""
+class ServerPool:
+    """The fork servers of one invocation that runs several experiments (`kvprobe run A B`):
+    experiments whose checks need the same server (one env python, the same variables and
+    preload list) fork from one, started by the first of them and stopped when the pool
+    closes. ``planned`` names the experiments of the invocation per profile, which the
+    receipts' ``execution.shared`` records; ``lifetime_s`` covers every check of all of them.
+    """
+
+    def __init__(self, planned: Sequence[tuple[Experiment, RunOptions]]) -> None:
+        self._held = contextlib.ExitStack()
+        self.leases = self._held  # the envs' leases: `cache prune` leaves them while a server may fork from them
+        self._work = Path(tempfile.mkdtemp(prefix="kvprobe-servers-"))
+        self._servers: dict[tuple[object, ...], tuple[ForkServer | None, str | None, str]] = {}
+        self._lifetime_s = sum(_lifetime(exp, _pin_set(exp, o.pin_set), o) for exp, o in planned)
+        self._profiles: dict[str, list[str]] = {}
+        for exp, _ in planned:
+            self._profiles.setdefault(exp.profile, []).append(exp.id)
+
+    def __enter__(self) -> ServerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._held.close()
+        finally:
+            shutil.rmtree(self._work, ignore_errors=True)
+
+    def get(
+        self, env: tuple[EnvRecord, str, dict[str, str]], opts: RunOptions, modules: tuple[str, ...]
+    ) -> tuple[ForkServer | None, str | None]:
+        """The server for ``env`` and ``modules``: the one already started for them, or a new one."""
+        _, python, env_vars = env
+        key = (python, tuple(sorted(env_vars.items())), modules, opts.preload, opts.keep_server_s)
+        if key not in self._servers:
+            work = self._work / f"server-{len(self._servers)}"
+            work.mkdir()
+            started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            server, reason = fork_server(
+                python, env_vars, work, self._lifetime_s, opts.preload, modules, opts.keep_server_s
+            )
+            if server is not None:
+                self._held.enter_context(server)
+            self._servers[key] = (server, reason, started)
+        server, reason, _ = self._servers[key]
+        return server, reason
+
+    def record(self, exp: Experiment, server: ForkServer | None) -> SharedServerRecord | None:
+        """What ``exp``'s receipt says of the server it shared with the invocation's other
+        experiments of its profile (None: it had none, or no other experiment plans to use it)."""
+        sharing = self._profiles.get(exp.profile, [])
+        for started_server, _, started in self._servers.values():
+            if server is not None and started_server is server and len(sharing) > 1:
+                return SharedServerRecord(started, tuple(sharing))
+        return None
+
+
+def run_experiments(
+    planned: Sequence[tuple[Experiment, RunOptions]], reporter: Reporter | None = None
+) -> Generator[tuple[Experiment, RunResult | KvprobeError], None, None]:
+    """Run each experiment in turn with its options, experiments of one profile sharing one env
+    and one fork server; yields each one's result, or the error that kept it from a bundle (the
+    next ones still run). Check :func:`check_run` for every one first: bad input is refused
+    before anything runs."""
+    reporter = reporter or Reporter()
+    with ServerPool(planned) as servers:
+        for done, (exp, opts) in enumerate(planned, 1):
+            reporter.note(f"experiment {exp.id} ({done}/{len(planned)})")  # the lines below are its
+            try:
+                yield exp, run_experiment(exp, opts, reporter, servers)
+            except KvprobeError as exc:
+                yield exp, exc
+
+
+def check_run(exp: Experiment, opts: RunOptions) -> Path:
+    """What a run of ``exp`` refuses before anything runs (UsageError, BundleExistsError,
+    ExperimentError): its pin set, inputs, sources and bundle path. Returns the bundle path."""
+    pin_set = _pin_set(exp, opts.pin_set)
+    check_inputs(exp, pin_set, opts)
+    _check_sources(exp, pin_set, opts)
+    return _final_path(opts, exp, pin_set, datetime.now(UTC))
+
+
+def run_experiment(
+    exp: Experiment, opts: RunOptions, reporter: Reporter | None = None, servers: ServerPool | None = None
+) -> RunResult:
+    """Run ``exp`` and write its bundle; raises only when no honest receipt can be written.
+
+    ``servers``: the invocation's fork servers, shared with its other experiments (None: the
+    run starts its own)."""
     reporter = reporter or Reporter()
     pin_set = _pin_set(exp, opts.pin_set)
     modules = check_inputs(exp, pin_set, opts)
@@ -118,8 +210,10 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         clock = time.monotonic()
         _check_sources(exp, pin_set, opts)  # bad input is refused before a server starts
         # a cached env's python is known now: its fork server preloads while the trees are made
-        early = cached_environment(exp, pin_set, opts, reporter, held) if opts.preload else None
-        server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early, modules, reporter)
+        # with servers, the env stays leased until the invocation ends, as its server lives on
+        leases = servers.leases if servers is not None else held
+        early = cached_environment(exp, pin_set, opts, reporter, leases) if opts.preload else None
+        server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early, modules, reporter, servers)
         timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()
         sides = _materialize(exp, pin_set, opts, work, reporter, held)
@@ -127,14 +221,13 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         clock = time.monotonic()
         if early is not None and early[0].lock_name is not None:
             reporter.note(f"env {early[0].key}: cached")  # where environment() says it
-        env, python, env_vars = early or environment(exp, pin_set, opts, reporter, held)
+        env, python, env_vars = early or environment(exp, pin_set, opts, reporter, leases)
         timings["environment_s"] = time.monotonic() - clock
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)
         if early is None:
-            server, fresh_reason = _start_server(
-                exp, pin_set, opts, work, held, (env, python, env_vars), modules, reporter
-            )
+            found = (env, python, env_vars)
+            server, fresh_reason = _start_server(exp, pin_set, opts, work, held, found, modules, reporter, servers)
         server, fresh_reason = server_ready(server, fresh_reason, reporter)  # what the first check waits on
         if server is None and opts.keep_server_s is not None:
             reporter.note(f"checks run fresh: {fresh_reason}")  # asked for a kept server, not given one
@@ -150,6 +243,8 @@ def run_experiment(exp: Experiment, opts: RunOptions, reporter: Reporter | None 
         timings["checks_s"] = time.monotonic() - clock
         plan = RunPlan(exp, pin_set, run_id, started)
         execution = execution_record(server, fresh_reason, checks)
+        if servers is not None:
+            execution = replace(execution, shared=servers.record(exp, server))
         receipt = _receipt(plan, RunOutputs(sides, env, env_vars, checks, staging, timings, execution))
         result = _write_bundle(exp, receipt, staging, final)
         return result
@@ -167,18 +262,26 @@ def _start_server(
     env: tuple[EnvRecord, str, dict[str, str]] | None,
     modules: tuple[str, ...],
     reporter: Reporter,
+    servers: ServerPool | None = None,
 ) -> tuple[ForkServer | None, str | None]:
     """The run's fork server started in ``env``'s python (None: not known yet), importing
     ``modules``, stopped with ``held`` however the run ends; its lifetime covers every check
-    of both sides."""
+    of both sides. With ``servers``, the invocation's server for that env (it stops them)."""
     if env is None:
         return None, None
-    checks = 2 * (len(exp.tests_for(pin_set.name)) + len(exp.probes))
-    lifetime_s = opts.timeout_s * max(1, checks) + 600
+    if servers is not None:
+        return servers.get(env, opts, modules)
+    lifetime_s = _lifetime(exp, pin_set, opts)
     server, reason = fork_server(env[1], env[2], work, lifetime_s, opts.preload, modules, opts.keep_server_s, reporter)
     if server is not None:
         held.enter_context(server)
     return server, reason
+
+
+def _lifetime(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> float:
+    """How long a fork server may live for one run: every check of both sides at its timeout."""
+    checks = 2 * (len(exp.tests_for(pin_set.name)) + len(exp.probes))
+    return opts.timeout_s * max(1, checks) + 600
 
 
 def check_inputs(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> tuple[str, ...]:

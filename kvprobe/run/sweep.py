@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from pathlib import Path
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.installer import pip_config
 from kvprobe.env.venv import load_profile
-from kvprobe.errors import BundleExistsError, CheckRunError, DigestMismatch, FetchError, UsageError
+from kvprobe.errors import BundleExistsError, CheckRunError, DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.evidence.sweep_listing import unserved_reason
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
@@ -34,6 +35,7 @@ from kvprobe.run.sweep_unit import (
     Executor,
     Expected,
     LocalExecutor,
+    Prepared,
     ServerPlan,
     SweepRun,
     UnitRequest,
@@ -72,12 +74,74 @@ class SweepResult:
     manifest_sha256: str
 
 
+class SweepShare:
+    """What the sweeps of one invocation (`kvprobe sweep A B --releases SPEC`) share: the
+    index's listing of a package and each release's wheel resolved on it (read once, the same
+    in every bundle), and per profile the env and its preloaded fork server, started by the
+    first sweep and stopped when the share closes. A release's tree is the tree cache's, so
+    the second sweep materializes from the cache what the first fetched. ``planned``: the
+    invocation's experiments, whose probes bound the server's lifetime.
+    """
+
+    def __init__(self, planned: Sequence[Experiment]) -> None:
+        self._held = contextlib.ExitStack()
+        self._work = Path(tempfile.mkdtemp(prefix="kvprobe-sweeps-"))
+        self._probes = sum(len(exp.probes) for exp in planned)
+        self._listings: dict[tuple[str, ...], tuple[list[str], str]] = {}
+        self._pins: dict[tuple[str, ...], WheelPin | str] = {}
+        self._prepared: dict[tuple[str, ...], Prepared] = {}
+
+    def __enter__(self) -> SweepShare:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._held.close()
+        finally:
+            shutil.rmtree(self._work, ignore_errors=True)
+
+    def listing(self, package: str, flags: list[str]) -> tuple[list[str], str]:
+        """The versions the index lists for ``package`` and when it was read (once)."""
+        key = (package, *flags)
+        if key not in self._listings:
+            work = self._work / f"index-{len(self._listings)}"
+            available = releases.index_versions(package, flags, work)
+            self._listings[key] = (available, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        return self._listings[key]
+
+    def resolve(self, package: str, flags: list[str], versions: list[str], jobs: int) -> dict[str, WheelPin | str]:
+        """Each version's wheel pin (or why not), resolved once per version for every sweep."""
+        todo = [v for v in versions if (package, *flags, v) not in self._pins]
+        if todo:
+            work = self._work / f"resolve-{len(self._pins)}"
+            for version, pin in _resolve(package, flags, todo, work, jobs).items():
+                self._pins[(package, *flags, version)] = pin
+        return {v: self._pins[(package, *flags, v)] for v in versions}
+
+    def prepared(
+        self, exp: Experiment, package: str, opts: SweepOptions, reporter: Reporter, releases_n: int
+    ) -> Prepared:
+        """The env of ``exp``'s profile and its fork server, prepared by the first sweep that needs them."""
+        key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
+        if key not in self._prepared:
+            work = self._work / f"server-{len(self._prepared)}"
+            work.mkdir()
+            serve = ServerPlan(work, opts.timeout_s * self._probes * releases_n + 600, opts.preload)
+            self._prepared[key] = prepare(exp, opts.cache_root, opts.torch_index, reporter, self._held, serve)
+        return self._prepared[key]
+
+
 def sweep_experiment(
-    exp: Experiment, opts: SweepOptions, reporter: Reporter | None = None, executor: Executor | None = None
+    exp: Experiment,
+    opts: SweepOptions,
+    reporter: Reporter | None = None,
+    executor: Executor | None = None,
+    share: SweepShare | None = None,
 ) -> SweepResult:
     """Run ``exp``'s probes on each selected release and write the sweep bundle.
 
-    ``executor``: where units run (default: from ``opts``, threads or Ray tasks)."""
+    ``executor``: where units run (default: from ``opts``, threads or Ray tasks); ``share``:
+    what the invocation's other sweeps share with this one (None: nothing)."""
     reporter = reporter or Reporter()
     pin_set = wheel_pin_set(exp)
     if not any(exp.expectations.get(side) for side in SIDES):
@@ -94,8 +158,11 @@ def sweep_experiment(
         if executor is None and opts.executor != "local":
             executor = _cluster_executor(exp, opts, held)  # before anything else: a bad --address fails fast
         with reporter.step(f"{package}: releases on the index"):
-            available = releases.index_versions(package, flags, work / "index")
-        read_utc = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if share is not None:
+                available, read_utc = share.listing(package, flags)
+            else:
+                available = releases.index_versions(package, flags, work / "index")
+                read_utc = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         chosen = releases.select(opts.releases, available) if opts.releases else available
         served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
         unserved = [v for v in chosen if v not in served]
@@ -105,7 +172,11 @@ def sweep_experiment(
                 f"selected: {', '.join(chosen) or 'none'}"
             )
         clock = time.monotonic()
-        if executor is None:  # threads sharing the env the driver builds, and its fork server
+        if executor is None and share is not None:  # the invocation's env and server for this profile
+            executor = LocalExecutor(
+                exp, share.prepared(exp, package, opts, reporter, len(available)), opts.jobs, reporter
+            )
+        elif executor is None:  # threads sharing the env the driver builds, and its fork server
             serve = ServerPlan(work, opts.timeout_s * len(exp.probes) * len(served) + 600, opts.preload)
             executor = LocalExecutor(
                 exp, prepare(exp, opts.cache_root, opts.torch_index, reporter, held, serve), opts.jobs, reporter
@@ -116,7 +187,11 @@ def sweep_experiment(
         copy_into_bundle(exp, staging)
         clock = time.monotonic()
         with reporter.step(f"{package}: each release's wheel on the index"):
-            pins = _resolve(package, flags, chosen, work, opts.jobs)  # unserved ones too: the listing has them
+            # unserved ones too: the listing has them
+            if share is not None:
+                pins = share.resolve(package, flags, chosen, opts.jobs)
+            else:
+                pins = _resolve(package, flags, chosen, work, opts.jobs)
         listing = Listing(
             package,
             index_url(),
@@ -157,6 +232,32 @@ def sweep_experiment(
         shutil.rmtree(work, ignore_errors=True)
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_sweep(exp: Experiment, opts: SweepOptions) -> Path:
+    """What a sweep of ``exp`` refuses before anything runs (UsageError, BundleExistsError):
+    no wheel pin set, no expectations, a bundle path taken. Returns the bundle path."""
+    wheel_pin_set(exp)
+    if not any(exp.expectations.get(side) for side in SIDES):
+        raise UsageError(f"{exp.id} declares no [expect] tables: a sweep classifies releases against them")
+    load_profile(exp.profile)
+    return _final_path(opts, exp, datetime.now(UTC))
+
+
+def sweep_experiments(
+    planned: Sequence[tuple[Experiment, SweepOptions]], reporter: Reporter | None = None
+) -> Generator[tuple[Experiment, SweepResult | KvprobeError], None, None]:
+    """Sweep each experiment in turn, sharing what :class:`SweepShare` shares; yields each
+    one's result, or the error that kept it from a bundle (the next ones still run). Check
+    :func:`check_sweep` for every one first."""
+    reporter = reporter or Reporter()
+    with SweepShare([exp for exp, _ in planned]) as share:
+        for done, (exp, opts) in enumerate(planned, 1):
+            reporter.note(f"experiment {exp.id} ({done}/{len(planned)})")  # the lines below are its
+            try:
+                yield exp, sweep_experiment(exp, opts, reporter, share=share)
+            except KvprobeError as exc:
+                yield exp, exc
 
 
 PYPI_SIMPLE = "https://pypi.org/simple"  # pip's own default index

@@ -1,0 +1,76 @@
+"""`kvprobe sweep A B`: several experiments over one local index in one invocation, sharing the
+listing, each release's wheel, the env and one fork server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.test_sweep_local_index import PROBE, _env, experiment_toml, sweep, world  # noqa: F401
+
+pytestmark = pytest.mark.network  # the pytest-minimal env is built from its hash-pinned lock
+
+
+@pytest.fixture
+def two(world, monkeypatch, tmp_path):  # noqa: F811
+    """scrub-sweep and a copy of it, scrub-again, on the search path."""
+    folder = tmp_path / "probes" / "scrub-again"
+    folder.mkdir(parents=True)
+    text = (world["probes"] / "scrub-sweep" / "experiment.toml").read_text()
+    (folder / "experiment.toml").write_text(text.replace('id = "scrub-sweep"', 'id = "scrub-again"'))
+    (folder / "scrub.py").write_text(PROBE)
+    monkeypatch.setenv("KVPROBE_PROBES_PATH", f"{tmp_path / 'probes'}:{world['probes']}")
+
+
+def test_two_sweeps_share_the_listing_the_wheels_and_one_fork_server(world, sweep, two, tmp_path, monkeypatch):  # noqa: F811
+    import kvprobe.run.side as side_mod
+    from kvprobe.checks.forkserver import ForkServer
+    from kvprobe.sources import releases
+
+    _env(world, monkeypatch)
+    started: list[ForkServer] = []
+    listed: list[str] = []
+    resolved: list[str] = []
+
+    class Recorded(ForkServer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    real_versions, real_resolve = releases.index_versions, releases.resolve
+    monkeypatch.setattr(side_mod, "ForkServer", Recorded)
+    monkeypatch.setattr(releases, "index_versions", lambda p, *a: (listed.append(p), real_versions(p, *a))[1])
+    monkeypatch.setattr(releases, "resolve", lambda p, v, *a: (resolved.append(v), real_resolve(p, v, *a))[1])
+    out = tmp_path / "sweeps"
+    result = sweep("sweep", "scrub-sweep", "scrub-again", "--releases", "1.0..2.1", "--out", str(out), "--json")
+    document = json.loads(result.stdout)
+    assert (result.exit_code, document["exit"]) == (3, 3), result.stderr  # 2.1: not present, in both
+    assert [s["experiment"] for s in document["sweeps"]] == ["scrub-sweep", "scrub-again"]
+    expected = {"affected": ["1.0", "1.1"], "fixed": ["2.0"], "not-present": ["2.1"]}
+    assert all(s["summary"] == expected for s in document["sweeps"])
+    assert len(started) == 1, "each sweep started its own fork server"
+    assert listed == ["scrubkv"], "the index was listed once per sweep"
+    assert sorted(resolved) == ["1.0", "1.1", "2.0", "2.1"], "a release was resolved once per sweep"
+    receipts = []
+    for entry, name in zip(document["sweeps"], ("scrub-sweep", "scrub-again"), strict=True):
+        assert entry["bundle"] == str((out / name).resolve())
+        receipts.append(json.loads((out / name / "receipt.json").read_text()))
+        verified = sweep("verify", str(out / name), "--expect-manifest-sha256", entry["manifest_sha256"])
+        assert verified.exit_code == 0, verified.stdout
+    assert receipts[0]["listing"] == receipts[1]["listing"]
+    modes = {p["mode"] for r in receipts for release in r["releases"] for p in release["execution"]["probes"]}
+    assert modes == {"forked"}
+    assert not started[0].running(), "the shared server outlived the invocation"
+
+
+def test_sweep_usage_errors_with_several_are_exit_2_and_run_nothing(world, sweep, two, tmp_path):  # noqa: F811
+    out = tmp_path / "taken"
+    (out / "scrub-again").mkdir(parents=True)
+    (out / "scrub-again" / "keep.txt").write_text("user data")
+    result = sweep("sweep", "scrub-sweep", "scrub-again", "--releases", "1.0..2.1", "--out", str(out))
+    assert result.exit_code == 2 and "refusing to overwrite" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["scrub-again"]
+    assert sweep("sweep", "scrub-sweep", "scrub-sweep").exit_code == 2
+    assert sweep("sweep", "--all", "scrub-sweep").exit_code == 2
+    assert sweep("sweep").exit_code == 2
