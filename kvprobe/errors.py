@@ -1,6 +1,6 @@
 """The error tree. The core raises these; only the CLI turns them into exit codes.
 
-Exit codes (DESIGN.md): 1 = the verdict asked for does not hold (a result, not an
+Exit codes (the README's command table): 1 = the verdict asked for does not hold (a result, not an
 error, so no class here maps to it except verification failures), 2 = usage or bad
 input, 3 = could not observe (network, git, pip, timeout, broken environment).
 """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# A bundle's files (DESIGN.md, "A bundle is a directory").
+# A bundle's files (README, "What a bundle holds").
 RECEIPT = "receipt.json"
 MANIFEST = "manifest.json"
 SUMS = "SHA256SUMS"

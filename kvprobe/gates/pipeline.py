@@ -1,6 +1,6 @@
 """`kvprobe gates`: check one SGLang PD deployment against the four acceptance gates.
 
-DOMAIN.md: "A version number is not an acceptance". Each gate is decided from what the
+The write-up behind the gates: "A version number is not an acceptance". Each gate is decided from what the
 deployment itself shows, and says which file or line decided it:
 
 1. pool/context      the startup log of each worker (scheduler + KV allocation lines)

@@ -31,7 +31,7 @@ class SourceKind(str, Enum):
 
 
 class Layer(str, Enum):
-    """Which evidence layer a receipt belongs to (DOMAIN.md: three layers)."""
+    """Which evidence layer a receipt belongs to (the README's "What the evidence shows": three layers)."""
 
     SYNTHETIC = "synthetic-model"
     UPSTREAM_TESTS = "upstream-tests"
