@@ -619,39 +619,59 @@ def _several_error(experiment_id: str, exc: KvprobeError, streams: Output) -> di
     return {"experiment": experiment_id, "error": exc.message, "exit": exc.exit_code}
 
 
-def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
-    """`kvprobe run A B ...`: every experiment checked before any runs, then each run in turn
-    (runner.run_experiments), its verdict block printed as it ends; the worst exit code."""
-    from kvprobe.cli.console import print_run_diagnostics, print_run_summary
+def _several(
+    ids: list[str],
+    opts: list[Any],
+    as_json: bool,
+    *,
+    kind: str,
+    check: Callable[[Any, Any], object],
+    outcomes_of: Callable[[list[tuple[Any, Any]], Any], Any],
+    report: Callable[[Output, str, Any], tuple[int, dict[str, Any]]],
+) -> int:
+    """`kvprobe run|sweep A B ...`: every experiment checked before any starts, then each in
+    turn (``outcomes_of`` yields (experiment, result or KvprobeError)), its block printed by
+    ``report`` as it ends (which returns its exit code and JSON summary); the worst exit code."""
     from kvprobe.experiments import experiment
-    from kvprobe.run.runner import check_run, run_experiments
 
     exps = [experiment.load(i) for i in ids]
     streams = _streams(as_json)
     for exp, o in zip(exps, opts, strict=True):
         _warn_shadowing(streams, exp.id)
-        check_run(exp, o)
+        check(exp, o)
     codes, documents = [], []
     # closing: the shared servers stop here, not whenever the generator is collected
-    outcomes = contextlib.closing(run_experiments(list(zip(exps, opts, strict=True)), streams.reporter()))
-    with outcomes as ran:
+    with contextlib.closing(outcomes_of(list(zip(exps, opts, strict=True)), streams.reporter())) as ran:
         for exp, outcome in ran:
             if isinstance(outcome, KvprobeError):
                 codes.append(outcome.exit_code)
                 documents.append(_several_error(exp.id, outcome, streams))
                 continue
-            codes.append(_VERDICT_EXIT[outcome.receipt["verdict"]])
-            if streams.verbosity > -2:
-                print_run_diagnostics(streams.err, outcome.receipt)
             if streams.results:
                 streams.out.print(f"experiment: {exp.id}", highlight=False, markup=False)
-                print_run_summary(
-                    streams.out, outcome.receipt, str(outcome.bundle), outcome.manifest_sha256, streams.verbosity
-                )
-            documents.append({**run_summary(outcome), "exit": codes[-1]})
+            code, summary = report(streams, exp.id, outcome)
+            codes.append(code)
+            documents.append({**summary, "exit": code})
     if as_json:
-        emit_json({"runs": documents, "exit": _worst(codes)})
+        emit_json({kind: documents, "exit": _worst(codes)})
     return _worst(codes)
+
+
+def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
+    """`kvprobe run A B ...` (runner.run_experiments): one verdict block per experiment."""
+    from kvprobe.cli.console import print_run_diagnostics, print_run_summary
+    from kvprobe.run.runner import check_run, run_experiments
+
+    def report(streams: Output, _exp_id: str, result: RunResult) -> tuple[int, dict[str, Any]]:
+        if streams.verbosity > -2:
+            print_run_diagnostics(streams.err, result.receipt)
+        if streams.results:
+            print_run_summary(
+                streams.out, result.receipt, str(result.bundle), result.manifest_sha256, streams.verbosity
+            )
+        return _VERDICT_EXIT[result.receipt["verdict"]], run_summary(result)
+
+    return _several(ids, opts, as_json, kind="runs", check=check_run, outcomes_of=run_experiments, report=report)
 
 
 @main.command("sweep")
@@ -756,35 +776,16 @@ def _sweep_exit(result: SweepResult) -> int:
 
 
 def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> int:
-    """`kvprobe sweep A B ...`: every experiment checked before any sweeps, then each swept in
-    turn (run.sweep.sweep_experiments), its block printed as it ends; the worst exit code."""
+    """`kvprobe sweep A B ...` (run.sweep.sweep_experiments): one sweep block per experiment."""
     from kvprobe.cli.console import print_sweep_summary
-    from kvprobe.experiments import experiment
     from kvprobe.run.sweep import check_sweep, sweep_experiments
 
-    exps = [experiment.load(i) for i in ids]
-    streams = _streams(as_json)
-    for exp, o in zip(exps, opts, strict=True):
-        _warn_shadowing(streams, exp.id)
-        check_sweep(exp, o)
-    codes, documents = [], []
-    outcomes = contextlib.closing(sweep_experiments(list(zip(exps, opts, strict=True)), streams.reporter()))
-    with outcomes as ran:
-        for exp, outcome in ran:
-            if isinstance(outcome, KvprobeError):
-                codes.append(outcome.exit_code)
-                documents.append(_several_error(exp.id, outcome, streams))
-                continue
-            codes.append(_sweep_exit(outcome))
-            if streams.results:
-                streams.out.print(f"experiment: {exp.id}", highlight=False, markup=False)
-                print_sweep_summary(
-                    streams.out, outcome.receipt.to_json(), str(outcome.bundle), outcome.manifest_sha256
-                )
-            documents.append({"experiment": exp.id, **_sweep_summary(outcome), "exit": codes[-1]})
-    if as_json:
-        emit_json({"sweeps": documents, "exit": _worst(codes)})
-    return _worst(codes)
+    def report(streams: Output, exp_id: str, result: SweepResult) -> tuple[int, dict[str, Any]]:
+        if streams.results:
+            print_sweep_summary(streams.out, result.receipt.to_json(), str(result.bundle), result.manifest_sha256)
+        return _sweep_exit(result), {"experiment": exp_id, **_sweep_summary(result)}
+
+    return _several(ids, opts, as_json, kind="sweeps", check=check_sweep, outcomes_of=sweep_experiments, report=report)
 
 
 def run_summary(result: RunResult) -> dict[str, Any]:
