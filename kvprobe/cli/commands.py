@@ -456,6 +456,7 @@ def _run_options(
     timeout: int,
     preload: bool = True,
     keep_server_s: float | None = None,
+    repeat: int = 1,
 ) -> RunOptions:
     from kvprobe.run.runner import RunOptions
 
@@ -467,6 +468,7 @@ def _run_options(
         timeout_s=float(timeout),
         preload=preload,
         keep_server_s=keep_server_s,
+        repeat=repeat,
     )
     if jobs is not None:
         opts.jobs = jobs
@@ -550,6 +552,15 @@ def _worst(codes: list[int]) -> int:
     "as its [expect] tables (exit 0 written, 1 declined).",
 )
 @click.option("--yes", is_flag=True, help="With --record-expectations: write without asking.")
+@click.option(
+    "--repeat",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="N",
+    help="Run each side's probes N times (upstream tests run once); a case whose observations "
+    "differ between runs is unstable: never a match, and could-not-observe where expected.",
+)
 @guarded
 def run_cmd(
     experiment_ids: tuple[str, ...],
@@ -566,6 +577,7 @@ def run_cmd(
     keep_server: bool = False,
     server_idle: int | None = None,
     every: bool = False,
+    repeat: int = 1,
 ) -> int:
     """Reproduce experiments into evidence bundles, one per experiment (exit 0 reproduced, 1 not,
     3 could not observe; with several, the worst of them: 2 over 3 over 1 over 0).
@@ -588,7 +600,9 @@ def run_cmd(
             if given is not None:
                 raise UsageError(f"{flag} applies to one experiment: run it with one id")
         opts = [
-            _run_options(None, out / i if out else None, None, torch_index, jobs, timeout, not no_preload, keep_s)
+            _run_options(
+                None, out / i if out else None, None, torch_index, jobs, timeout, not no_preload, keep_s, repeat
+            )
             for i in ids
         ]
         return _run_several(ids, opts, as_json)
@@ -596,7 +610,9 @@ def run_cmd(
     streams = _streams(as_json)
     _warn_shadowing(streams, exp.id)
     result = run_experiment(
-        exp, _run_options(pins, out, repo, torch_index, jobs, timeout, not no_preload, keep_s), streams.reporter()
+        exp,
+        _run_options(pins, out, repo, torch_index, jobs, timeout, not no_preload, keep_s, repeat),
+        streams.reporter(),
     )
     if streams.verbosity > -2:
         print_run_diagnostics(streams.err, result.receipt)

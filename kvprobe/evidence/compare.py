@@ -7,7 +7,7 @@ verifier can recompute exactly what the receipt states from the files alone.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvprobe.checks.results import (
@@ -270,19 +270,30 @@ def compare(
     probe_problems: Mapping[str, Mapping[str, str]],
     test_runs: Mapping[str, Mapping[str, Any]],
     algorithm: str = ALGORITHM,
+    repeats: Mapping[str, Mapping[str, Sequence[Mapping[str, Any] | None]]] | None = None,
 ) -> dict[str, Any]:
     """The comparison block of a receipt, verdict included.
 
     ``algorithm`` is ALGORITHM, or a predecessor when verify recomputes an older bundle
     (see PREDECESSORS for their rules; their blocks name the algorithm they were made by).
+    ``repeats`` (``run --repeat N``, N > 1): per side and probe, the outputs of runs 2..N (None
+    where that run had a problem, which the caller lists in ``probe_problems``). A case whose
+    table entry differs between runs on a side is unstable: its rows are neither match nor
+    mismatch, and an expectation on it gives could-not-observe. None: one run, no such keys.
     """
     legacy = algorithm in _COMPARE_2_TEST_RULES
     observing = algorithm not in _BEFORE_OBSERVATION
     tables = {side: case_table(probe_docs.get(side, {}), observation=observing) for side in SIDES}
     rows = observation_rows(expect, tables, presence=algorithm == ALGORITHM)
+    unstable = unstable_cases(tables, repeats, observation=observing) if repeats is not None else None
+    for r in rows:
+        if unstable and any(r["case"] in unstable[side] for side in SIDES):
+            r.update(base_ok=None, head_ok=None, unstable=True)
     trows, tsummary = test_rows(test_runs, legacy=legacy, subtests_fail=algorithm not in _SUBTESTS_AS_REPORTED)
     declared_tests = {} if legacy else {p: e for p, e in (expect.get("tests") or {}).items() if p in tsummary}
-    verdict, reasons = _verdict(expect, rows, trows, tsummary, probe_problems, tables, declared_tests, legacy)
+    verdict, reasons = _verdict(
+        expect, rows, trows, tsummary, probe_problems, tables, declared_tests, legacy, unstable or {}
+    )
     declared = [r for r in rows if r["expected_base_declared"] or r["expected_head_declared"]]
     counts = {
         "observations_expected": len(declared),
@@ -295,7 +306,12 @@ def compare(
         counts["error_to_pass"] = sum(1 for r in trows if r["transition"] == Transition.ERROR_TO_PASS.value)
     if algorithm not in _SUBTESTS_AS_REPORTED:
         counts.update(observation_kinds(rows))
-    return {
+    extra: dict[str, Any] = {}
+    if repeats is not None and unstable is not None:
+        runs = 1 + max((len(v) for side in SIDES for v in repeats.get(side, {}).values()), default=0)
+        counts["unstable_cases"] = sum(len(unstable[side]) for side in SIDES)
+        extra = {"repeats": runs, "unstable": {side: unstable[side] for side in SIDES}}
+    return extra | {
         "algorithm": algorithm,
         "verdict": verdict.value,
         "reasons": reasons,
@@ -316,11 +332,14 @@ def _verdict(
     tables: Mapping[str, dict[str, Any]],
     declared_tests: Mapping[str, Any],
     legacy: bool,
+    unstable: Mapping[str, Mapping[str, str]],
 ) -> tuple[Verdict, list[str]]:
     """The verdict rules, in order (README, "How a verdict is reached"):
 
     1. error: a check could not be observed (probe or test-run problem, a test hit the
        timeout or an infrastructure error), or nothing ran at all;
+    (could-not-observe: a case with expectations differed between repeats, or did not reach
+       its decision point;)
     2. not-reproduced: a declared observation differs; a head test does not pass; a test
        file with declared sets has a test outside its FAIL_TO_PASS/PASS_TO_PASS sets (or a
        declared one missing) or another base failure kind than declared; test files without
@@ -343,7 +362,15 @@ def _verdict(
         return Verdict.ERROR, errors
     if not any(tables[s] for s in SIDES) and not trows:
         return Verdict.ERROR, ["nothing ran: no probe case and no upstream test produced a result"]
-    unobserved = _unobserved(rows, tables)
+    declared_cases = {r["case"] for r in rows if r["expected_base_declared"] or r["expected_head_declared"]}
+    shaky = [
+        f"{side}: {key}: {why}"
+        for side in SIDES
+        for key, why in unstable.get(side, {}).items()
+        if key in declared_cases
+    ]
+    rows = [r for r in rows if not r.get("unstable")]  # neither match nor mismatch
+    unobserved = shaky + _unobserved(rows, tables)
     if unobserved:
         return Verdict.COULD_NOT_OBSERVE, unobserved
     reasons = []
@@ -381,6 +408,58 @@ def _unobserved(rows: list[dict[str, Any]], tables: Mapping[str, dict[str, Any]]
         for side in SIDES
         for key in sorted(k for s, k in found if s == side)
     ]
+
+
+def repeat_problems(failed: Mapping[str, Sequence[str | None]]) -> dict[str, str]:
+    """``probe_problems`` entries for the repeats (runs 2..N) of each probe that had a problem."""
+    return {
+        f"{name}#{run}": f"{name} (run {run}): {problem}"
+        for name, problems in failed.items()
+        for run, problem in enumerate(problems, start=2)
+        if problem is not None
+    }
+
+
+def unstable_cases(
+    tables: Mapping[str, dict[str, Any]],
+    repeats: Mapping[str, Mapping[str, Sequence[Mapping[str, Any] | None]]],
+    *,
+    observation: bool = True,
+) -> dict[str, dict[str, str]]:
+    """``{side: {probe/case: why}}`` for each case whose table entry differs between the first run
+    and a repeat: a status, the observation state, or an observation (the first one named)."""
+    found: dict[str, dict[str, str]] = {side: {} for side in SIDES}
+    for side in SIDES:
+        for name, docs in sorted(repeats.get(side, {}).items()):
+            first = {k: v for k, v in tables[side].items() if k.startswith(f"{name}/")}
+            for run, doc in enumerate(docs, start=2):
+                if doc is None:
+                    continue  # a problem: the verdict is error before stability matters
+                again = case_table({name: doc}, observation=observation)
+                for key in sorted(set(first) | set(again)):
+                    if key not in found[side]:
+                        why = _difference(first.get(key), again.get(key), run)
+                        if why is not None:
+                            found[side][key] = f"unstable across repeats: {why}"
+    return {side: dict(sorted(found[side].items())) for side in SIDES}
+
+
+def _difference(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, run: int) -> str | None:
+    """What differs between run 1's and run ``run``'s entries for one case (None: nothing)."""
+    if a is None or b is None:
+        return f"the case was {'recorded' if a is not None else 'absent'} in run 1, not in run {run}"
+    for field_ in ("status", "observation"):
+        if a.get(field_) != b.get(field_):
+            return f"{field_} was {a.get(field_)!r} in run 1, {b.get(field_)!r} in run {run}"
+    for name in sorted(set(a["observations"]) | set(b["observations"])):
+        x, y = a["observations"].get(name, _ABSENT), b["observations"].get(name, _ABSENT)
+        if x is _ABSENT or y is _ABSENT or not _same(x, y):
+            shown = ["absent" if v is _ABSENT else repr(v) for v in (x, y)]
+            return f"observation {name!r} was {shown[0]} in run 1, {shown[1]} in run {run}"
+    return None
+
+
+_ABSENT = object()
 
 
 def unobserved_text(case: Mapping[str, Any]) -> str:

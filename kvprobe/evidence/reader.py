@@ -128,5 +128,11 @@ def cited_raw(receipt: dict[str, Any]) -> list[tuple[str, str, str, dict[str, An
     for side in SIDES:
         block = receipt["sides"][side]
         found += [(side, "probe", p["raw"]["path"], p) for p in block["probes"] if p["raw"]]
+        found += [
+            (side, "probe", r["raw"]["path"], {**r, "name": p["name"]})  # runs 2..N (run --repeat)
+            for p in block["probes"]
+            for r in p.get("repeats") or []
+            if r["raw"]
+        ]
         found += [(side, "test", t["raw"]["path"], t) for t in block["tests"]]
     return found

@@ -173,13 +173,29 @@ class ProbeRecord(Part):
 
 
 @dataclass(frozen=True)
+class RunProbeRecord(ProbeRecord):
+    """A run receipt's probe record: a sweep's, and runs 2..N when the run repeated (``run --repeat N``)."""
+
+    repeats: tuple[ProbeRepeat, ...] | None = field(default=None, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class ProbeRepeat(Part):
+    """A further run of one probe on one side (``run --repeat``): its raw output, or its problem."""
+
+    raw: FileRef | None
+    exit_code: int | None
+    problem: str | None
+
+
+@dataclass(frozen=True)
 class SideRecord(Part):
     """One side: the pin, the tree it resolved to, and the checks that ran on it."""
 
     pin: Mapping[str, Any]
     source: Mapping[str, Any]
     tests: tuple[TestRecord, ...]
-    probes: tuple[ProbeRecord, ...]
+    probes: tuple[RunProbeRecord, ...]
 
 
 @dataclass(frozen=True)
@@ -326,6 +342,7 @@ class Receipt(ReceiptHead):
     evidence: EvidenceScope
     timings: Mapping[str, float]
     execution: ExecutionRecord | None = field(default=None, metadata=OPTIONAL)  # absent before the fork server
+    repeats: int | None = field(default=None, metadata=OPTIONAL)  # run --repeat N, N > 1; absent: one run
 
     def cited(self) -> list[tuple[str, str, FileRef]]:
         """(side, "test" | "probe", raw file) for every raw document the receipt cites."""

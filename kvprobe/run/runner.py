@@ -31,8 +31,9 @@ from kvprobe.model.receipt import (
     ExecutionRecord,
     ExperimentRef,
     PinSetRef,
-    ProbeRecord,
+    ProbeRepeat,
     Receipt,
+    RunProbeRecord,
     SharedServerRecord,
     SideRecord,
     TestRecord,
@@ -71,6 +72,7 @@ class RunOptions:
     preload: bool = True  # checks fork from one preloaded interpreter; False: a fresh one each
     keep_server_s: float | None = None  # that interpreter kept between runs, exiting after this long unused
     bundles_dir: Path = field(default_factory=lambda: Path("bundles"))
+    repeat: int = 1  # run --repeat N: each side's probes run N times; a case that differs is unstable
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,7 @@ def run_experiment(
         server, fresh_reason = server_ready(server, fresh_reason, reporter)  # what the first check waits on
         if server is None and opts.keep_server_s is not None:
             reporter.note(f"checks run fresh: {fresh_reason}")  # asked for a kept server, not given one
-        ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server)
+        ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server, opts.repeat)
         timings["preload_s"] = time.monotonic() - clock
         clock = time.monotonic()
         with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
@@ -245,7 +247,8 @@ def run_experiment(
         execution = execution_record(server, fresh_reason, checks)
         if servers is not None:
             execution = replace(execution, shared=servers.record(exp, server))
-        receipt = _receipt(plan, RunOutputs(sides, env, env_vars, checks, staging, timings, execution))
+        outputs = RunOutputs(sides, env, env_vars, checks, staging, timings, execution)
+        receipt = _receipt(plan, outputs, opts.repeat)
         result = _write_bundle(exp, receipt, staging, final)
         return result
     finally:
@@ -511,7 +514,7 @@ def _head_test_files(exp: Experiment, pin_set: PinSet, sides: dict[Side, dict[st
 # --- receipt and bundle ------------------------------------------------------------------
 
 
-def _receipt(plan: RunPlan, out: RunOutputs) -> Receipt:
+def _receipt(plan: RunPlan, out: RunOutputs, repeat: int = 1) -> Receipt:
     exp, pin_set, staging = plan.exp, plan.pin_set, out.staging
     timings = dict(out.timings)
     probe_dir = copy_into_bundle(exp, staging)
@@ -520,6 +523,7 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> Receipt:
     problems: dict[str, dict[str, str]] = {}
     test_runs: dict[str, dict[str, Any]] = {}
     mocks: dict[str, Any] = {}
+    repeat_docs: dict[str, dict[str, list[Any]]] = {}
     for side in (Side.BASE, Side.HEAD):
         c = out.checks[side]
         side_records[side.value] = SideRecord(
@@ -530,19 +534,30 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> Receipt:
         )
         probe_docs[side.value] = {p["name"]: p["run"].output for p in c["probes"] if p["run"].ok}
         problems[side.value] = {p["name"]: p["run"].problem for p in c["probes"] if not p["run"].ok}
+        if repeat > 1:
+            again = {p["name"]: [r["run"] for r in p.get("repeats", [])] for p in c["probes"]}
+            repeat_docs[side.value] = {n: [r.output if r.ok else None for r in runs] for n, runs in again.items()}
+            failed = {n: [None if r.ok else r.problem for r in runs] for n, runs in again.items()}
+            problems[side.value] |= compare.repeat_problems(failed)
         for t in c["tests"]:
             test_runs.setdefault(t["path"], {})[side.value] = t["doc"]
         for p in c["probes"]:
             if p["run"].ok:
                 mocks.setdefault(p["name"], p["run"].output["mocks"])
         timings[f"{side.value}_checks_s"] = sum(t["duration_s"] for t in c["tests"]) + sum(
-            p["run"].duration_s for p in c["probes"]
+            p["run"].duration_s + sum(r["run"].duration_s for r in p.get("repeats", [])) for p in c["probes"]
         )
     expectations = {s: exp.expectations.get(s, {}) for s in SIDES}
     if exp.expectations.get("tests"):
         expectations["tests"] = exp.expectations["tests"]
     comparison = Comparison.from_json(
-        compare.compare(expect=expectations, probe_docs=probe_docs, probe_problems=problems, test_runs=test_runs)
+        compare.compare(
+            expect=expectations,
+            probe_docs=probe_docs,
+            probe_problems=problems,
+            test_runs=test_runs,
+            repeats=repeat_docs or None,
+        )
     )
     records = compare.probe_records(probe_docs)
     return Receipt(
@@ -583,6 +598,7 @@ def _receipt(plan: RunPlan, out: RunOutputs) -> Receipt:
         ),
         timings={k: round(v, 3) for k, v in timings.items()},
         execution=out.execution,
+        repeats=repeat if repeat > 1 else None,
     )
 
 
@@ -592,10 +608,19 @@ def _test_record(ran: dict[str, Any], staging: Path) -> TestRecord:
     return TestRecord(ran["path"], cite(ran["raw"], staging), junit, doc["exit_code"], doc["overlay"], doc["problem"])
 
 
-def _probe_record(ran: dict[str, Any], probe_dir: Path, staging: Path) -> ProbeRecord:
+def _probe_record(ran: dict[str, Any], probe_dir: Path, staging: Path) -> RunProbeRecord:
     raw = cite(ran["raw"], staging) if ran["raw"] is not None else None
-    return ProbeRecord(
-        ran["name"], cite(probe_dir / ran["path"], staging), raw, ran["run"].exit_code, ran["run"].problem
+    repeats = tuple(
+        ProbeRepeat(cite(r["raw"], staging) if r["raw"] is not None else None, r["run"].exit_code, r["run"].problem)
+        for r in ran.get("repeats", [])
+    )
+    return RunProbeRecord(
+        ran["name"],
+        cite(probe_dir / ran["path"], staging),
+        raw,
+        ran["run"].exit_code,
+        ran["run"].problem,
+        repeats or None,
     )
 
 

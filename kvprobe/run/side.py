@@ -120,6 +120,7 @@ class CheckContext:
     work: Path
     timeout_s: float
     server: ForkServer | None = None  # checks fork from its preloaded interpreter; None: fresh ones
+    repeat: int = 1  # run --repeat N: each probe runs N times
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,12 @@ def run_side(
         for check in ctx.exp.probes:
             reporter.update(f"{side.value}: probe {check.name}")
             probe_runs.append(run_probe(ctx, paths.sub("probes"), check))
+            again = []
+            for run in range(2, ctx.repeat + 1):  # run --repeat N: the same probe, same server, again
+                reporter.update(f"{side.value}: probe {check.name} (run {run} of {ctx.repeat})")
+                again.append(run_probe(ctx, paths.sub("probes"), check, run))
+            if again:
+                probe_runs[-1]["repeats"] = again
     return {"tests": tests, "probes": probe_runs}
 
 
@@ -209,10 +216,13 @@ def run_test(ctx: CheckContext, paths: CheckPaths, tree: Path, rel: str, data: b
     }
 
 
-def run_probe(ctx: CheckContext, paths: CheckPaths, check: ProbeCheck) -> dict[str, Any]:
+def run_probe(ctx: CheckContext, paths: CheckPaths, check: ProbeCheck, nth: int = 1) -> dict[str, Any]:
+    """One run of a probe on one side; run 2..N (``run --repeat``) write ``<name>.repeat-<run>.json``."""
+    if nth > 1:
+        paths = replace(paths, logs=paths.logs / f"repeat-{nth}")
     paths.raw.mkdir(parents=True, exist_ok=True)
     paths.logs.mkdir(parents=True, exist_ok=True)
-    out = paths.raw / f"{check.name}.json"
+    out = paths.raw / (f"{check.name}.json" if nth == 1 else f"{check.name}.repeat-{nth}.json")
     pin = ctx.pin_set.pin(paths.side)
     side_config: dict[str, Any] = {"side": paths.side.value}
     if isinstance(pin, ModelPin):  # the synthetic pin set's sides are model switches

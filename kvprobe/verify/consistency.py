@@ -124,6 +124,9 @@ def citations(receipt: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
             found.append((f"sides.{side}.probes[{i}].source", probe["source"]))
             if probe["raw"]:
                 found.append((f"sides.{side}.probes[{i}].raw", probe["raw"]))
+            for k, again in enumerate(probe.get("repeats") or []):
+                if again["raw"]:
+                    found.append((f"sides.{side}.probes[{i}].repeats[{k}].raw", again["raw"]))
         for i, test in enumerate(block["tests"]):
             found.append((f"sides.{side}.tests[{i}].raw", test["raw"]))
             if test.get("junit"):
@@ -162,9 +165,31 @@ def placement_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
         found += _duplicates([t["path"] for t in block["tests"]], f"sides.{side}.tests")
         for probe in block["probes"]:
             found += _probe_placement(side, exp_id, probe)
+            found += _repeat_placement(side, probe, receipt.get("repeats", 1))
         for test in block["tests"]:
             found += _test_placement(side, test)
     found += _sides_share_probes(receipt)
+    return found
+
+
+def _repeat_placement(side: str, probe: dict[str, Any], repeats: int) -> list[BundleDefect]:
+    """A receipt of ``run --repeat N`` records runs 2..N of every probe, each at its own path;
+    one of a single run records none."""
+    name, again = probe["name"], probe.get("repeats") or []
+    if len(again) != repeats - 1:
+        return [
+            RecordMismatch(
+                RECEIPT,
+                f"{side} probe {name!r}: the receipt records {repeats} run(s), this probe {len(again) + 1}",
+            )
+        ]
+    found: list[BundleDefect] = []
+    for run, rec in enumerate(again, start=2):
+        want = f"raw/{side}/probes/{name}.repeat-{run}.json"
+        if rec["raw"] and rec["raw"]["path"] != want:
+            found.append(CitationMisplaced(rec["raw"]["path"], f"{side} probe {name!r} run {run}: expected {want}"))
+        if rec["raw"] is None and not (isinstance(rec["problem"], str) and rec["problem"]):
+            found.append(RecordMismatch(RECEIPT, f"{side} probe {name!r} run {run}: no output and no problem"))
     return found
 
 
@@ -258,11 +283,13 @@ def _test_record(rel: str, doc: dict[str, Any], side: str, record: dict[str, Any
 # --- recompute ---------------------------------------------------------------------------
 
 
-def recompute_inputs(bundle: Bundle) -> tuple[dict, dict, dict] | None:
-    """compare() inputs from the raw outputs; None when one of them is unusable."""
+def recompute_inputs(bundle: Bundle) -> tuple[dict, dict, dict, dict | None] | None:
+    """compare() inputs from the raw outputs (the repeats' too: None for one run); None when one
+    of them is unusable."""
     docs: dict[str, dict] = {s: {} for s in SIDES}
     problems: dict[str, dict] = {s: {} for s in SIDES}
     runs: dict[str, dict] = {}
+    repeats: dict[str, dict] = {s: {} for s in SIDES}
     for side in SIDES:
         block = bundle.accepted_receipt["sides"][side]
         for probe in block["probes"]:
@@ -272,11 +299,18 @@ def recompute_inputs(bundle: Bundle) -> tuple[dict, dict, dict] | None:
                 docs[side][probe["name"]] = bundle.raw_docs[probe["raw"]["path"]]
             else:
                 return None
+        for probe in block["probes"]:  # after every first run's problem, as the run lists them
+            again = probe.get("repeats") or []
+            if any(r["raw"] is not None and r["raw"]["path"] not in bundle.raw_docs for r in again):
+                return None
+            repeats[side][probe["name"]] = [bundle.raw_docs[r["raw"]["path"]] if r["raw"] else None for r in again]
+            failed = [None if r["raw"] is not None else r["problem"] for r in again]
+            problems[side] |= compare.repeat_problems({probe["name"]: failed})
         for test in block["tests"]:
             if test["raw"]["path"] not in bundle.raw_docs:
                 return None
             runs.setdefault(test["path"], {})[side] = bundle.raw_docs[test["raw"]["path"]]
-    return docs, problems, runs
+    return docs, problems, runs, repeats if bundle.accepted_receipt.get("repeats") else None
 
 
 def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
@@ -295,10 +329,15 @@ def recompute_defects(bundle: Bundle) -> list[BundleDefect]:
     inputs = recompute_inputs(bundle)
     if inputs is None:
         return [RecomputeFailed(RECEIPT, "a cited raw output is unusable (step 2): comparison not recomputed")]
-    docs, problems, runs = inputs
+    docs, problems, runs, repeats = inputs
     try:
         comp = compare.compare(
-            expect=receipt["expectations"], probe_docs=docs, probe_problems=problems, test_runs=runs, algorithm=made_by
+            expect=receipt["expectations"],
+            probe_docs=docs,
+            probe_problems=problems,
+            test_runs=runs,
+            algorithm=made_by,
+            repeats=repeats,
         )
     except (KeyError, TypeError, ValueError, AttributeError, KvprobeError) as exc:
         return [RecomputeFailed(RECEIPT, f"raw outputs cannot be compared: {type(exc).__name__}: {exc}")]
