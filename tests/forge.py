@@ -368,3 +368,29 @@ def tamper_file(path: Path, data: bytes, *, keep_stat: bool) -> None:
     if keep_stat:
         os.chmod(path, before.st_mode)
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def add_repeats(root: Path, again: dict[str, list[dict[str, Any]]]) -> None:
+    """Make ``root`` (from build()) a bundle of ``run --repeat N``: ``again[side]`` are the probe's
+    outputs of runs 2..N, written and cited as a run writes them, with the comparison they give."""
+    receipt = load(root, "receipt.json")
+    docs = {side: {PROBE: load(root, f"raw/{side}/probes/{PROBE}.json")} for side in SIDES}
+    for side in SIDES:
+        refs = [
+            _write(root, f"raw/{side}/probes/{PROBE}.repeat-{run}.json", dumps(doc))
+            for run, doc in enumerate(again[side], start=2)
+        ]
+        receipt["sides"][side]["probes"][0]["repeats"] = [{"raw": ref, "exit_code": 0, "problem": None} for ref in refs]
+    runs = {TEST_PATH: {side: load(root, f"raw/{side}/tests/{TEST_RAW}.json") for side in SIDES}}
+    comparison = compare.compare(
+        expect=receipt["expectations"],
+        probe_docs=docs,
+        probe_problems={"base": {}, "head": {}},
+        test_runs=runs,
+        repeats={side: {PROBE: again[side]} for side in SIDES},
+    )
+    receipt.update(comparison=comparison, verdict=comparison["verdict"], repeats=1 + len(again["base"]))
+    schema.validate(receipt, "kvprobe.receipt/1", source="forge receipt")
+    (root / "receipt.json").write_bytes(dumps(receipt))
+    (root / "README.md").write_bytes(render_readme(receipt).encode("utf-8"))
+    rehash(root)

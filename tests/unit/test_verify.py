@@ -737,3 +737,66 @@ def test_bundle_from_a_predecessor_comparison_that_differs_is_named_not_called_f
     defect = assert_defect(doc, "comparison-algorithm-unknown", "receipt.json", step=4)
     assert "subtests" in defect["detail"] and "failure_kinds" in defect["detail"]
     assert not any(d["code"] in ("forged-verdict", "comparison-mismatch") for d in defects(doc))
+
+
+# --- run --repeat: stability is recomputed from every bundled repeat ----------------------
+
+
+def _repeated(env, flip_head_run: int | None = None) -> dict:
+    """The forge's bundle as ``run --repeat 3`` writes it; ``flip_head_run``: that head run saw
+    the bug (the case is unstable)."""
+    again = {side: [forge.probe_doc(side), forge.probe_doc(side)] for side in ("base", "head")}
+    if flip_head_run is not None:
+        again["head"][flip_head_run - 2]["cases"][0]["observations"]["enqueued"] = True
+    forge.add_repeats(env["bundle"], again)
+    return forge.load(env["bundle"], "receipt.json")
+
+
+def test_stable_repeats_verify_and_keep_the_verdict(env):
+    receipt = _repeated(env)
+    assert receipt["verdict"] == "reproduced" and receipt["repeats"] == 3
+    doc = verify(env, env["bundle"], code=0)
+    assert defects(doc) == []
+
+
+def test_unstable_repeats_verify_as_could_not_observe(env):
+    receipt = _repeated(env, flip_head_run=3)
+    assert receipt["verdict"] == "could-not-observe"
+    assert receipt["comparison"]["reasons"] == [
+        "head: doors/reject: unstable across repeats: observation 'enqueued' was False in run 1, True in run 3"
+    ]
+    assert defects(verify(env, env["bundle"], code=0)) == []
+
+
+def test_a_receipt_that_claims_stable_when_the_repeats_differ_is_refused(env):
+    _repeated(env, flip_head_run=2)
+
+    def claim_stable(receipt):
+        receipt["comparison"]["unstable"]["head"] = {}
+        receipt["comparison"]["reasons"] = []
+        receipt["comparison"]["counts"]["unstable_cases"] = 0
+        for row in receipt["comparison"]["observations"]:
+            if row.pop("unstable", False):
+                row["base_ok"] = row["head_ok"] = True
+        receipt["verdict"] = receipt["comparison"]["verdict"] = "reproduced"
+
+    forge.edit_receipt(env["bundle"], claim_stable)
+    doc = verify(env, env["bundle"], code=1)
+    defect = assert_defect(doc, "forged-verdict", "receipt.json", step=4)
+    assert "'could-not-observe'" in defect["detail"]
+
+
+@pytest.mark.parametrize("drop", ["a-repeat", "the-count"])
+def test_a_receipt_that_drops_a_repeat_is_refused(env, drop):
+    _repeated(env, flip_head_run=3)
+
+    def dropped(receipt):
+        if drop == "a-repeat":  # the run that differed is no longer cited: it would look stable
+            receipt["sides"]["head"]["probes"][0]["repeats"].pop()
+        else:
+            receipt["repeats"] = 2
+
+    forge.edit_receipt(env["bundle"], dropped)
+    doc = verify(env, env["bundle"], code=1)
+    found = [d for d in defects(doc) if d["code"] == "record-mismatch" and "run(s)" in d["detail"]]
+    assert found, json.dumps(defects(doc), indent=1)
