@@ -119,6 +119,43 @@ def drift_toml(fake: FakeUpstream) -> str:
     )
 
 
+REPEAT_PROBE = '''"""One case records the same value every run, one a fresh random token (unstable)."""
+import uuid
+
+import kvprobe_probe as kp
+from minikv import BlockPool
+
+probe = kp.Probe("repeat_probe", mocks={"nothing": "minikv has no transport to mock"})
+
+
+@probe.case("steady")
+def _(obs):
+    obs.record("blocks", len([BlockPool(2).alloc("a")]))
+
+
+@probe.case("jitter")
+def _(obs):
+    obs.record("token", uuid.uuid4().hex)
+
+
+if __name__ == "__main__":
+    probe.main()
+'''
+
+
+def repeat_toml(fake: FakeUpstream) -> str:
+    """fake-fix's pins with a probe whose ``jitter`` case differs on every run."""
+    head, _, _ = experiment_toml(fake).partition("[checks]")
+    return (
+        head.replace('id = "fake-fix"', 'id = "fake-repeat"')
+        + '[checks]\nprobes = [{ path = "repeat_probe.py" }]\n'
+        + '[expect.base."repeat_probe/steady"]\nblocks = 1\n'
+        + '[expect.head."repeat_probe/steady"]\nblocks = 1\n'
+        + '[expect.head."repeat_probe/jitter"]\ntoken = "0"\n'
+        + '[scope]\nshows = "nothing"\ndoes_not_show = ["anything"]\n'
+    )
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("world")
@@ -133,6 +170,10 @@ def world(tmp_path_factory):
     drift.mkdir()
     (drift / "experiment.toml").write_text(drift_toml(fake))
     (drift / "drift_probe.py").write_text(DRIFT_PROBE)
+    again = root / "probes" / "fake-repeat"
+    again.mkdir()
+    (again / "experiment.toml").write_text(repeat_toml(fake))
+    (again / "repeat_probe.py").write_text(REPEAT_PROBE)
     return {"root": root, "fake": fake, "probes": root / "probes", "cache": root / "cache"}
 
 
@@ -212,6 +253,56 @@ def test_a_case_base_cannot_reach_is_could_not_observe_exit_3(cli, tmp_path):
         "base: drift_probe/scrub.clears: not present in this release: minikv.pool.BlockPool.scrub"
     ]
     assert cli("verify", str(out)).exit_code == 0
+
+
+def test_repeat_marks_the_case_that_differs_unstable_and_verify_recomputes_it(cli, tmp_path):
+    """--repeat 3: the random case is unstable on both sides (its expectation is could-not-observe,
+    not a mismatch), the steady one holds; the bundle cites every run and verifies; a receipt
+    that claims the repeats agreed is refused."""
+    out = tmp_path / "repeat"
+    result = cli("run", "fake-repeat", "--repeat", "3", "--out", str(out), "--json")
+    summary = json.loads(result.stdout)
+    assert result.exit_code == 3, summary["reasons"]
+    assert summary["verdict"] == "could-not-observe"
+    assert len(summary["reasons"]) == 2  # the case has an expectation: each side that differed is named
+    for side, reason in zip(("base", "head"), summary["reasons"], strict=True):
+        assert re.fullmatch(
+            rf"{side}: repeat_probe/jitter: unstable across repeats: observation 'token' was '[0-9a-f]{{32}}' "
+            r"in run 1, '[0-9a-f]{32}' in run 2",
+            reason,
+        )
+    receipt = json.loads((out / "receipt.json").read_text())
+    assert receipt["repeats"] == 3 and receipt["comparison"]["repeats"] == 3
+    assert {side: list(cases) for side, cases in receipt["comparison"]["unstable"].items()} == {
+        "base": ["repeat_probe/jitter"],
+        "head": ["repeat_probe/jitter"],
+    }
+    steady = [r for r in receipt["comparison"]["observations"] if r["case"] == "repeat_probe/steady"]
+    assert steady and all(r["base_ok"] and r["head_ok"] and "unstable" not in r for r in steady)
+    for side in ("base", "head"):
+        cited = [r["raw"]["path"] for r in receipt["sides"][side]["probes"][0]["repeats"]]
+        assert cited == [f"raw/{side}/probes/repeat_probe.repeat-{n}.json" for n in (2, 3)]
+        assert all((out / rel).is_file() for rel in cited)
+    assert cli("verify", str(out)).exit_code == 0
+
+    forged = tmp_path / "forged"
+    shutil.copytree(out, forged)
+
+    def claim_stable(doc):
+        doc["sides"]["head"]["probes"][0]["repeats"] = doc["sides"]["head"]["probes"][0]["repeats"][:1]
+
+    from tests import forge
+
+    forge.edit_receipt(forged, claim_stable)
+    refused = cli("verify", str(forged), "--json")
+    assert refused.exit_code == 1
+    assert "record-mismatch" in refused.stdout and "run(s)" in refused.stdout
+
+
+def test_repeat_zero_is_bad_input(cli, tmp_path):
+    result = cli("run", "fake-fix", "--repeat", "0", "--out", str(tmp_path / "none"))
+    assert result.exit_code == 2 and "--repeat" in result.stderr
+    assert not (tmp_path / "none").exists()
 
 
 def test_missing_sha_is_exit_3_with_a_clear_message(cli, tmp_path):
