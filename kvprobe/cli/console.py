@@ -325,6 +325,8 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
             continue
         expected = f"{_exp(row, 'base')} → {_exp(row, 'head')}"
         mark = ("✓" if good else "✗") if checked else "unchecked"
+        if row.get("unstable"):  # run --repeat: it differed between runs, neither match nor mismatch
+            mark = "unstable"
         rows.append((data(row["case"]), data(row["observation"]), _obs(row, "base"), _obs(row, "head"), expected, mark))
     if rows and not console.is_terminal:
         table = Table(title="observations (base vs head)", title_justify="left")

@@ -95,6 +95,29 @@ def test_the_headline_counts_flips_and_controls_apart_and_no_row_without_expecta
     assert "unchecked" in extra and "✓" not in extra
 
 
+def test_a_row_that_differed_between_repeats_is_marked_unstable_not_a_cross():
+    from kvprobe.cli.console import print_run_summary
+    from kvprobe.evidence.compare import compare
+
+    def doc(enqueued):
+        return {"probe": "p", "cases": [{"name": "c", "status": "ok", "observations": {"enqueued": enqueued}}]}
+
+    expect = {"base": {"p/c": {"enqueued": True}}, "head": {"p/c": {"enqueued": False}}}
+    comp = compare(
+        expect=expect,
+        probe_docs={"base": {"p": doc(True)}, "head": {"p": doc(False)}},
+        probe_problems={},
+        test_runs={},
+        repeats={"base": {"p": [doc(True)]}, "head": {"p": [doc(True)]}},
+    )
+    buffer = io.StringIO()
+    print_run_summary(
+        make_console(buffer), {"comparison": comp, "verdict": comp["verdict"]}, "b", "0" * 64, verbosity=1
+    )
+    [row] = [line for line in buffer.getvalue().splitlines() if line.startswith("p/c ")]
+    assert "unstable" in row and "✗" not in row and "✓" not in row
+
+
 def _terminal(width: int) -> tuple[io.StringIO, Console]:
     """A console as make_console builds it for a terminal (rich's layout), into a buffer."""
     buffer = io.StringIO()
