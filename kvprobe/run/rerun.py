@@ -116,7 +116,8 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
             if sweep:
                 return _rerun_releases(bundle, exp, chosen, opts, work, notes, reporter)
             try:
-                fresh = _run(exp, bundle.accepted_receipt["pin_set"]["name"], opts, work, reporter)
+                published = bundle.accepted_receipt
+                fresh = _run(exp, published["pin_set"]["name"], opts, work, reporter, published.get("repeats", 1))
             except (ObserveError, UsageError) as exc:
                 return StepResult(6, "could-not-run", f"could not re-run: {exc.message}", notes=exc.hints)
     finally:
@@ -234,11 +235,19 @@ def _rerun_releases(
     )
 
 
-def _run(exp: Experiment, pin_set: str, opts: RerunOptions, work: Path, reporter: Reporter | None) -> dict[str, Any]:
+def _run(
+    exp: Experiment, pin_set: str, opts: RerunOptions, work: Path, reporter: Reporter | None, repeat: int = 1
+) -> dict[str, Any]:
+    """A fresh run as the published one ran: its pin set, and as many runs of each probe."""
     from kvprobe.run.runner import RunOptions, run_experiment
 
     run_opts = RunOptions(
-        pin_set=pin_set, out=work / "bundle", repo=opts.repo, torch_index=opts.torch_index, timeout_s=opts.timeout_s
+        pin_set=pin_set,
+        out=work / "bundle",
+        repo=opts.repo,
+        torch_index=opts.torch_index,
+        timeout_s=opts.timeout_s,
+        repeat=repeat,
     )
     if opts.cache_root is not None:
         run_opts.cache_root = opts.cache_root
