@@ -28,6 +28,33 @@ def test_forged_verdict_is_refused(sandbox, forged):
     assert_outcome(sandbox, result, 1, "forged-verdict", "receipt.json")
 
 
+def _unstable(bundle):
+    """``bundle`` as run --repeat 3 writes it, head's run 3 seeing the bug: could-not-observe."""
+    again = {side: [forge.probe_doc(side), forge.probe_doc(side)] for side in ("base", "head")}
+    again["head"][1]["cases"][0]["observations"]["enqueued"] = True
+    forge.add_repeats(bundle, again)
+
+
+def test_a_receipt_claiming_its_repeats_agreed_is_refused(sandbox, forged):
+    """The repeats differ; the re-hashed receipt drops that and claims the verdict of one run."""
+    _unstable(forged)
+
+    def claim_stable(receipt):
+        receipt["comparison"]["unstable"]["head"] = {}
+        receipt["verdict"] = receipt["comparison"]["verdict"] = "reproduced"
+
+    forge.edit_receipt(forged, claim_stable)
+    result = sandbox.run("verify", forged)
+    assert_outcome(sandbox, result, 1, "forged-verdict", "receipt.json")
+
+
+def test_a_receipt_that_drops_the_repeat_that_differed_is_refused(sandbox, forged):
+    _unstable(forged)
+    forge.edit_receipt(forged, lambda r: r["sides"]["head"]["probes"][0]["repeats"].pop())
+    result = sandbox.run("verify", forged)
+    assert_outcome(sandbox, result, 1, "record-mismatch", "receipt.json")
+
+
 def test_fifo_is_never_opened(sandbox, forged):
     """Regression guard: a FIFO in the bundle is reported, never opened (no hang)."""
     fifo = forged / "logs/base/probes/doors.stdout"
