@@ -82,6 +82,10 @@ def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
         for key, case in sorted(receipt["comparison"]["cases"][side].items()):
             if _not_observed(side, key, case, skipped):
                 continue
+            shaky = receipt["comparison"].get("unstable", {}).get(side, {})  # run --repeat
+            if key in shaky:
+                skipped.append(f"{side}: {key}: {shaky[key]}: not recorded")
+                continue
             if case.get("observation") == "not-present":
                 # The release lacks the code path: expect exactly that absence (compare's not_present).
                 kept = _recordable(side, key, {NOT_PRESENT: list(case["missing"])}, skipped)

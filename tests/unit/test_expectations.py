@@ -155,3 +155,26 @@ def test_recording_skips_unobserved_cases_says_why_and_records_absence():
     assert rec.values["head"]["p/drift"] == {"not_present": ["Q.add"]}
     assert "p/drift" not in rec.values["base"]
     assert rec.skipped == ("base: p/drift: unobserved (stub lacks max_input_len): not recorded",)
+
+
+def test_recording_skips_a_case_that_differed_between_repeats():
+    from kvprobe.evidence.compare import compare
+    from kvprobe.experiments.expectations import plan
+    from kvprobe.experiments.experiment import load_file
+
+    exp = load_file(PROBES / "experiment-a" / "experiment.toml")
+    doc = {"cases": [_case("seen", "observed")]}
+    other = {"cases": [dict(_case("seen", "observed"), observations={"enqueued": False})]}
+    comparison = compare(
+        expect={},
+        probe_docs={"base": {"p": doc}, "head": {"p": doc}},
+        probe_problems={},
+        test_runs={},
+        repeats={"base": {"p": [doc]}, "head": {"p": [other]}},
+    )
+    receipt = {"verdict": comparison["verdict"], "comparison": comparison, "evidence": {"mocks": {}}, "run_id": "r"}
+    rec = plan(exp, receipt)
+    assert rec.values == {"base": {"p/seen": {"enqueued": True, "raised": False}}}
+    assert rec.skipped == (
+        "head: p/seen: unstable across repeats: observation 'enqueued' was True in run 1, False in run 2: not recorded",
+    )
