@@ -307,10 +307,9 @@ def compare(
     if algorithm not in _SUBTESTS_AS_REPORTED:
         counts.update(observation_kinds(rows))
     extra: dict[str, Any] = {}
-    if repeats is not None and unstable is not None:
-        runs = 1 + max((len(v) for side in SIDES for v in repeats.get(side, {}).values()), default=0)
+    if unstable is not None:  # the receipt records how many runs (its ``repeats``)
         counts["unstable_cases"] = sum(len(unstable[side]) for side in SIDES)
-        extra = {"repeats": runs, "unstable": {side: unstable[side] for side in SIDES}}
+        extra = {"unstable": {side: unstable[side] for side in SIDES}}
     return extra | {
         "algorithm": algorithm,
         "verdict": verdict.value,

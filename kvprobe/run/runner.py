@@ -556,7 +556,7 @@ def _receipt(plan: RunPlan, out: RunOutputs, repeat: int = 1) -> Receipt:
             probe_docs=probe_docs,
             probe_problems=problems,
             test_runs=test_runs,
-            repeats=repeat_docs or None,
+            repeats=repeat_docs if repeat > 1 else None,  # a run without probes still says it repeated
         )
     )
     records = compare.probe_records(probe_docs)

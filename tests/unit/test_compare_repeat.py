@@ -42,14 +42,13 @@ def test_one_run_writes_no_repeat_keys():
         expect=EXPECT, probe_docs={"base": {"p": BASE}, "head": {"p": HEAD}}, probe_problems={}, test_runs={}
     )
     assert once["algorithm"] == ALGORITHM
-    assert "repeats" not in once and "unstable" not in once and "unstable_cases" not in once["counts"]
+    assert "unstable" not in once and "unstable_cases" not in once["counts"]
     assert not any("unstable" in r for r in once["observations"])
 
 
 def test_stable_repeats_give_the_single_run_verdict():
     result = run(EXPECT, {"base": {"p": [BASE, BASE]}, "head": {"p": [HEAD, HEAD]}})
     assert result["verdict"] == "reproduced" and result["reasons"] == []
-    assert result["repeats"] == 3
     assert result["unstable"] == {"base": {}, "head": {}} and result["counts"]["unstable_cases"] == 0
 
 
