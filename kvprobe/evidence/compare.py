@@ -337,8 +337,8 @@ def _verdict(
 
     1. error: a check could not be observed (probe or test-run problem, a test hit the
        timeout or an infrastructure error), or nothing ran at all;
-    (could-not-observe: a case with expectations differed between repeats, or did not reach
-       its decision point;)
+       then could-not-observe: a case with expectations differed between repeats (``unstable``)
+       or did not reach its decision point on a side;
     2. not-reproduced: a declared observation differs; a head test does not pass; a test
        file with declared sets has a test outside its FAIL_TO_PASS/PASS_TO_PASS sets (or a
        declared one missing) or another base failure kind than declared; test files without
