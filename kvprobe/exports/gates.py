@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvprobe.exports.bundle_view import BundleView, verify_command
-from kvprobe.exports.markdown import cell, code_cell, code_span, provenance_lines
+from kvprobe.exports.markdown import cell, code_cell, code_span, provenance_lines, scope_lines
 from kvprobe.text import for_markdown
 
 
@@ -104,16 +104,7 @@ def markdown(view: BundleView, author: str | None = None) -> str:
                 for m in target["markers"]
             ],
         )
-    out += [
-        "### Scope",
-        "",
-        f"**What this shows:** {for_markdown(ev['shows'])}",
-        "",
-        "**What this does not show:**",
-        "",
-        *(f"- {for_markdown(item)}" for item in ev["does_not_show"]),
-        "",
-    ]
+    out += scope_lines(ev)
     if ev.get("limits"):
         out += ["**Limits:**", "", *(f"- {for_markdown(item)}" for item in ev["limits"]), ""]
     out += [

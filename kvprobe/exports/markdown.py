@@ -37,6 +37,20 @@ def code_span(text: Any) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+def scope_lines(ev: Mapping[str, Any]) -> list[str]:
+    """The Scope section every bundle kind's Markdown states: what the evidence shows and does not."""
+    return [
+        "### Scope",
+        "",
+        f"**What this shows:** {for_markdown(ev['shows'])}",
+        "",
+        "**What this does not show:**",
+        "",
+        *(f"- {for_markdown(item)}" for item in ev["does_not_show"]),
+        "",
+    ]
+
+
 def provenance_lines(view: BundleView, author: str | None = None) -> list[str]:
     """What anchored the bundle (or that nothing did), and who exported it: bullet lines."""
     prov = view.provenance
@@ -172,15 +186,7 @@ def markdown(view: BundleView, author: str | None = None) -> str:
     out += _cases_section(r)
     out += _tests_section(r)
     out += _mocks_section(ev)
-    out += [
-        "### Scope",
-        "",
-        f"**What this shows:** {for_markdown(ev['shows'])}",
-        "",
-        "**What this does not show:**",
-        "",
-    ]
-    out += [f"- {for_markdown(item)}" for item in ev["does_not_show"]] + [""]
+    out += scope_lines(ev)
     if ev.get("limits"):
         out += ["**Limits:**", ""] + [f"- {for_markdown(item)}" for item in ev["limits"]] + [""]
     out += [
