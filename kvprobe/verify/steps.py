@@ -33,14 +33,11 @@ from kvprobe.evidence.reader import Bundle, cited_raw, parse_json, read_bytes, r
 from kvprobe.evidence.safetree import Limits, Tree
 from kvprobe.names import MANIFEST, PROBES_DIR, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 from kvprobe.verify.anchor import Anchor, compare_experiment, compare_installed
-from kvprobe.verify.consistency import (
-    behaviour_experiments,
-    step_consistency,
-    step_gates_consistency,
-    step_sweep_consistency,
-)
+from kvprobe.verify.gates_consistency import behaviour_experiments, step_gates_consistency
 from kvprobe.verify.integrity import integrity_defects
 from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
+from kvprobe.verify.run_consistency import step_consistency
+from kvprobe.verify.sweep_consistency import step_sweep_consistency
 
 REQUIRED = (RECEIPT, MANIFEST, SUMS)
 _MAX_SCHEMA_ERRORS = 20
