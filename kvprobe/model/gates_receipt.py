@@ -3,10 +3,11 @@ dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as 
 receipt, so ``GatesReceipt.from_json(doc).to_json() == doc``.
 
 Statuses stay strings ("pass", "fail", "unknown", "info"): their enum and how they combine
-live in ``evidence.gate_status``, above this layer. /1 receipts (inputs by path, no
-``gate2`` basis), /2 receipts (no ``--env`` inputs, no ``gate4`` basis) and /3 receipts (gate 2
-the only behavioural gate, its basis ``gate2``, probes without ``gate``) are read by
-verification as documents; this model reads /4.
+live in ``evidence.gate_status``, above this layer. It reads the receipts of every version
+verify accepts, each part as written (None: absent, so the round trip holds): /1 receipts
+(inputs first by absolute path, no ``gate2`` basis), /2 receipts (no ``--env`` inputs, no ``gate4``
+basis) and /3 receipts (gate 2 the only behavioural gate, its basis ``gate2``, probes without
+``gate``); /4 receipts have ``behaviour`` and ``gate4`` and no ``gate2``.
 """
 
 from __future__ import annotations
@@ -42,19 +43,21 @@ class InputRecord(Part):
     """An operator's file by name and digest (never its path or its bytes), and the secret
     keys whose values were masked before anything was stored."""
 
-    name: str
+    name: str | None = field(metadata=OPTIONAL)  # None: a /1 receipt's first shape (``path``)
     role_flag: str | None
     role: str | None
     sha256: str
     size: int
-    redacted_keys: tuple[str, ...]
+    redacted_keys: tuple[str, ...] | None = field(metadata=OPTIONAL)  # None: the first /1 shape
+    path: str | None = field(default=None, metadata=OPTIONAL)  # the first /1 shape: the file by path
 
 
 @dataclass(frozen=True)
 class Inputs(Part):
     logs: tuple[InputRecord, ...]
     server_args: tuple[InputRecord, ...]
-    env: tuple[InputRecord, ...]  # the workers' environments (--env): what no log shows
+    # the workers' environments (--env): what no log shows (None: absent before /3)
+    env: tuple[InputRecord, ...] | None = field(metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ class TargetRecord(Part):
 class GateProbeRecord(Part):
     """One probe of a behavioural gate (2, 3 or 4) run against the target's code."""
 
-    gate: int
+    gate: int | None = field(metadata=OPTIONAL)  # None: before /4, where only gate 2 ran probes
     experiment: str
     name: str
     source: FileRef
@@ -119,6 +122,15 @@ class BehaviourBasis(Part):
 
 
 @dataclass(frozen=True)
+class Gate2Basis(Part):
+    """Gate 2's basis as /2 and /3 receipts record it (``gate2``): /4 records it as the
+    :class:`BehaviourBasis` of gate 2."""
+
+    algorithm: str
+    experiments: tuple[GateExperimentRecord, ...]
+
+
+@dataclass(frozen=True)
 class DeploymentScope(ScopeRecord):
     layer: str
 
@@ -135,9 +147,11 @@ class GatesReceipt(ReceiptHead):
     workers: tuple[Mapping[str, Any], ...]  # what each worker's startup log showed, as parsed
     target: TargetRecord | None
     probes: tuple[GateProbeRecord, ...]  # every behavioural gate's, each naming its gate
-    behaviour: tuple[BehaviourBasis, ...]  # one per behavioural gate (2, 3, 4)
-    # what gate 4's deferred-release checks were decided from (evidence/gate4 recomputes them)
-    gate4: Mapping[str, Any]
+    # one per behavioural gate (2, 3, 4); None: before /4 (gate 2's basis is ``gate2``)
+    behaviour: tuple[BehaviourBasis, ...] | None = field(metadata=OPTIONAL)
+    # what gate 4's deferred-release checks were decided from (evidence/gate4 recomputes them);
+    # None: before /3
+    gate4: Mapping[str, Any] | None = field(metadata=OPTIONAL)
     env: EnvRecord | None
     host: Mapping[str, Any]
     evidence: DeploymentScope
@@ -145,3 +159,4 @@ class GatesReceipt(ReceiptHead):
     # how the behavioural gates' probes ran (the run receipt's part; names are "<experiment>/<probe>"):
     # absent when no probe ran, and in receipts written before gate 2 forked its probes
     execution: ExecutionRecord | None = field(default=None, metadata=OPTIONAL)
+    gate2: Gate2Basis | None = field(default=None, metadata=OPTIONAL)  # /2 and /3 only

@@ -615,6 +615,23 @@ def _as_first_shape(receipt: dict) -> None:
         del entry["redacted_keys"]
 
 
+@pytest.mark.parametrize(
+    ("shape", "version"),
+    [(_as_first_shape, 1), (_as_schema_1, 1), (_as_schema_2, 2), (_as_schema_3, 3)],
+)
+def test_the_gates_receipt_model_reads_each_earlier_version_as_written(tmp_path, shape, version):
+    receipt = json.loads((_gates_bundle(tmp_path) / "receipt.json").read_text())
+    shape(receipt)
+    typed = GatesReceipt.from_json(receipt)
+    assert typed.to_json() == receipt  # nothing added, nothing lost
+    assert typed.behaviour is None and all(p.gate is None for p in typed.probes)
+    assert (typed.gate2 is not None) == (version in (2, 3)) and (typed.gate4 is not None) == (version == 3)
+    assert (typed.inputs.env is not None) == (version == 3)
+    if shape is _as_first_shape:
+        assert [(i.name, i.redacted_keys) for i in typed.inputs.logs] == [(None, None)]
+        assert typed.inputs.logs[0].path == "/var/log/sglang/prefill.log"
+
+
 def test_gates_receipts_of_schema_1_verify_by_their_own_schema(tmp_path):
     first = _gates_bundle(tmp_path / "first")
     assert _rewrite_receipt(first, _as_first_shape) == "self-consistent"
