@@ -17,7 +17,9 @@ from kvprobe import __version__
 from kvprobe.defects import BundleDefect, DiffersFromInstalled
 from kvprobe.evidence.reader import Bundle
 from kvprobe.experiments.experiment import bundled_files
+from kvprobe.model.receipt import Receipt
 from kvprobe.model.records import ID_RE
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR
 from kvprobe.resources import builtin_probes_dir
 
@@ -48,23 +50,22 @@ def installed_digests(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in bundled_files(directory)}
 
 
-def compare_installed(bundle: Bundle) -> Anchor | None:
+def compare_installed(bundle: Bundle, receipt: Receipt | SweepReceipt) -> Anchor | None:
     """The bundle's ``probes/<id>/`` against the installed copy (digests from the manifest,
     which step 3 checked); None when the bundle's experiment is not one kvprobe ships."""
-    return compare_experiment(bundle, (bundle.receipt or {}).get("experiment", {}).get("id"))
+    return compare_experiment(bundle, receipt.experiment.id, receipt.tool.version)
 
 
-def compare_experiment(bundle: Bundle, exp_id: str | None) -> Anchor | None:
-    """The bundle's ``probes/<exp_id>/`` against the installed copy; None when kvprobe does not ship it."""
-    receipt = bundle.receipt
-    directory = installed_experiment(exp_id) if isinstance(exp_id, str) else None
-    if exp_id is None or directory is None or receipt is None or bundle.manifest is None:
+def compare_experiment(bundle: Bundle, exp_id: str, made_by: str) -> Anchor | None:
+    """The bundle's ``probes/<exp_id>/`` against the installed copy (``made_by``: the kvprobe
+    version that wrote the bundle); None when kvprobe does not ship it."""
+    directory = installed_experiment(exp_id)
+    if directory is None or bundle.manifest is None:
         return None
     anchor = Anchor(exp_id, directory)
     want = installed_digests(directory)
     prefix = f"{PROBES_DIR}/{exp_id}/"
     have = {rel[len(prefix) :]: e["sha256"] for rel, e in bundle.listed().items() if rel.startswith(prefix)}
-    made_by = receipt.get("tool", {}).get("version")
     other = f" (the bundle was made by kvprobe {made_by})" if made_by != __version__ else ""
     for name in sorted(set(have) | set(want)):
         rel = prefix + name

@@ -23,6 +23,7 @@ from kvprobe.defects import (
     RecordMismatch,
 )
 from kvprobe.evidence.reader import Bundle
+from kvprobe.model.receipt import FileRef
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 
 _MAX_DIFFS = 8
@@ -71,28 +72,30 @@ def summary(diffs: list[str]) -> str:
     return "; ".join(diffs[:_MAX_DIFFS]) + more
 
 
-def citation_defects(cited: list[tuple[str, dict[str, str]]], listed: dict[str, dict[str, Any]]) -> list[BundleDefect]:
+Cited = list[tuple[str, FileRef]]  # (where in the receipt, the file it cites)
+
+
+def citation_defects(cited: Cited, listed: dict[str, dict[str, Any]]) -> list[BundleDefect]:
     """Each cited file is in the manifest with the digest the receipt records."""
     found: list[BundleDefect] = []
     for where, ref in cited:
-        entry = listed.get(ref["path"])
+        entry = listed.get(ref.path)
         if entry is None:
-            found.append(
-                CitationNotInManifest(ref["path"], f"receipt {where} cites it; manifest.json does not list it")
-            )
-        elif entry["sha256"] != ref["sha256"]:
+            found.append(CitationNotInManifest(ref.path, f"receipt {where} cites it; manifest.json does not list it"))
+        elif entry["sha256"] != ref.sha256:
             found.append(
                 CitationDigestMismatch(
-                    ref["path"],
-                    f"receipt {where} records sha256 {ref['sha256']}, manifest.json lists {entry['sha256']}",
+                    ref.path, f"receipt {where} records sha256 {ref.sha256}, manifest.json lists {entry['sha256']}"
                 )
             )
     return found
 
 
-def cited_files(node: Any, where: str = "") -> list[tuple[str, dict[str, str]]]:
-    """Every ``{"path", "sha256"}`` object anywhere in a gates receipt (files it cites)."""
-    found: list[tuple[str, dict[str, str]]] = []
+def cited_files(node: Any, where: str = "") -> Cited:
+    """Every ``{"path", "sha256"}`` object anywhere in a receipt part's JSON (``Part.to_json()``):
+    the files it cites, wherever the schema lets a part or a free-form mapping hold one. Keys are
+    walked in sorted order, the order kvprobe writes them in."""
+    found: Cited = []
     if isinstance(node, dict):
         if (
             set(node) >= {"path", "sha256"}
@@ -100,8 +103,8 @@ def cited_files(node: Any, where: str = "") -> list[tuple[str, dict[str, str]]]:
             and isinstance(node.get("sha256"), str)
             and not node["path"].startswith("/")
         ):
-            found.append((where or "(top)", {"path": node["path"], "sha256": node["sha256"]}))
-        for key, value in node.items():
+            found.append((where or "(top)", FileRef(node["path"], node["sha256"])))
+        for key, value in sorted(node.items()):
             found += cited_files(value, f"{where}.{key}" if where else key)
     elif isinstance(node, list):
         for i, value in enumerate(node):
@@ -117,31 +120,31 @@ def duplicates(names: list[str], where: str) -> list[BundleDefect]:
     ]
 
 
-def probe_record(rel: str, doc: dict[str, Any], record: dict[str, Any]) -> list[BundleDefect]:
+def probe_record(rel: str, doc: dict[str, Any], name: str, problem: str | None) -> list[BundleDefect]:
+    """A probe's record (its ``name``, the ``problem`` it states) agrees with the output at ``rel``."""
     from kvprobe.checks.probes import check_output
     from kvprobe.errors import SchemaError
 
     found: list[BundleDefect] = []
-    if record["problem"] is not None:
-        found.append(
-            RecordMismatch(rel, f"receipt records problem {record['problem']!r} for a probe whose output it cites")
-        )
+    if problem is not None:
+        found.append(RecordMismatch(rel, f"receipt records problem {problem!r} for a probe whose output it cites"))
     try:
-        check_output(doc, record["name"])
+        check_output(doc, name)
     except SchemaError as exc:
         found.append(RawInvalid(rel, exc.message))
     return found
 
 
-def experiment_digest_defects(bundle: Bundle) -> list[BundleDefect]:
-    """The bundled experiment.toml has the sha256 the receipt states."""
-    receipt, data_bytes = bundle.accepted_receipt, bundle.experiment_bytes
+def experiment_digest_defects(bundle: Bundle, stated: FileRef) -> list[BundleDefect]:
+    """The bundled experiment.toml has the sha256 the receipt states (``stated``: its
+    experiment's file and sha256)."""
+    data_bytes = bundle.experiment_bytes
     assert data_bytes is not None, "called only when step 2 read the experiment"
     digest = hashlib.sha256(data_bytes).hexdigest()
-    if digest == receipt["experiment"]["sha256"]:
+    if digest == stated.sha256:
         return []
-    detail = f"sha256 {digest}, receipt.experiment.sha256 {receipt['experiment']['sha256']}"
-    return [ExperimentDigestMismatch(receipt["experiment"]["file"], detail)]
+    detail = f"sha256 {digest}, receipt.experiment.sha256 {stated.sha256}"
+    return [ExperimentDigestMismatch(stated.path, detail)]
 
 
 def _vulnerability_view(table: Any) -> dict[str, Any]:
@@ -159,6 +162,8 @@ def _vulnerability_view(table: Any) -> dict[str, Any]:
 
 
 def experiment_view(data: dict[str, Any], pin_set: str) -> dict[str, Any]:
+    """What a receipt states of the bundled experiment ``data`` (its facts, scope and checks),
+    as that file declares it, for the pin set named ``pin_set``."""
     exp_id = data["id"]
     fix = data["fix"]
     probes = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,17 +29,27 @@ from kvprobe.defects import (
 )
 from kvprobe.errors import SchemaError, UsageError, VerificationFailed
 from kvprobe.evidence.archive import extracted
-from kvprobe.evidence.reader import Bundle, cited_raw, parse_json, read_bytes, read_json, read_toml
+from kvprobe.evidence.reader import Bundle, parse_json, read_bytes, read_json, read_toml
 from kvprobe.evidence.safetree import Limits, Tree
+from kvprobe.model.gates_receipt import GateProbeRecord, GatesReceipt
+from kvprobe.model.receipt import ProbeRecord, Receipt
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import MANIFEST, PROBES_DIR, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 from kvprobe.verify.anchor import Anchor, compare_experiment, compare_installed
 from kvprobe.verify.gates_consistency import behaviour_experiments, step_gates_consistency
 from kvprobe.verify.integrity import integrity_defects
 from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
-from kvprobe.verify.run_consistency import step_consistency
+from kvprobe.verify.run_consistency import cited_outputs, step_consistency
 from kvprobe.verify.sweep_consistency import step_sweep_consistency
 
 REQUIRED = (RECEIPT, MANIFEST, SUMS)
+# The receipt step 2 accepted, in its typed form: what steps 4 and 5 read.
+Accepted = Receipt | SweepReceipt | GatesReceipt
+_MODELS: dict[str, type[Accepted]] = {
+    "kvprobe.receipt": Receipt,
+    "kvprobe.sweep-receipt": SweepReceipt,
+    "kvprobe.gates-receipt": GatesReceipt,
+}
 _MAX_SCHEMA_ERRORS = 20
 
 
@@ -197,18 +207,17 @@ def verify_dir(root: Path, opts: VerifyOptions) -> Report:
     with Tree(root) as tree:
         bundle = Bundle(tree, opts.limits)
         steps = [step_layout(bundle)]
-        steps.append(step_documents(bundle) if _usable(steps[0]) else _skip(2, 1))
+        documents, receipt = step_documents(bundle) if _usable(steps[0]) else (_skip(2, 1), None)
+        steps.append(documents)
         steps.append(
             step_integrity(bundle)
             if bundle.manifest is not None and bundle.scanned.complete
             else _skip(3, 2 if bundle.scanned.complete else 1)
         )
-        consistency = {
-            "kvprobe.gates-receipt": step_gates_consistency,
-            "kvprobe.sweep-receipt": step_sweep_consistency,
-        }.get(bundle.receipt_family, step_consistency)
-        steps.append(consistency(bundle) if bundle.receipt is not None and bundle.manifest is not None else _skip(4, 2))
-        steps.append(step_authenticity(bundle, opts.expect_manifest_sha256, opts.check_installed))
+        steps.append(
+            step_consistency_of(bundle, receipt) if receipt is not None and bundle.manifest is not None else _skip(4, 2)
+        )
+        steps.append(step_authenticity(bundle, receipt, opts.expect_manifest_sha256, opts.check_installed))
         if opts.rerun is not None:
             steps.append(_rerun_step(bundle, steps, opts.rerun))
         return Report(
@@ -217,7 +226,7 @@ def verify_dir(root: Path, opts: VerifyOptions) -> Report:
             manifest_sha256=_digest(bundle.manifest_bytes),
             expected_manifest_sha256=opts.expect_manifest_sha256,
             digest_from=_digest_sources(opts),
-            run_id=(bundle.receipt or {}).get("run_id") if isinstance(bundle.receipt, dict) else None,
+            run_id=None if receipt is None else receipt.run_id,
             receipt=bundle.receipt,
             manifest=bundle.manifest,
         )
@@ -281,29 +290,50 @@ def schema_defects(doc: Any, rel: str, family: str) -> list[BundleDefect]:
     return [SchemaViolation(rel, p) for p in problems[:_MAX_SCHEMA_ERRORS]]
 
 
-def step_documents(bundle: Bundle) -> StepResult:
+def step_documents(bundle: Bundle) -> tuple[StepResult, Accepted | None]:
+    """Step 2, and the receipt it accepted in its typed form (None: it accepted none)."""
     defects: list[BundleDefect] = []
-    receipt = read_json(bundle, RECEIPT, defects)
+    doc = read_json(bundle, RECEIPT, defects)
     bundle.manifest_bytes = read_bytes(bundle, MANIFEST, bundle.limits.max_json_bytes, defects)
     manifest = parse_json(bundle, MANIFEST, bundle.manifest_bytes, defects)
-    bundle.receipt_family = _receipt_family(receipt)
-    receipt_ok = receipt is not None and _append(defects, schema_defects(receipt, RECEIPT, bundle.receipt_family))
+    bundle.receipt_family = _receipt_family(doc)
+    receipt_ok = doc is not None and _append(defects, schema_defects(doc, RECEIPT, bundle.receipt_family))
+    receipt = _typed(doc, bundle.receipt_family, defects) if receipt_ok else None
     manifest_ok = manifest is not None and _append(defects, manifest_defects(manifest, bundle.limits))
-    bundle.receipt = receipt if receipt_ok else None
+    bundle.receipt = doc if receipt is not None else None
     bundle.manifest = manifest if manifest_ok else None
     count = 2
-    if bundle.receipt is not None and bundle.receipt_family == "kvprobe.receipt":
-        count += _read_cited(bundle, defects)
-        _read_experiment(bundle, defects)
-    elif bundle.receipt is not None and bundle.receipt_family == "kvprobe.sweep-receipt":
-        probes = [p for r in bundle.accepted_receipt["releases"] for p in r["probes"]]
-        count += _read_probe_outputs(bundle, probes, defects)
-        _read_experiment(bundle, defects)
-    elif bundle.receipt is not None and bundle.receipt_family == "kvprobe.gates-receipt":
-        count += _read_probe_outputs(bundle, bundle.accepted_receipt["probes"], defects)
-        for _exp_id, rel in behaviour_experiments(bundle.accepted_receipt):
+    if isinstance(receipt, Receipt):
+        count += _read_cited(bundle, receipt, defects)
+        _read_experiment(bundle, receipt.experiment.file, defects)
+    elif isinstance(receipt, SweepReceipt):
+        count += _read_probe_outputs(bundle, [p for r in receipt.releases for p in r.probes], defects)
+        _read_experiment(bundle, receipt.experiment.file, defects)
+    elif isinstance(receipt, GatesReceipt):
+        count += _read_probe_outputs(bundle, receipt.probes, defects)
+        for _exp_id, rel in behaviour_experiments(receipt):
             _read_experiment_file(bundle, rel, defects)
-    return step_result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own")
+    return step_result(2, defects, f"{count} JSON documents, strict; schemas: kvprobe's own"), receipt
+
+
+def _typed(doc: Any, family: str, defects: list[BundleDefect]) -> Accepted | None:
+    """The schema-valid receipt ``doc`` as its family's frozen dataclass; None, with a defect,
+    where a part the schema leaves open is not what the model reads (a gates receipt's ``env``
+    that is no env record)."""
+    try:
+        return _MODELS[family].from_json(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        defects.append(SchemaViolation(RECEIPT, f"does not read as a {family} document: {type(exc).__name__}: {exc}"))
+        return None
+
+
+def step_consistency_of(bundle: Bundle, receipt: Accepted) -> StepResult:
+    """Step 4, by the kind of receipt step 2 accepted."""
+    if isinstance(receipt, GatesReceipt):
+        return step_gates_consistency(bundle, receipt)
+    if isinstance(receipt, SweepReceipt):
+        return step_sweep_consistency(bundle, receipt)
+    return step_consistency(bundle, receipt)
 
 
 def manifest_defects(manifest: Any, limits: Limits) -> list[BundleDefect]:
@@ -328,9 +358,9 @@ def _append(defects: list[BundleDefect], found: list[BundleDefect]) -> bool:
     return not found
 
 
-def _read_cited(bundle: Bundle, defects: list[BundleDefect]) -> int:
+def _read_cited(bundle: Bundle, receipt: Receipt, defects: list[BundleDefect]) -> int:
     count = 0
-    for _side, kind, rel, _record in cited_raw(bundle.accepted_receipt):
+    for _side, kind, rel, _name, _record in cited_outputs(receipt):
         doc = read_json(bundle, rel, defects)
         if doc is None:
             continue
@@ -341,13 +371,15 @@ def _read_cited(bundle: Bundle, defects: list[BundleDefect]) -> int:
     return count
 
 
-def _read_probe_outputs(bundle: Bundle, probes: list[dict[str, Any]], defects: list[BundleDefect]) -> int:
+def _read_probe_outputs(
+    bundle: Bundle, probes: Sequence[ProbeRecord | GateProbeRecord], defects: list[BundleDefect]
+) -> int:
     """The probe outputs a sweep or gates receipt cites (``probes[].raw``), schema-checked."""
     count = 0
     for probe in probes:
-        if probe["raw"] is None:
+        if probe.raw is None:
             continue
-        rel = probe["raw"]["path"]
+        rel = probe.raw.path
         doc = read_json(bundle, rel, defects)
         if doc is not None:
             count += 1
@@ -378,8 +410,8 @@ def test_run_defects(doc: Any, rel: str) -> list[BundleDefect]:
     return []
 
 
-def _read_experiment(bundle: Bundle, defects: list[BundleDefect]) -> None:
-    rel = bundle.accepted_receipt["experiment"]["file"]
+def _read_experiment(bundle: Bundle, rel: str, defects: list[BundleDefect]) -> None:
+    """The receipt's own experiment file (``rel``), kept when it is a valid experiment."""
     bundle.experiment_bytes, doc = read_toml(bundle, rel, defects)
     if doc is not None and _append(defects, schema_defects(doc, rel, "kvprobe.experiment")):
         bundle.experiment = doc
@@ -410,13 +442,15 @@ SELF_CONSISTENT_NOTE = (
 )
 
 
-def step_authenticity(bundle: Bundle, expected: str | None, check_installed: bool = True) -> StepResult:
+def step_authenticity(
+    bundle: Bundle, receipt: Accepted | None, expected: str | None, check_installed: bool = True
+) -> StepResult:
     """The published digest (when given) and, for each experiment kvprobe ships, the installed copy."""
     result = _digest_check(bundle, expected)
-    anchors = _anchors(bundle) if check_installed else []
-    if not anchors and bundle.receipt is not None and bundle.receipt_family == "kvprobe.receipt":
+    anchors = _anchors(bundle, receipt) if check_installed else []
+    if not anchors and isinstance(receipt, Receipt):
         result.notes.append(
-            f"{bundle.receipt['experiment']['id']} is not an experiment this kvprobe ships: "
+            f"{receipt.experiment.id} is not an experiment this kvprobe ships: "
             "its probe code is only as trustworthy as the bundle"
         )
     same = []
@@ -432,13 +466,16 @@ def step_authenticity(bundle: Bundle, expected: str | None, check_installed: boo
     return result
 
 
-def _anchors(bundle: Bundle) -> list[Anchor]:
+def _anchors(bundle: Bundle, receipt: Accepted | None) -> list[Anchor]:
     """The installed experiments to hold the bundle to: its own, or each experiment of a gates
     receipt's behavioural gates."""
-    if bundle.receipt is None or bundle.receipt_family != "kvprobe.gates-receipt":
-        found = [compare_installed(bundle)]
+    if receipt is None:
+        return []
+    if not isinstance(receipt, GatesReceipt):
+        found = [compare_installed(bundle, receipt)]
     else:
-        found = [compare_experiment(bundle, exp_id) for exp_id, _rel in behaviour_experiments(bundle.receipt)]
+        made_by = receipt.tool.version
+        found = [compare_experiment(bundle, exp_id, made_by) for exp_id, _rel in behaviour_experiments(receipt)]
     return [a for a in found if a is not None]
 
 

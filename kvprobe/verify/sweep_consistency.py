@@ -22,6 +22,7 @@ from kvprobe.evidence import sweep
 from kvprobe.evidence.reader import Bundle
 from kvprobe.evidence.sweep_listing import version_key
 from kvprobe.evidence.sweep_view import TIMELINE
+from kvprobe.model.receipt import FileRef
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
 from kvprobe.sources.wheel import names_release
@@ -38,34 +39,33 @@ from kvprobe.verify.result import StepResult, step_result
 from kvprobe.verify.sweep_set import range_defects, release_set_defects, rendered_defects
 
 
-def step_sweep_consistency(bundle: Bundle) -> StepResult:
+def step_sweep_consistency(bundle: Bundle, receipt: SweepReceipt) -> StepResult:
     """Cited files are the manifest's and where they belong; each release's classification and
     the summary are recomputed from the raw outputs and the bundled experiment's [expect]; the
     release set is the listing's range (verify/sweep_set), the observed range follows from the
     releases, and README.md and timeline.svg are what kvprobe renders from the receipt."""
-    receipt = bundle.accepted_receipt
-    typed = SweepReceipt.from_json(receipt)  # step 2 held it to the sweep receipt schema
-    exp = typed.experiment
+    exp = receipt.experiment
     notes: list[str] = []
-    cited = [("experiment.file", {"path": exp.file, "sha256": exp.sha256}), *cited_files(receipt["releases"])]
-    defects = citation_defects(cited, bundle.listed()) + sweep_placement_defects(typed)
+    releases = [r.to_json() for r in receipt.releases]
+    cited = [("experiment.file", FileRef(exp.file, exp.sha256)), *cited_files(releases)]
+    defects = citation_defects(cited, bundle.listed()) + sweep_placement_defects(receipt)
     defects += release_set_defects(receipt, notes)
-    if typed.algorithm != sweep.ALGORITHM:
+    if receipt.algorithm != sweep.ALGORITHM:
         defects.append(
             ComparisonAlgorithmUnknown(
-                RECEIPT, f"classified by {typed.algorithm!r}; this kvprobe computes {sweep.ALGORITHM!r}"
+                RECEIPT, f"classified by {receipt.algorithm!r}; this kvprobe computes {sweep.ALGORITHM!r}"
             )
         )
     else:
-        defects += sweep_recompute_defects(bundle)
-    defects += range_defects(receipt) + rendered_defects(bundle)
+        defects += sweep_recompute_defects(bundle, receipt)
+    defects += range_defects(receipt) + rendered_defects(bundle, receipt)
     if bundle.experiment is not None:
-        defects += sweep_experiment_defects(bundle, typed)
+        defects += sweep_experiment_defects(bundle, receipt)
     return step_result(
         4,
         defects,
-        f"{len(typed.releases)} release classifications recomputed from raw outputs; the release set checked "
-        f"against the listing ({len(typed.listing.selected)} in the range); README.md and {TIMELINE} re-rendered",
+        f"{len(receipt.releases)} release classifications recomputed from raw outputs; the release set checked "
+        f"against the listing ({len(receipt.listing.selected)} in the range); README.md and {TIMELINE} re-rendered",
         notes,
     )
 
@@ -86,33 +86,32 @@ def sweep_placement_defects(receipt: SweepReceipt) -> list[BundleDefect]:
     return found
 
 
-def sweep_recompute_defects(bundle: Bundle) -> list[BundleDefect]:
-    receipt = bundle.accepted_receipt
+def sweep_recompute_defects(bundle: Bundle, receipt: SweepReceipt) -> list[BundleDefect]:
     found: list[BundleDefect] = []
-    for release in receipt["releases"]:
+    releases = [r.to_json() for r in receipt.releases]  # evidence/sweep reads releases as written
+    for release, written in zip(receipt.releases, releases, strict=True):
         docs = {}
-        for probe in release["probes"]:
-            if probe["raw"] is not None and probe["raw"]["path"] not in bundle.raw_docs:
-                return [RecomputeFailed(RECEIPT, f"{probe['raw']['path']} is unusable (step 2): not recomputed")]
-            if probe["raw"] is not None:
-                docs[probe["name"]] = bundle.raw_docs[probe["raw"]["path"]]
+        for probe in release.probes:
+            if probe.raw is not None and probe.raw.path not in bundle.raw_docs:
+                return [RecomputeFailed(RECEIPT, f"{probe.raw.path} is unusable (step 2): not recomputed")]
+            if probe.raw is not None:
+                docs[probe.name] = bundle.raw_docs[probe.raw.path]
         try:
-            got = sweep.classify_release(receipt["expectations"], docs, sweep.release_problems(release))
+            got = sweep.classify_release(dict(receipt.expectations), docs, sweep.release_problems(written))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             return [RecomputeFailed(RECEIPT, f"raw outputs cannot be classified: {type(exc).__name__}: {exc}")]
-        stated = release["classification"]
-        if stated["overall"] != got["overall"]:
+        stated = release.classification
+        if stated.overall != got["overall"]:
             found.append(
                 ForgedVerdict(
                     RECEIPT,
-                    f"release {release['version']} is stated {stated['overall']!r}; its raw outputs give "
-                    f"{got['overall']!r}",
+                    f"release {release.version} is stated {stated.overall!r}; its raw outputs give {got['overall']!r}",
                 )
             )
-        diffs = json_diff(stated, got, f"releases[{release['version']}].classification")
+        diffs = json_diff(stated.to_json(), got, f"releases[{release.version}].classification")
         if diffs:
             found.append(ComparisonMismatch(RECEIPT, f"{len(diffs)} differences recomputed: {summary(diffs)}"))
-    diffs = json_diff(receipt["summary"], sweep.summary(receipt["releases"]), "summary")
+    diffs = json_diff(dict(receipt.summary), sweep.summary(releases), "summary")
     if diffs:
         found.append(ForgedVerdict(RECEIPT, f"the summary does not follow from the releases: {summary(diffs)}"))
     return found
@@ -122,7 +121,7 @@ def sweep_experiment_defects(bundle: Bundle, receipt: SweepReceipt) -> list[Bund
     """The bundled experiment.toml is the one the receipt names, with the same [expect]."""
     data, rel = bundle.experiment, receipt.experiment.file
     assert data is not None, "called only when step 2 read the experiment"
-    found = experiment_digest_defects(bundle)
+    found = experiment_digest_defects(bundle, FileRef(rel, receipt.experiment.sha256))
     expect = {side: data.get("expect", {}).get(side, {}) for side in SIDES}
     diffs = json_diff(receipt.expectations, expect, "expectations")
     if diffs:

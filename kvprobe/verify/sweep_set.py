@@ -19,7 +19,6 @@ the wheel file-name rules), never taken from the receipt's own say-so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from packaging.version import Version
 
@@ -38,6 +37,7 @@ from kvprobe.errors import ExperimentError, UsageError
 from kvprobe.evidence.reader import Bundle, read_bytes
 from kvprobe.evidence.sweep_listing import observed_range, unserved_reason, version_key
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import README, RECEIPT
 from kvprobe.resources import builtin_search_path
 from kvprobe.sources import releases as index
@@ -48,14 +48,14 @@ _MAX_RENDERED_BYTES = 1 << 20
 Defect = Callable[[str, str], BundleDefect]
 
 
-def release_set_defects(receipt: dict[str, Any], notes: list[str]) -> list[BundleDefect]:
+def release_set_defects(receipt: SweepReceipt, notes: list[str]) -> list[BundleDefect]:
     """Every defect of the release set (see the module docstring); ``notes`` gets what could
     not be checked (a profile kvprobe does not ship)."""
-    listing = receipt["listing"]
-    found = _sequence(listing["versions"], "listing.versions", ListingMismatch)
-    found += _sequence([e["version"] for e in listing["selected"]], "listing.selected", ListingMismatch)
-    found += _sequence([r["version"] for r in receipt["releases"]], "releases", ReleaseSetDefect)
-    found += _sequence(receipt["unserved"], "unserved", ReleaseSetDefect)
+    listing = receipt.listing
+    found = _sequence(list(listing.versions), "listing.versions", ListingMismatch)
+    found += _sequence([e.version for e in listing.selected], "listing.selected", ListingMismatch)
+    found += _sequence([r.version for r in receipt.releases], "releases", ReleaseSetDefect)
+    found += _sequence(list(receipt.unserved), "unserved", ReleaseSetDefect)
     if found:
         return found  # the checks below compare sequences that must first be well formed
     found += _spec_defects(receipt)
@@ -90,12 +90,12 @@ def _sequence(versions: list[str], where: str, defect: Defect) -> list[BundleDef
     return found
 
 
-def _spec_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+def _spec_defects(receipt: SweepReceipt) -> list[BundleDefect]:
     """The spec selects from the listing exactly the versions the listing says it selected."""
-    listing, spec = receipt["listing"], receipt["spec"]
-    selected = [e["version"] for e in listing["selected"]]
+    listing, spec = receipt.listing, receipt.spec
+    selected = [e.version for e in listing.selected]
     try:
-        expected = index.select(spec, list(listing["versions"]), option="spec") if spec else list(listing["versions"])
+        expected = index.select(spec, list(listing.versions), option="spec") if spec else list(listing.versions)
     except UsageError as exc:
         return [ListingMismatch(RECEIPT, f"spec {spec!r} cannot select from the listing: {exc.message}")]
     if expected != selected:
@@ -117,9 +117,9 @@ def _span(versions: list[str]) -> str:
     return f"{len(versions)} versions, {versions[0]} .. {versions[-1]}"
 
 
-def _profile_defects(receipt: dict[str, Any], notes: list[str]) -> list[BundleDefect]:
+def _profile_defects(receipt: SweepReceipt, notes: list[str]) -> list[BundleDefect]:
     """The profile's ``serves`` decides what is not run: it must be the installed profile's."""
-    name, serves = receipt["profile"]["name"], receipt["profile"]["serves"]
+    name, serves = receipt.profile.name, receipt.profile.serves
     try:
         with builtin_search_path():
             installed = load_profile(name).serves
@@ -135,19 +135,19 @@ def _profile_defects(receipt: dict[str, Any], notes: list[str]) -> list[BundleDe
     return []
 
 
-def _completeness_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+def _completeness_defects(receipt: SweepReceipt) -> list[BundleDefect]:
     """Each selected version is a release entry, or was not run for the reason the profile gives."""
-    profile = receipt["profile"]
+    profile, selected = receipt.profile, receipt.listing.selected
     found: list[BundleDefect] = []
-    for entry in receipt["listing"]["selected"]:
-        version, stated = entry["version"], entry["not_run"]
-        reason = unserved_reason(profile["name"], profile["serves"], version)
+    for entry in selected:
+        version, stated = entry.version, entry.not_run
+        reason = unserved_reason(profile.name, profile.serves, version)
         if stated != reason:
             given = f"not run: {stated!r}" if stated else "to be run"
             why = f"not run: {reason!r}" if reason else "served by the profile, so it must be a release entry"
             found.append(ReleaseSetDefect(RECEIPT, f"release {version}: the listing says {given}; it is {why}"))
-    ran = [e["version"] for e in receipt["listing"]["selected"] if e["not_run"] is None]
-    releases = [r["version"] for r in receipt["releases"]]
+    ran = [e.version for e in selected if e.not_run is None]
+    releases = [r.version for r in receipt.releases]
     missing = [v for v in ran if v not in releases]
     extra = [v for v in releases if v not in ran]
     if missing:
@@ -160,66 +160,66 @@ def _completeness_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
         )
     if extra:
         found.append(ReleaseSetDefect(RECEIPT, f"release entries {', '.join(extra)} are not in the listing's range"))
-    not_run = [e["version"] for e in receipt["listing"]["selected"] if e["not_run"] is not None]
-    if list(receipt["unserved"]) != not_run:
+    not_run = [e.version for e in selected if e.not_run is not None]
+    if list(receipt.unserved) != not_run:
         found.append(
             ReleaseSetDefect(
-                RECEIPT, f"unserved is {_span(list(receipt['unserved']))}; the listing did not run {_span(not_run)}"
+                RECEIPT, f"unserved is {_span(list(receipt.unserved))}; the listing did not run {_span(not_run)}"
             )
         )
     return found
 
 
-def _wheel_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+def _wheel_defects(receipt: SweepReceipt) -> list[BundleDefect]:
     """Each file name names its release; a release's wheel is its listed one; one digest, one version."""
-    listing = receipt["listing"]
-    package = listing["package"]
+    listing = receipt.listing
+    package = listing.package
     found: list[BundleDefect] = []
     owners: dict[str, str] = {}
-    for entry in listing["selected"]:
-        version, file, digest = entry["version"], entry["file"], entry["sha256"]
-        if (file is None) != (digest is None) or (file is None) == (entry["problem"] is None):
+    for entry in listing.selected:
+        version, file, digest = entry.version, entry.file, entry.sha256
+        if (file is None) != (digest is None) or (file is None) == (entry.problem is None):
             found.append(
                 ListingMismatch(RECEIPT, f"listing {version}: a wheel file and its sha256, or a problem, not both")
             )
             continue
-        if file is None:
+        if file is None or digest is None:
             continue
         if not names_release(file, package, version):
             found.append(PinMismatch(RECEIPT, f"listing {version}: {file!r} is not a wheel of {package} {version}"))
         if digest in owners and owners[digest] != version:
             found.append(PinMismatch(RECEIPT, f"sha256 {digest} is under {owners[digest]} and {version}: two releases"))
         owners.setdefault(digest, version)
-    listed = {e["version"]: e for e in listing["selected"]}
-    for release in receipt["releases"]:
-        wheel, entry = release["wheel"], listed.get(release["version"])
-        if wheel is None or entry is None:
+    listed = {e.version: e for e in listing.selected}
+    for release in receipt.releases:
+        wheel, recorded = release.wheel, listed.get(release.version)
+        if wheel is None or recorded is None:
             continue
-        if (wheel["package"], wheel["file"], wheel["sha256"]) != (package, entry["file"], entry["sha256"]):
+        if (wheel.package, wheel.file, wheel.sha256) != (package, recorded.file, recorded.sha256):
             found.append(
                 PinMismatch(
                     RECEIPT,
-                    f"release {release['version']}: wheel {wheel['file']} sha256 {wheel['sha256']} is not the one the "
-                    f"listing recorded ({entry['file']} sha256 {entry['sha256']})",
+                    f"release {release.version}: wheel {wheel.file} sha256 {wheel.sha256} is not the one the "
+                    f"listing recorded ({recorded.file} sha256 {recorded.sha256})",
                 )
             )
     return found
 
 
-def range_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
+def range_defects(receipt: SweepReceipt) -> list[BundleDefect]:
     """``observed`` is what the releases, the listing and the profile give."""
-    got, stated = observed_range(receipt), receipt["observed"]
+    got, stated = observed_range(receipt.to_json()), receipt.observed.to_json()
     diffs = [f"observed.{k}: stated {stated.get(k)!r}, recomputed {got[k]!r}" for k in got if stated.get(k) != got[k]]
     if diffs:
         return [RangeMismatch(RECEIPT, f"the observed range does not follow from the releases: {'; '.join(diffs[:6])}")]
     return []
 
 
-def rendered_defects(bundle: Bundle) -> list[BundleDefect]:
+def rendered_defects(bundle: Bundle, receipt: SweepReceipt) -> list[BundleDefect]:
     """README.md and timeline.svg are byte for byte what this kvprobe renders from the receipt:
     reviewers read the one and embed the other, and nothing else ties them to the evidence."""
-    receipt = bundle.accepted_receipt
-    made_by = receipt["tool"]["version"]
+    written = receipt.to_json()
+    made_by = receipt.tool.version
     found: list[BundleDefect] = []
     for name, render, defect in (
         (README, render_readme, ReadmeMismatch),
@@ -232,7 +232,7 @@ def rendered_defects(bundle: Bundle) -> list[BundleDefect]:
         data = read_bytes(bundle, name, _MAX_RENDERED_BYTES, problems)
         if data is None:
             found += [defect(name, d.detail) for d in problems]
-        elif data != render(receipt).encode("utf-8"):
+        elif data != render(written).encode("utf-8"):
             other = f", or rendered by kvprobe {made_by}: sweep again with this one" if made_by != __version__ else ""
             found.append(defect(name, f"not what kvprobe renders from receipt.json (edited after the run{other})"))
     return found

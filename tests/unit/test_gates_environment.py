@@ -18,6 +18,7 @@ from kvprobe.evidence import gate4 as gate4_rule
 from kvprobe.evidence.gate_status import Status
 from kvprobe.gates import environment, inputs, settings
 from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
+from kvprobe.model.gates_receipt import GateRecord, TargetRecord
 from tests.unit.test_gates_logs import (
     GLM_CONTEXT,
     RAISED_POOL,
@@ -286,7 +287,8 @@ def test_a_marker_check_forged_to_pass_without_code_is_refused(tmp_path):
     assert _rewrite_receipt(out, forged) == "failed"
 
 
-def _marker_receipt(version: str, presence: str, evidence: str, status: str) -> dict:
+def _marker_receipt(version: str, presence: str, evidence: str, status: str) -> tuple[TargetRecord, list[GateRecord]]:
+    """A target with one marker record and gate 4 with its marker check (what the marker rule reads)."""
     record = {
         "pr": 41023,
         "gate": 4,
@@ -297,10 +299,9 @@ def _marker_receipt(version: str, presence: str, evidence: str, status: str) -> 
         "basis": "domain",
     }
     check = {"name": "#41023 in code", "status": status, "detail": "d", "evidence": evidence, "decides": True}
-    return {
-        "target": {"identity": {"version": version}, "markers": [record]},
-        "gates": [{"number": 4, "checks": [check]}],
-    }
+    target = {"spec": "s", "kind": "version", "identity": {"version": version}, "markers": [record], "settings": None}
+    gate = {"number": 4, "title": "t", "status": status, "checks": [check]}
+    return TargetRecord.from_json(target), [GateRecord.from_json(gate)]
 
 
 @pytest.mark.parametrize(
@@ -316,6 +317,6 @@ def test_absent_because_the_release_predates_the_fix_follows_from_its_version(ve
     from kvprobe.evidence.markers import not_in_release
     from kvprobe.verify.gates_consistency import marker_check_defects
 
-    receipt = _marker_receipt(version, presence, not_in_release("0.5.21", version), status)
-    found = marker_check_defects(receipt)
+    target, gates = _marker_receipt(version, presence, not_in_release("0.5.21", version), status)
+    found = marker_check_defects(target, gates)
     assert [d.code for d in found] == ([] if defect is None else [defect])

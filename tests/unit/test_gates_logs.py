@@ -684,6 +684,19 @@ def test_a_marker_stated_as_deciding_under_schema_4_is_refused(tmp_path):
     assert _rewrite_receipt(_gates_bundle(tmp_path), marker_decides) == "failed"
 
 
+def test_a_gates_receipt_whose_env_is_no_env_record_is_refused_in_step_2(tmp_path):
+    """The schema leaves a gates receipt's ``env`` open; verify reads the receipt through its
+    model, so one it cannot read is a defect (exit 1), not a crash."""
+    bundle = _gates_bundle(tmp_path)
+    assert _rewrite_receipt(bundle, lambda r: r.update(env={"python": "3.11.7"})) == "failed"
+    result = CliRunner().invoke(main, ["verify", str(bundle), "--json"], catch_exceptions=False)
+    report = json.loads(result.stdout)
+    (defect,) = report["steps"][1]["defects"]
+    assert result.exit_code == 1 and (defect["code"], defect["path"]) == ("schema-violation", "receipt.json")
+    assert "does not read as a kvprobe.gates-receipt document: KeyError" in defect["detail"]
+    assert [s["status"] for s in report["steps"][2:4]] == ["pass", "skipped"]
+
+
 def test_a_gates_receipt_of_schema_2_must_have_the_second_shape(tmp_path):
     def path_shape_as_2(receipt: dict) -> None:
         gate2 = next(b for b in receipt["behaviour"] if b["gate"] == 2)

@@ -10,6 +10,7 @@ import pytest
 
 from kvprobe.evidence.sweep_listing import observed_range, unserved_reason
 from kvprobe.evidence.sweep_view import render_readme, timeline_svg
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.verify.sweep_set import range_defects, release_set_defects
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -68,6 +69,20 @@ def sweep(classes, spec="0.5.11..0.5.21", index=("0.5.10", "0.5.11", "0.5.12")):
     return doc
 
 
+def typed(doc):
+    """``doc`` (what the release-set checks read) completed into a whole sweep receipt, typed as
+    verify reads it."""
+    experiment = {
+        "file": "probes/experiment-b/experiment.toml",
+        "sha256": "0" * 64,
+        "upstream": None,
+        "fix": {"prs": [1], "release": None, "summary": "s"},
+        **doc["experiment"],
+    }
+    rest = {"env": {}, "host": {}, "settings": {}, "expectations": {}, "timings": {}}
+    return SweepReceipt.from_json({**rest, **doc, "experiment": experiment})
+
+
 B = [("0.5.13", "not-present"), ("0.5.19", "affected"), ("0.5.20", "affected"), ("0.5.21", "fixed")]
 
 
@@ -104,7 +119,7 @@ def test_the_observed_range_does_not_depend_on_the_order_releases_are_stored_in(
 
 def test_a_genuine_release_set_has_no_defects():
     r = sweep(B)
-    assert release_set_defects(r, []) == [] and range_defects(r) == []
+    assert release_set_defects(typed(r), []) == [] and range_defects(typed(r)) == []
 
 
 @pytest.mark.parametrize(
@@ -163,14 +178,14 @@ def test_a_genuine_release_set_has_no_defects():
 def test_each_forged_release_set_is_a_defect(forge, code, words):
     r = sweep(B)
     forge(r)
-    found = codes(release_set_defects(r, []))
+    found = codes(release_set_defects(typed(r), []))
     assert any(c == code and words in detail for c, detail in found), found
 
 
 def test_a_forged_introduced_or_fixed_boundary_is_a_defect():
     r = sweep(B)
     r["observed"].update(introduced=None, first_fixed="0.5.20")
-    (found,) = codes(range_defects(r))
+    (found,) = codes(range_defects(typed(r)))
     assert found[0] == "range-mismatch" and "first_fixed" in found[1] and "introduced" in found[1]
 
 
@@ -201,5 +216,5 @@ def test_releases_outside_the_spec_are_not_observed_for_the_spec_and_the_profile
     r = sweep(B, spec="0.5.13..0.5.21")
     r["listing"]["selected"] = [e for e in r["listing"]["selected"] if e["not_run"] is None]
     r["unserved"] = []
-    assert release_set_defects(r, []) == []
+    assert release_set_defects(typed(r), []) == []
     assert observed_range(r)["not_observed_reason"] == f"outside --releases 0.5.13..0.5.21; {FLOOR}"

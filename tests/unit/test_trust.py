@@ -17,6 +17,7 @@ from kvprobe import __version__
 from kvprobe.cli import main
 from kvprobe.evidence.reader import Bundle
 from kvprobe.evidence.safetree import Limits, Tree
+from kvprobe.model.receipt import Receipt
 from kvprobe.resources import builtin_probes_dir, builtin_search_path, experiment_dirs
 from kvprobe.run.rerun import RerunOptions, bundle_code, rerun
 from kvprobe.verify.anchor import compare_installed, installed_experiment
@@ -95,7 +96,7 @@ def test_an_unknown_experiment_has_no_anchor(tmp_path):
     assert any("not an experiment this kvprobe ships" in n for n in report.steps[4].notes)
     with Tree(bundle) as tree:
         loaded = Bundle(tree, Limits(), receipt=report.receipt, manifest=report.manifest)
-        assert compare_installed(loaded) is None
+        assert compare_installed(loaded, Receipt.from_json(report.receipt)) is None
 
 
 # --- README.md ---------------------------------------------------------------------------
