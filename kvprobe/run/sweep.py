@@ -31,17 +31,16 @@ from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, SweepReceipt
 from kvprobe.names import SIDES
 from kvprobe.progress import Reporter
+from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.run.sweep_unit import (
     Executor,
     Expected,
     LocalExecutor,
-    Prepared,
-    ServerPlan,
     SweepRun,
     UnitRequest,
     accept_unit,
     failed_entry,
-    prepare,
+    open_session,
     seal_sweep,
     sweep_host,
     sweep_receipt,
@@ -89,7 +88,7 @@ class SweepShare:
         self._probes = sum(len(exp.probes) for exp in planned)
         self._listings: dict[tuple[str, ...], tuple[list[str], str]] = {}
         self._pins: dict[tuple[str, ...], WheelPin | str] = {}
-        self._prepared: dict[tuple[str, ...], Prepared] = {}
+        self._sessions: dict[tuple[str, ...], CheckSession] = {}
 
     def __enter__(self) -> SweepShare:
         return self
@@ -118,17 +117,18 @@ class SweepShare:
                 self._pins[(package, *flags, version)] = pin
         return {v: self._pins[(package, *flags, v)] for v in versions}
 
-    def prepared(
+    def session(
         self, exp: Experiment, package: str, opts: SweepOptions, reporter: Reporter, releases_n: int
-    ) -> Prepared:
-        """The env of ``exp``'s profile and its fork server, prepared by the first sweep that needs them."""
+    ) -> CheckSession:
+        """The check session of ``exp``'s profile (its env and fork server), opened by the first sweep that needs it."""
         key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
-        if key not in self._prepared:
-            work = self._work / f"server-{len(self._prepared)}"
+        if key not in self._sessions:
+            work = self._work / f"server-{len(self._sessions)}"
             work.mkdir()
-            serve = ServerPlan(work, opts.timeout_s * self._probes * releases_n + 600, opts.preload)
-            self._prepared[key] = prepare(exp, opts.cache_root, opts.torch_index, reporter, self._held, serve)
-        return self._prepared[key]
+            session = self._held.enter_context(open_session(exp, session_settings(opts), reporter))
+            session.start(work, opts.timeout_s * self._probes * releases_n + 600)
+            self._sessions[key] = session
+        return self._sessions[key]
 
 
 def sweep_experiment(
@@ -174,13 +174,12 @@ def sweep_experiment(
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
             executor = LocalExecutor(
-                exp, share.prepared(exp, package, opts, reporter, len(available)), opts.jobs, reporter
+                exp, share.session(exp, package, opts, reporter, len(available)), opts.jobs, reporter
             )
         elif executor is None:  # threads sharing the env the driver builds, and its fork server
-            serve = ServerPlan(work, opts.timeout_s * len(exp.probes) * len(served) + 600, opts.preload)
-            executor = LocalExecutor(
-                exp, prepare(exp, opts.cache_root, opts.torch_index, reporter, held, serve), opts.jobs, reporter
-            )
+            session = held.enter_context(open_session(exp, session_settings(opts), reporter))
+            session.start(work, opts.timeout_s * len(exp.probes) * len(served) + 600)
+            executor = LocalExecutor(exp, session, opts.jobs, reporter)
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
@@ -200,7 +199,7 @@ def sweep_experiment(
             tuple(_listed(v, pins[v], profile.name, profile.serves) for v in chosen),
         )
         pins = {v: pins[v] for v in served}
-        local_env = executor.prepared.env if isinstance(executor, LocalExecutor) else None
+        local_env = executor.session.record if isinstance(executor, LocalExecutor) else None
         timings["resolve_s"] = time.monotonic() - clock  # units_s includes it, as before units had it
         expected = Expected(exp, staging, local_env)
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
@@ -232,6 +231,11 @@ def sweep_experiment(
         shutil.rmtree(work, ignore_errors=True)
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def session_settings(opts: SweepOptions) -> SessionSettings:
+    """What a sweep's check session is opened with."""
+    return SessionSettings(opts.cache_root, opts.torch_index, opts.preload)
 
 
 def check_sweep(exp: Experiment, opts: SweepOptions) -> Path:
