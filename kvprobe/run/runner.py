@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from kvprobe import __version__
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import check_index_url
-from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, KvprobeError, UsageError
+from kvprobe.errors import FetchError, KvprobeError, UsageError
 from kvprobe.evidence import compare
-from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
+from kvprobe.evidence.bundle import cite, host_facts
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.receipt import (
@@ -44,7 +44,7 @@ from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.run.session import CheckSession, SessionEnv, SessionSettings, env_lease, fork_server, preload_modules
 from kvprobe.run.side import CheckContext, run_side
-from kvprobe.verify.steps import VerifyOptions, verify
+from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
 
 if TYPE_CHECKING:
     from kvprobe.checks.forkserver import ForkServer
@@ -88,13 +88,6 @@ class RunOutputs:
     staging: Path
     timings: dict[str, float]
     execution: ExecutionRecord  # CheckSession.execution: fresh or forked, and what was preloaded
-
-
-@dataclass(frozen=True)
-class RunResult:
-    bundle: Path
-    receipt: dict[str, Any]
-    manifest_sha256: str
 
 
 class ServerPool:
@@ -159,7 +152,7 @@ class ServerPool:
 
 def run_experiments(
     planned: Sequence[tuple[Experiment, RunOptions]], reporter: Reporter | None = None
-) -> Generator[tuple[Experiment, RunResult | KvprobeError], None, None]:
+) -> Generator[tuple[Experiment, SealedBundle[dict[str, Any]] | KvprobeError], None, None]:
     """Run each experiment in turn with its options, experiments of one profile sharing one env
     and one fork server; yields each one's result, or the error that kept it from a bundle (the
     next ones still run). Check :func:`check_run` for every one first: bad input is refused
@@ -185,7 +178,7 @@ def check_run(exp: Experiment, opts: RunOptions) -> Path:
 
 def run_experiment(
     exp: Experiment, opts: RunOptions, reporter: Reporter | None = None, servers: ServerPool | None = None
-) -> RunResult:
+) -> SealedBundle[dict[str, Any]]:
     """Run ``exp`` and write its bundle; raises only when no honest receipt can be written.
 
     ``servers``: the invocation's fork servers, shared with its other experiments (None: the
@@ -198,9 +191,8 @@ def run_experiment(
     final = _final_path(opts, exp, pin_set, started)
     # with servers, the env stays leased until the invocation ends, as its server lives on
     session = CheckSession(exp, pin_set, session_settings(opts), reporter, servers)
-    work = Path(tempfile.mkdtemp(prefix="kvprobe-run-"))
-    staging = work / "bundle"  # published beside `final` only once sealed and verified
-    staging.mkdir()
+    workspace = Workspace(final, "kvprobe-run-")
+    work, staging = workspace.work, workspace.stage()  # published at `final` only once sealed and verified
     timings: dict[str, float] = {}
     held = contextlib.ExitStack()  # the trees' leases: `cache prune` leaves them alone until we end
     lifetime_s = _lifetime(exp, pin_set, opts)
@@ -241,13 +233,12 @@ def run_experiment(
         if servers is not None:
             execution = replace(execution, shared=servers.record(exp, server))
         outputs = RunOutputs(sides, session.record, session.variables, checks, staging, timings, execution)
-        receipt = _receipt(plan, outputs, opts.repeat)
-        result = _write_bundle(exp, receipt, staging, final)
-        return result
+        receipt = _receipt(plan, outputs, opts.repeat).to_json()
+        return workspace.seal(receipt, receipt, RECEIPT_SCHEMA, render_readme(receipt))
     finally:
         held.close()
         session.close()
-        shutil.rmtree(work, ignore_errors=True)
+        workspace.close()
 
 
 def session_settings(opts: RunOptions) -> SessionSettings:
@@ -276,12 +267,7 @@ def _pin_set(exp: Experiment, name: str | None) -> PinSet:
 
 
 def _final_path(opts: RunOptions, exp: Experiment, pin_set: PinSet, started: datetime) -> Path:
-    if opts.out is not None:
-        if opts.out.exists() and (not opts.out.is_dir() or any(opts.out.iterdir())):
-            raise BundleExistsError(f"--out {opts.out} exists and is not empty; refusing to overwrite")
-        return opts.out.resolve()
-    stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    return (opts.bundles_dir / f"{exp.id}-{pin_set.name}-{stamp}").resolve()
+    return bundle_path(opts.out, opts.bundles_dir, f"{exp.id}-{pin_set.name}-{started.strftime('%Y%m%dT%H%M%SZ')}")
 
 
 # --- sources -----------------------------------------------------------------------------
@@ -613,18 +599,3 @@ def _limits(exp: Experiment, pin_set: PinSet, env: EnvRecord) -> list[str]:
             f"{t.get('cuda_available')}) from {env.torch_index}"
         )
     return limits
-
-
-def _write_bundle(exp: Experiment, record: Receipt, staging: Path, final: Path) -> RunResult:
-    receipt = record.to_json()
-    digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=verify_on_write)
-    return RunResult(final, receipt, digest)
-
-
-def verify_on_write(staging: Path) -> None:
-    """The bundle must pass the same offline verification a reader will run on it (but for the
-    comparison with kvprobe's installed copy: a project may run its own edit of an experiment)."""
-    report = verify(staging, VerifyOptions(check_installed=False))
-    if not report.ok:
-        details = "; ".join(str(d) for d in report.defects[:3])
-        raise CheckRunError(f"the new bundle failed its own verification: {details}")

@@ -24,12 +24,12 @@ from pathlib import Path
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.installer import pip_config
 from kvprobe.env.venv import load_profile
-from kvprobe.errors import BundleExistsError, CheckRunError, DigestMismatch, FetchError, KvprobeError, UsageError
+from kvprobe.errors import DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.evidence.sweep_listing import unserved_reason
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, SweepReceipt
-from kvprobe.names import SIDES
+from kvprobe.names import SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.run.sweep_unit import (
@@ -41,14 +41,15 @@ from kvprobe.run.sweep_unit import (
     accept_unit,
     failed_entry,
     open_session,
-    seal_sweep,
+    staged_sweep,
     sweep_host,
     sweep_receipt,
     wheel_pin_set,
 )
+from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
 from kvprobe.sources import releases
 from kvprobe.sources.wheel import platform_args
-from kvprobe.verify.steps import verify
+from kvprobe.verify.steps import VerifyOptions
 
 
 @dataclass
@@ -64,13 +65,6 @@ class SweepOptions:
     address: str | None = None  # --address of the Ray cluster
     unit_timeout_s: float | None = None  # a Ray unit's limit; None: every probe's limit + 10 min
     preload: bool = True  # local units' probes fork from one preloaded interpreter; False: fresh ones
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    bundle: Path
-    receipt: SweepReceipt
-    manifest_sha256: str
 
 
 class SweepShare:
@@ -137,7 +131,7 @@ def sweep_experiment(
     reporter: Reporter | None = None,
     executor: Executor | None = None,
     share: SweepShare | None = None,
-) -> SweepResult:
+) -> SealedBundle[SweepReceipt]:
     """Run ``exp``'s probes on each selected release and write the sweep bundle.
 
     ``executor``: where units run (default: from ``opts``, threads or Ray tasks); ``share``:
@@ -150,10 +144,9 @@ def sweep_experiment(
     assert isinstance(pin_set.head, WheelPin), "wheel_pin_set returns a wheel pin set"
     package, flags = pin_set.head.package, platform_args(pin_set.head.filename)
     started = datetime.now(UTC)
-    final = _final_path(opts, exp, started)
-    work = Path(tempfile.mkdtemp(prefix="kvprobe-sweep-"))
+    workspace = Workspace(_final_path(opts, exp, started), "kvprobe-sweep-")
+    work = workspace.work
     held = contextlib.ExitStack()
-    staging: Path | None = None
     try:
         if executor is None and opts.executor != "local":
             executor = _cluster_executor(exp, opts, held)  # before anything else: a bad --address fails fast
@@ -181,8 +174,7 @@ def sweep_experiment(
             session.start(work, opts.timeout_s * len(exp.probes) * len(served) + 600)
             executor = LocalExecutor(exp, session, opts.jobs, reporter)
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+        staging = workspace.stage(beside=True)
         copy_into_bundle(exp, staging)
         clock = time.monotonic()
         with reporter.step(f"{package}: each release's wheel on the index"):
@@ -224,13 +216,11 @@ def sweep_experiment(
         receipt = sweep_receipt(
             exp, SweepRun(opts.releases, listing, started, expected.env, ordered, tuple(unserved), timings, host)
         )
-        digest = seal_sweep(receipt, staging, final, check=_verify_on_write)
-        return SweepResult(final, receipt, digest)
+        doc, readme = staged_sweep(receipt, staging)
+        return workspace.seal(receipt, doc, SWEEP_RECEIPT_SCHEMA, readme, VerifyOptions())
     finally:
         held.close()
-        shutil.rmtree(work, ignore_errors=True)
-        if staging is not None and staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        workspace.close()
 
 
 def session_settings(opts: SweepOptions) -> SessionSettings:
@@ -250,7 +240,7 @@ def check_sweep(exp: Experiment, opts: SweepOptions) -> Path:
 
 def sweep_experiments(
     planned: Sequence[tuple[Experiment, SweepOptions]], reporter: Reporter | None = None
-) -> Generator[tuple[Experiment, SweepResult | KvprobeError], None, None]:
+) -> Generator[tuple[Experiment, SealedBundle[SweepReceipt] | KvprobeError], None, None]:
     """Sweep each experiment in turn, sharing what :class:`SweepShare` shares; yields each
     one's result, or the error that kept it from a bundle (the next ones still run). Check
     :func:`check_sweep` for every one first."""
@@ -313,16 +303,4 @@ def _resolve(package: str, flags: list[str], versions: list[str], work: Path, jo
 
 
 def _final_path(opts: SweepOptions, exp: Experiment, started: datetime) -> Path:
-    if opts.out is not None:
-        if opts.out.exists() and (not opts.out.is_dir() or any(opts.out.iterdir())):
-            raise BundleExistsError(f"--out {opts.out} exists and is not empty; refusing to overwrite")
-        return opts.out.resolve()
-    return (opts.bundles_dir / f"{exp.id}-sweep-{started.strftime('%Y%m%dT%H%M%SZ')}").resolve()
-
-
-def _verify_on_write(staging: Path) -> None:
-    """The sweep bundle must pass the same offline verification a reader will run on it."""
-    report = verify(staging)
-    if not report.ok:
-        details = "; ".join(str(d) for d in report.defects[:3])
-        raise CheckRunError(f"the new sweep bundle failed its own verification: {details}")
+    return bundle_path(opts.out, opts.bundles_dir, f"{exp.id}-sweep-{started.strftime('%Y%m%dT%H%M%SZ')}")

@@ -336,10 +336,17 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
     )
 
 
-def seal_sweep(receipt: SweepReceipt, staging: Path, final: Path, check: Any = None) -> str:
+def staged_sweep(receipt: SweepReceipt, staging: Path) -> tuple[dict[str, Any], str]:
+    """The sweep receipt as JSON and its README, its timeline written into ``staging``."""
     doc = receipt.to_json()
     write_atomic(staging / TIMELINE, timeline_svg(doc).encode("utf-8"))
-    return seal_bundle(doc, SWEEP_RECEIPT_SCHEMA, render_readme(doc), staging, final, check=check)
+    return doc, render_readme(doc)
+
+
+def seal_sweep(receipt: SweepReceipt, staging: Path, final: Path) -> str:
+    """A unit's bundle sealed (its driver verifies it when it comes back)."""
+    doc, readme = staged_sweep(receipt, staging)
+    return seal_bundle(doc, SWEEP_RECEIPT_SCHEMA, readme, staging, final)
 
 
 # --- the driver's side: accept a returned unit, or say why not --------------------------------
