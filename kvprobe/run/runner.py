@@ -190,7 +190,7 @@ def run_experiment(
     run_id = f"{exp.id}-{pin_set.name}-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
     final = _final_path(opts, exp, pin_set, started)
     # with servers, the env stays leased until the invocation ends, as its server lives on
-    session = CheckSession(exp, pin_set, session_settings(opts), reporter, servers)
+    session = CheckSession(exp, pin_set, _session_settings(opts), reporter, servers)
     workspace = Workspace(final, "kvprobe-run-")
     work, staging = workspace.work, workspace.stage()  # published at `final` only once sealed and verified
     timings: dict[str, float] = {}
@@ -241,7 +241,7 @@ def run_experiment(
         workspace.close()
 
 
-def session_settings(opts: RunOptions) -> SessionSettings:
+def _session_settings(opts: RunOptions) -> SessionSettings:
     """What a run's check session is opened with."""
     return SessionSettings(opts.cache_root, opts.torch_index, opts.preload, opts.keep_server_s)
 

@@ -119,7 +119,7 @@ class SweepShare:
         if key not in self._sessions:
             work = self._work / f"server-{len(self._sessions)}"
             work.mkdir()
-            session = self._held.enter_context(open_session(exp, session_settings(opts), reporter))
+            session = self._held.enter_context(open_session(exp, _session_settings(opts), reporter))
             session.start(work, opts.timeout_s * self._probes * releases_n + 600)
             self._sessions[key] = session
         return self._sessions[key]
@@ -170,7 +170,7 @@ def sweep_experiment(
                 exp, share.session(exp, package, opts, reporter, len(available)), opts.jobs, reporter
             )
         elif executor is None:  # threads sharing the env the driver builds, and its fork server
-            session = held.enter_context(open_session(exp, session_settings(opts), reporter))
+            session = held.enter_context(open_session(exp, _session_settings(opts), reporter))
             session.start(work, opts.timeout_s * len(exp.probes) * len(served) + 600)
             executor = LocalExecutor(exp, session, opts.jobs, reporter)
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
@@ -223,7 +223,7 @@ def sweep_experiment(
         workspace.close()
 
 
-def session_settings(opts: SweepOptions) -> SessionSettings:
+def _session_settings(opts: SweepOptions) -> SessionSettings:
     """What a sweep's check session is opened with."""
     return SessionSettings(opts.cache_root, opts.torch_index, opts.preload)
 
