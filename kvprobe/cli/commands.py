@@ -22,8 +22,10 @@ if TYPE_CHECKING:
     from kvprobe.cli.console import Output
     from kvprobe.evidence.safetree import Limits
     from kvprobe.model.records import Experiment
-    from kvprobe.run.runner import RunOptions, RunResult
-    from kvprobe.run.sweep import SweepOptions, SweepResult
+    from kvprobe.model.sweep_receipt import SweepReceipt
+    from kvprobe.run.runner import RunOptions
+    from kvprobe.run.sweep import SweepOptions
+    from kvprobe.run.workspace import SealedBundle
     from kvprobe.verify.attestation import SignedStatement
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
@@ -678,7 +680,7 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
     from kvprobe.cli.console import print_run_diagnostics, print_run_summary
     from kvprobe.run.runner import check_run, run_experiments
 
-    def report(streams: Output, _exp_id: str, result: RunResult) -> tuple[int, dict[str, Any]]:
+    def report(streams: Output, _exp_id: str, result: SealedBundle[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
         if streams.verbosity > -2:
             print_run_diagnostics(streams.err, result.receipt)
         if streams.results:
@@ -782,11 +784,11 @@ def sweep_cmd(
     return EXIT_UNOBSERVED if unobserved else EXIT_OK
 
 
-def _sweep_summary(result: SweepResult) -> dict[str, Any]:
+def _sweep_summary(result: SealedBundle[SweepReceipt]) -> dict[str, Any]:
     return {"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": result.receipt.summary}
 
 
-def _sweep_exit(result: SweepResult) -> int:
+def _sweep_exit(result: SealedBundle[SweepReceipt]) -> int:
     unobserved = {"could-not-observe", "not-present"} & set(result.receipt.summary)
     return EXIT_UNOBSERVED if unobserved else EXIT_OK
 
@@ -796,7 +798,7 @@ def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> i
     from kvprobe.cli.console import print_sweep_summary
     from kvprobe.run.sweep import check_sweep, sweep_experiments
 
-    def report(streams: Output, exp_id: str, result: SweepResult) -> tuple[int, dict[str, Any]]:
+    def report(streams: Output, exp_id: str, result: SealedBundle[SweepReceipt]) -> tuple[int, dict[str, Any]]:
         if streams.results:
             print_sweep_summary(streams.out, result.receipt.to_json(), str(result.bundle), result.manifest_sha256)
         return _sweep_exit(result), {"experiment": exp_id, **_sweep_summary(result)}
@@ -804,7 +806,7 @@ def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> i
     return _several(ids, opts, as_json, kind="sweeps", check=check_sweep, outcomes_of=sweep_experiments, report=report)
 
 
-def run_summary(result: RunResult) -> dict[str, Any]:
+def run_summary(result: SealedBundle[dict[str, Any]]) -> dict[str, Any]:
     receipt = result.receipt
     return {
         "verdict": receipt["verdict"],
@@ -1104,11 +1106,11 @@ def gates_cmd(
         print_gate_diagnostics(streams.err, result.receipt)
     if streams.results:
         print_gates(streams.out, result.receipt, str(result.bundle), result.manifest_sha256)
-    code = _GATES_EXIT[result.overall.value]
+    code = _GATES_EXIT[result.receipt["overall"]]
     if as_json:
         emit_json(
             {
-                "overall": result.overall.value,
+                "overall": result.receipt["overall"],
                 "exit_code": code,
                 "bundle": str(result.bundle),
                 "manifest_sha256": result.manifest_sha256,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvprobe.checks.forkserver import FRESH, Execution, ForkServer
+from kvprobe.checks.forkserver import FRESH, Execution
 from kvprobe.evidence import gate_probes
 from kvprobe.evidence.bundle import cite
 from kvprobe.evidence.gate_probes import ProbeRule
@@ -28,18 +28,8 @@ from kvprobe.model.receipt import EnvRecord, ExecutionRecord
 from kvprobe.model.records import Experiment, PinSet, Side
 from kvprobe.names import LOGS_DIR, RAW_DIR
 from kvprobe.progress import Reporter
-from kvprobe.run import runner
-from kvprobe.run.side import (
-    CheckContext,
-    CheckPaths,
-    cached_environment,
-    environment,
-    execution_record,
-    fork_server,
-    preload_modules,
-    run_probe,
-    server_ready,
-)
+from kvprobe.run.session import CheckSession, SessionSettings
+from kvprobe.run.side import CheckContext, CheckPaths, run_probe
 
 
 @dataclass(frozen=True)
@@ -77,42 +67,29 @@ class _ProbeOutcome:
     ran: list[dict[str, Any]]  # {"name": "<experiment>/<probe>", "run": ProbeRun}
 
 
-@dataclass(frozen=True)
-class Serving:
-    """The gates run's fork server in ``python``'s env, or None and why its probes run fresh."""
-
-    server: ForkServer | None
-    reason: str | None
-    python: str | None
-
-
-def start_server(opts: GateOptions, work: Path, reporter: Reporter, held: contextlib.ExitStack) -> Serving | None:
-    """The gates run's fork server, started now when a release will be fetched and the probes'
-    env is already in the cache (it preloads while the wheel is fetched and unpacked), stopped
-    with ``held``; None when it starts once :func:`run_behaviour` has the env (a path or wheel
-    file is materialized in moments, and a spec that is neither is refused before any server starts)."""
+def start_server(opts: GateOptions, work: Path, reporter: Reporter, held: contextlib.ExitStack) -> CheckSession | None:
+    """The gates run's check session, closed with ``held``, its fork server started now when
+    a release will be fetched and the probes' env is already in the cache (it preloads while
+    the wheel is fetched and unpacked); None when :func:`run_behaviour` opens it once it has
+    the env (a path or wheel file is materialized in moments, and a spec that is neither is
+    refused before any server starts)."""
     if opts.sglang is None or not opts.preload or not VERSION_RE.match(opts.sglang) or Path(opts.sglang).exists():
         return None
     experiments = [e for _rule, e in _experiments()]
-    early = cached_environment(*experiments[0], _run_options(opts), reporter, held)
-    return None if early is None else _serve(experiments, early[1], early[2], opts, work, held, reporter)
+    session = held.enter_context(_open(experiments, opts, reporter))
+    if session.cached() is None:
+        return None  # nothing held: run_behaviour opens the session once the env is built
+    session.start(work, _lifetime(experiments, opts))
+    return session
 
 
-def _serve(
-    experiments: list[tuple[Experiment, PinSet]],
-    python: str,
-    env_vars: dict[str, str],
-    opts: GateOptions,
-    work: Path,
-    held: contextlib.ExitStack,
-    reporter: Reporter,
-) -> Serving:
-    lifetime = opts.timeout_s * max(1, sum(len(e.probes) for e, _p in experiments)) + 600
-    modules = preload_modules(*experiments[0])  # the behavioural experiments share one profile (one env)
-    server, reason = fork_server(python, env_vars, work, lifetime, opts.preload, modules, reporter=reporter)
-    if server is not None:
-        held.enter_context(server)
-    return Serving(server, reason, python)
+def _open(experiments: list[tuple[Experiment, PinSet]], opts: GateOptions, reporter: Reporter) -> CheckSession:
+    """The session of the first experiment's env: the behavioural experiments share one profile (one env)."""
+    return CheckSession(*experiments[0], SessionSettings(opts.cache_root, opts.torch_index, opts.preload), reporter)
+
+
+def _lifetime(experiments: list[tuple[Experiment, PinSet]], opts: GateOptions) -> float:
+    return opts.timeout_s * max(1, sum(len(e.probes) for e, _p in experiments)) + 600
 
 
 def _experiments() -> list[tuple[ProbeRule, tuple[Experiment, PinSet]]]:
@@ -129,10 +106,6 @@ def _experiments() -> list[tuple[ProbeRule, tuple[Experiment, PinSet]]]:
     return found
 
 
-def _run_options(opts: GateOptions) -> runner.RunOptions:
-    return runner.RunOptions(cache_root=opts.cache_root, torch_index=opts.torch_index)
-
-
 def run_behaviour(
     target: Target | None,
     opts: GateOptions,
@@ -140,11 +113,11 @@ def run_behaviour(
     work: Path,
     reporter: Reporter,
     held: contextlib.ExitStack,
-    started: Serving | None = None,
+    session: CheckSession | None = None,
 ) -> BehaviourRun:
     """Every behavioural gate's probes against the target, or each gate's one unknown check
-    without one; the probes fork from ``started`` (:func:`start_server`) or from a server
-    started here once the env is there, stopped with ``held`` (which also holds the env's lease)."""
+    without one; the probes fork from the server of ``session`` (:func:`start_server`) or of
+    one opened here, closed with ``held``, its server started once the env is there."""
     rules = [gate_probes.RULES[n] for n in gate_probes.BEHAVIOURAL]
     if target is None:
         gates = {
@@ -156,27 +129,30 @@ def run_behaviour(
         r.gate: ([], [], []) for r in rules
     }
     ran: list[dict[str, Any]] = []
-    env: EnvRecord | None = None
-    envs: dict[str, tuple[EnvRecord, str, dict[str, str]]] = {}  # by profile: one env, one lease
-    serving = started
     loaded = _experiments()
+    behavioural = [e for _r, e in loaded]
+    session = session or held.enter_context(_open(behavioural, opts, reporter))
+    sessions = {session.exp.profile: session}  # by profile: one env, one lease
+    env: EnvRecord | None = None
     for rule, (exp, pin_set) in loaded:
-        if exp.profile not in envs:
-            envs[exp.profile] = environment(exp, pin_set, _run_options(opts), reporter, held)
-        env, python, env_vars = envs[exp.profile]
-        serving = serving or _serve([e for _r, e in loaded], python, env_vars, opts, work, held, reporter)
-        serving = Serving(*server_ready(serving.server, serving.reason, reporter), serving.python)
-        elsewhere = serving.server is not None and python != serving.python  # it forks only its env's python
-        server = None if elsewhere else serving.server
-        ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server)
+        if exp.profile not in sessions:
+            sessions[exp.profile] = held.enter_context(CheckSession(exp, pin_set, session.settings, reporter))
+        mine = sessions[exp.profile]
+        env = mine.environment().record
+        session.environment()
+        session.start(work, _lifetime(behavioural, opts))  # once, in the first experiment's env
+        server = session.ready()
+        elsewhere = server is not None and mine.python != session.python  # it forks only its env's python
+        ctx = CheckContext(
+            exp, pin_set, mine.python, mine.variables, staging, work, opts.timeout_s, None if elsewhere else server
+        )
         outcome = _probe_experiment(rule, ctx, target, reporter)
         checks, refs, experiments = found[rule.gate]
         checks += outcome.checks
         refs += outcome.refs
         experiments.append(outcome.experiment)
         ran += [_elsewhere(r) for r in outcome.ran] if elsewhere else outcome.ran
-    assert serving is not None, "the behavioural gates have experiments"
-    execution = execution_record(serving.server, serving.reason, {Side.HEAD: {"tests": [], "probes": ran}})
+    execution = session.execution({Side.HEAD: {"tests": [], "probes": ran}})
     gates = {
         r.gate: ProbeGate(
             r.gate,

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import platform
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Iterable
@@ -34,8 +32,8 @@ from typing import Any
 
 from kvprobe import __version__
 from kvprobe.env.venv import check_index_url
-from kvprobe.errors import BundleExistsError, UsageError
-from kvprobe.evidence.bundle import host_facts, seal_bundle
+from kvprobe.errors import UsageError
+from kvprobe.evidence.bundle import host_facts
 from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.behaviour import BehaviourRun, ProbeGate, run_behaviour, start_server
@@ -56,19 +54,8 @@ from kvprobe.model.gates_receipt import (
 from kvprobe.model.receipt import Tool
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
-from kvprobe.run.runner import verify_on_write
+from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
 from kvprobe.text import for_markdown
-
-
-@dataclass(frozen=True)
-class GatesResult:
-    bundle: Path
-    receipt: dict[str, Any]
-    manifest_sha256: str
-
-    @property
-    def overall(self) -> Status:
-        return Status(self.receipt["overall"])
 
 
 @dataclass(frozen=True)
@@ -94,7 +81,7 @@ class GatesRun:
     gate4: dict[str, Any] = field(default_factory=dict)  # what gate 4's deferred checks were decided from
 
 
-def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResult:
+def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> SealedBundle[dict[str, Any]]:
     """Decide all four gates and write the bundle; raises only on bad input or a broken env."""
     reporter = reporter or Reporter()
     if not (opts.logs or opts.server_args or opts.sglang or opts.env):
@@ -105,10 +92,8 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
     logs = read_logs(opts.logs)
     files = read_server_args(opts.server_args)
     envs = read_env(opts.env)
-    final = _final_path(opts, started)
-    work = Path(tempfile.mkdtemp(prefix="kvprobe-gates-"))
-    staging = work / "bundle"  # published beside `final` only once sealed and verified
-    staging.mkdir()
+    workspace = Workspace(_final_path(opts, started), "kvprobe-gates-")
+    work, staging = workspace.work, workspace.stage()  # published at `final` only once sealed and verified
     timings: dict[str, float] = {"read_inputs_s": time.monotonic() - clock}
     held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
     try:
@@ -140,20 +125,14 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
             GatesRun(started, gates, findings, behaviour, timings, gate4_basis),
         )
         receipt = record.to_json()
-        readme = render_readme(record)
-        digest = seal_bundle(receipt, GATES_RECEIPT_SCHEMA, readme, staging, final, check=verify_on_write)
-        return GatesResult(final, receipt, digest)
+        return workspace.seal(receipt, receipt, GATES_RECEIPT_SCHEMA, render_readme(record))
     finally:
         held.close()
-        shutil.rmtree(work, ignore_errors=True)
+        workspace.close()
 
 
 def _final_path(opts: GateOptions, started: datetime) -> Path:
-    if opts.out is not None:
-        if opts.out.exists() and (not opts.out.is_dir() or any(opts.out.iterdir())):
-            raise BundleExistsError(f"--out {opts.out} exists and is not empty; refusing to overwrite")
-        return opts.out.resolve()
-    return (opts.bundles_dir / f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}").resolve()
+    return bundle_path(opts.out, opts.bundles_dir, f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}")
 
 
 ADMISSION = "reject/admission: fixes #38935 and #36988 behave as fixed on this SGLang"

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from kvprobe import __version__
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import check_index_url
-from kvprobe.errors import BundleExistsError, CheckRunError, FetchError, KvprobeError, UsageError
+from kvprobe.errors import FetchError, KvprobeError, UsageError
 from kvprobe.evidence import compare
-from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
+from kvprobe.evidence.bundle import cite, host_facts
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.receipt import (
@@ -42,17 +42,9 @@ from kvprobe.model.receipt import (
 from kvprobe.model.records import Experiment, GitPin, PinSet, Side, SourceKind, WheelPin
 from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
-from kvprobe.run.side import (
-    CheckContext,
-    cached_environment,
-    environment,
-    execution_record,
-    fork_server,
-    preload_modules,
-    run_side,
-    server_ready,
-)
-from kvprobe.verify.steps import VerifyOptions, verify
+from kvprobe.run.session import CheckSession, SessionEnv, SessionSettings, env_lease, fork_server, preload_modules
+from kvprobe.run.side import CheckContext, run_side
+from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
 
 if TYPE_CHECKING:
     from kvprobe.checks.forkserver import ForkServer
@@ -95,14 +87,7 @@ class RunOutputs:
     checks: dict[Side, dict[str, Any]]  # run.side.run_side per side
     staging: Path
     timings: dict[str, float]
-    execution: ExecutionRecord  # run.side.execution_record: fresh or forked, and what was preloaded
-
-
-@dataclass(frozen=True)
-class RunResult:
-    bundle: Path
-    receipt: dict[str, Any]
-    manifest_sha256: str
+    execution: ExecutionRecord  # CheckSession.execution: fresh or forked, and what was preloaded
 
 
 class ServerPool:
@@ -136,17 +121,18 @@ class ServerPool:
             shutil.rmtree(self._work, ignore_errors=True)
 
     def get(
-        self, env: tuple[EnvRecord, str, dict[str, str]], opts: RunOptions, modules: tuple[str, ...]
+        self, env: SessionEnv, settings: SessionSettings, modules: tuple[str, ...]
     ) -> tuple[ForkServer | None, str | None]:
         """The server for ``env`` and ``modules``: the one already started for them, or a new one."""
-        _, python, env_vars = env
-        key = (python, tuple(sorted(env_vars.items())), modules, opts.preload, opts.keep_server_s)
+        python, env_vars, keep_s = env.python, env.variables, settings.keep_server_s
+        key = (python, tuple(sorted(env_vars.items())), modules, settings.preload, keep_s)
         if key not in self._servers:
             work = self._work / f"server-{len(self._servers)}"
             work.mkdir()
             started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            lease = env_lease(env.directory) if keep_s is not None else None
             server, reason = fork_server(
-                python, env_vars, work, self._lifetime_s, opts.preload, modules, opts.keep_server_s
+                python, env_vars, work, self._lifetime_s, settings.preload, modules, keep_s, lease=lease
             )
             if server is not None:
                 self._held.enter_context(server)
@@ -166,7 +152,7 @@ class ServerPool:
 
 def run_experiments(
     planned: Sequence[tuple[Experiment, RunOptions]], reporter: Reporter | None = None
-) -> Generator[tuple[Experiment, RunResult | KvprobeError], None, None]:
+) -> Generator[tuple[Experiment, SealedBundle[dict[str, Any]] | KvprobeError], None, None]:
     """Run each experiment in turn with its options, experiments of one profile sharing one env
     and one fork server; yields each one's result, or the error that kept it from a bundle (the
     next ones still run). Check :func:`check_run` for every one first: bad input is refused
@@ -192,48 +178,47 @@ def check_run(exp: Experiment, opts: RunOptions) -> Path:
 
 def run_experiment(
     exp: Experiment, opts: RunOptions, reporter: Reporter | None = None, servers: ServerPool | None = None
-) -> RunResult:
+) -> SealedBundle[dict[str, Any]]:
     """Run ``exp`` and write its bundle; raises only when no honest receipt can be written.
 
     ``servers``: the invocation's fork servers, shared with its other experiments (None: the
     run starts its own)."""
     reporter = reporter or Reporter()
     pin_set = _pin_set(exp, opts.pin_set)
-    modules = check_inputs(exp, pin_set, opts)
+    check_inputs(exp, pin_set, opts)
     started = datetime.now(UTC)
     run_id = f"{exp.id}-{pin_set.name}-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
     final = _final_path(opts, exp, pin_set, started)
-    work = Path(tempfile.mkdtemp(prefix="kvprobe-run-"))
-    staging = work / "bundle"  # published beside `final` only once sealed and verified
-    staging.mkdir()
+    # with servers, the env stays leased until the invocation ends, as its server lives on
+    session = CheckSession(exp, pin_set, _session_settings(opts), reporter, servers)
+    workspace = Workspace(final, "kvprobe-run-")
+    work, staging = workspace.work, workspace.stage()  # published at `final` only once sealed and verified
     timings: dict[str, float] = {}
-    held = contextlib.ExitStack()  # the env's lease: `cache prune` leaves it alone until we end
+    held = contextlib.ExitStack()  # the trees' leases: `cache prune` leaves them alone until we end
+    lifetime_s = _lifetime(exp, pin_set, opts)
     try:
         clock = time.monotonic()
         _check_sources(exp, pin_set, opts)  # bad input is refused before a server starts
         # a cached env's python is known now: its fork server preloads while the trees are made
-        # with servers, the env stays leased until the invocation ends, as its server lives on
-        leases = servers.leases if servers is not None else held
-        early = cached_environment(exp, pin_set, opts, reporter, leases) if opts.preload else None
-        server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early, modules, reporter, servers)
+        if opts.preload:
+            session.cached()
+        session.start(work, lifetime_s)
         timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()
         sides = _materialize(exp, pin_set, opts, work, reporter, held)
         timings["materialize_s"] = time.monotonic() - clock
         clock = time.monotonic()
-        if early is not None and early[0].lock_name is not None:
-            reporter.note(f"env {early[0].key}: cached")  # where environment() says it
-        env, python, env_vars = early or environment(exp, pin_set, opts, reporter, leases)
+        session.environment()
         timings["environment_s"] = time.monotonic() - clock
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)
-        if early is None:
-            found = (env, python, env_vars)
-            server, fresh_reason = _start_server(exp, pin_set, opts, work, held, found, modules, reporter, servers)
-        server, fresh_reason = server_ready(server, fresh_reason, reporter)  # what the first check waits on
+        session.start(work, lifetime_s)  # where the env was not cached
+        server = session.ready()  # what the first check waits on
         if server is None and opts.keep_server_s is not None:
-            reporter.note(f"checks run fresh: {fresh_reason}")  # asked for a kept server, not given one
-        ctx = CheckContext(exp, pin_set, python, env_vars, staging, work, opts.timeout_s, server, opts.repeat)
+            reporter.note(f"checks run fresh: {session.fresh_reason}")  # asked for a kept server, not given one
+        ctx = CheckContext(
+            exp, pin_set, session.python, session.variables, staging, work, opts.timeout_s, server, opts.repeat
+        )
         timings["preload_s"] = time.monotonic() - clock
         clock = time.monotonic()
         with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, 2))) as pool:
@@ -244,41 +229,21 @@ def run_experiment(
             checks = {side: f.result() for side, f in futures.items()}
         timings["checks_s"] = time.monotonic() - clock
         plan = RunPlan(exp, pin_set, run_id, started)
-        execution = execution_record(server, fresh_reason, checks)
+        execution = session.execution(checks)
         if servers is not None:
             execution = replace(execution, shared=servers.record(exp, server))
-        outputs = RunOutputs(sides, env, env_vars, checks, staging, timings, execution)
-        receipt = _receipt(plan, outputs, opts.repeat)
-        result = _write_bundle(exp, receipt, staging, final)
-        return result
+        outputs = RunOutputs(sides, session.record, session.variables, checks, staging, timings, execution)
+        receipt = _receipt(plan, outputs, opts.repeat).to_json()
+        return workspace.seal(receipt, receipt, RECEIPT_SCHEMA, render_readme(receipt))
     finally:
         held.close()
-        shutil.rmtree(work, ignore_errors=True)
+        session.close()
+        workspace.close()
 
 
-def _start_server(
-    exp: Experiment,
-    pin_set: PinSet,
-    opts: RunOptions,
-    work: Path,
-    held: contextlib.ExitStack,
-    env: tuple[EnvRecord, str, dict[str, str]] | None,
-    modules: tuple[str, ...],
-    reporter: Reporter,
-    servers: ServerPool | None = None,
-) -> tuple[ForkServer | None, str | None]:
-    """The run's fork server started in ``env``'s python (None: not known yet), importing
-    ``modules``, stopped with ``held`` however the run ends; its lifetime covers every check
-    of both sides. With ``servers``, the invocation's server for that env (it stops them)."""
-    if env is None:
-        return None, None
-    if servers is not None:
-        return servers.get(env, opts, modules)
-    lifetime_s = _lifetime(exp, pin_set, opts)
-    server, reason = fork_server(env[1], env[2], work, lifetime_s, opts.preload, modules, opts.keep_server_s, reporter)
-    if server is not None:
-        held.enter_context(server)
-    return server, reason
+def _session_settings(opts: RunOptions) -> SessionSettings:
+    """What a run's check session is opened with."""
+    return SessionSettings(opts.cache_root, opts.torch_index, opts.preload, opts.keep_server_s)
 
 
 def _lifetime(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> float:
@@ -287,12 +252,11 @@ def _lifetime(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> float:
     return opts.timeout_s * max(1, checks) + 600
 
 
-def check_inputs(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> tuple[str, ...]:
+def check_inputs(exp: Experiment, pin_set: PinSet, opts: RunOptions) -> None:
     """Bad input is refused before anything runs (no fetch, no env build, nothing written):
-    the index, and the profile, its lock and its preload list, checked whole. Returns what
-    the run's fork server preloads."""
+    the index, and the profile, its lock and its preload list, checked whole."""
     check_index_url(opts.torch_index)
-    return preload_modules(exp, pin_set)
+    preload_modules(exp, pin_set)
 
 
 def _pin_set(exp: Experiment, name: str | None) -> PinSet:
@@ -303,12 +267,7 @@ def _pin_set(exp: Experiment, name: str | None) -> PinSet:
 
 
 def _final_path(opts: RunOptions, exp: Experiment, pin_set: PinSet, started: datetime) -> Path:
-    if opts.out is not None:
-        if opts.out.exists() and (not opts.out.is_dir() or any(opts.out.iterdir())):
-            raise BundleExistsError(f"--out {opts.out} exists and is not empty; refusing to overwrite")
-        return opts.out.resolve()
-    stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    return (opts.bundles_dir / f"{exp.id}-{pin_set.name}-{stamp}").resolve()
+    return bundle_path(opts.out, opts.bundles_dir, f"{exp.id}-{pin_set.name}-{started.strftime('%Y%m%dT%H%M%SZ')}")
 
 
 # --- sources -----------------------------------------------------------------------------
@@ -640,18 +599,3 @@ def _limits(exp: Experiment, pin_set: PinSet, env: EnvRecord) -> list[str]:
             f"{t.get('cuda_available')}) from {env.torch_index}"
         )
     return limits
-
-
-def _write_bundle(exp: Experiment, record: Receipt, staging: Path, final: Path) -> RunResult:
-    receipt = record.to_json()
-    digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=verify_on_write)
-    return RunResult(final, receipt, digest)
-
-
-def verify_on_write(staging: Path) -> None:
-    """The bundle must pass the same offline verification a reader will run on it (but for the
-    comparison with kvprobe's installed copy: a project may run its own edit of an experiment)."""
-    report = verify(staging, VerifyOptions(check_installed=False))
-    if not report.ok:
-        details = "; ".join(str(d) for d in report.defects[:3])
-        raise CheckRunError(f"the new bundle failed its own verification: {details}")

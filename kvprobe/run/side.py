@@ -1,4 +1,5 @@
-"""One side's checks, and the environment they run in: shared by `kvprobe run` and gate 2.
+"""One side's checks: shared by `kvprobe run` and the gates' probes (their env and fork
+server are the caller's :class:`kvprobe.run.session.CheckSession`).
 
 A side is one materialized tree (base or head); its checks are the upstream test files
 (head's version on both sides) and the experiment's probes. Raw outputs go to
@@ -7,105 +8,17 @@ A side is one materialized tree (base or head); its checks are the upstream test
 
 from __future__ import annotations
 
-import contextlib
 import json
-import platform
-import sys
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from kvprobe import __version__
 from kvprobe.checks import probes, upstream
-from kvprobe.checks.forkserver import FRESH, PRELOAD, BadReply, ForkServer
-from kvprobe.checks.keptserver import KeptServer
-from kvprobe.errors import ExperimentError, ObserveError
+from kvprobe.checks.forkserver import ForkServer
 from kvprobe.files import write_json
-from kvprobe.model.receipt import CheckExecution, EnvRecord, ExecutionRecord, InstallerRecord, KeptServerRecord
-from kvprobe.model.records import EnvInfo, Experiment, ModelPin, PinSet, ProbeCheck, Side, SourceKind, WheelPin
+from kvprobe.model.records import Experiment, ModelPin, PinSet, ProbeCheck, Side
 from kvprobe.names import LOGS_DIR, RAW_DIR, TEST_RUN_SCHEMA
 from kvprobe.progress import Reporter
-
-
-class EnvOptions(Protocol):
-    """What :func:`environment` reads of ``run.runner.RunOptions`` (side sits below runner)."""
-
-    cache_root: Path
-    torch_index: str | None
-
-
-def environment(
-    exp: Experiment,
-    pin_set: PinSet,
-    opts: EnvOptions,
-    reporter: Reporter,
-    held: contextlib.ExitStack | None = None,
-) -> tuple[EnvRecord, str, dict[str, str]]:
-    """The env both sides share (one lock), its python, and the variables pinned for checks."""
-    if pin_set.kind is SourceKind.SYNTHETIC:
-        import hypothesis
-
-        packages = {"hypothesis": hypothesis.__version__, "kvprobe": __version__}
-        return (
-            EnvRecord("kvprobe-interpreter", platform.python_version(), exp.profile, None, None, packages, None, None),
-            sys.executable,
-            {},
-        )
-    from kvprobe.env.venv import EnvManager, load_profile
-
-    profile = load_profile(exp.profile)
-    info: EnvInfo = EnvManager(opts.cache_root, reporter=reporter).ensure(
-        profile, torch_index=opts.torch_index, hold=held
-    )
-    return _described(info, profile.name, dict(profile.env))
-
-
-def cached_environment(
-    exp: Experiment,
-    pin_set: PinSet,
-    opts: EnvOptions,
-    reporter: Reporter,
-    held: contextlib.ExitStack | None = None,
-) -> tuple[EnvRecord, str, dict[str, str]] | None:
-    """:func:`environment` when it is already there (nothing to build), else None: its python
-    is then known early enough to start the fork server before the trees are materialized."""
-    if pin_set.kind is SourceKind.SYNTHETIC:
-        return environment(exp, pin_set, opts, reporter, held)
-    from kvprobe.env.venv import EnvManager, load_profile
-
-    profile = load_profile(exp.profile)
-    info = EnvManager(opts.cache_root, reporter=reporter).cached(profile, torch_index=opts.torch_index, hold=held)
-    return None if info is None else _described(info, profile.name, dict(profile.env))
-
-
-def _described(info: EnvInfo, profile: str, env_vars: dict[str, str]) -> tuple[EnvRecord, str, dict[str, str]]:
-    env = EnvRecord(
-        key=info.key,
-        python=info.python,
-        profile=profile,
-        lock_name=info.lock_name,
-        lock_sha256=info.lock_sha256,
-        packages=dict(sorted(info.packages.items())),
-        torch=info.build.get("torch"),
-        torch_index=info.build.get("torch_index"),
-        installer=installer_record(info),
-    )
-    return env, str(info.path / "bin" / "python"), env_vars
-
-
-def installer_record(info: EnvInfo) -> InstallerRecord | None:
-    """The installer the env's build recorded (``kvprobe-env.json``), with its version: uv's
-    as it reported it, pip's the one in the env. None when the build recorded none."""
-    how = info.build.get("installer")
-    if not isinstance(how, dict) or how.get("tool") not in ("uv", "pip"):
-        return None
-    if how["tool"] == "uv":
-        words = str(how.get("version", "")).split()  # "uv 0.13.9 (x86_64-unknown-linux-gnu)"
-        version = words[1] if len(words) > 1 and words[0] == "uv" and words[1][:1].isdigit() else None
-        return InstallerRecord("uv", version)
-    return InstallerRecord("pip", info.packages.get("pip"))
 
 
 @dataclass(frozen=True)
@@ -246,119 +159,3 @@ def run_probe(ctx: CheckContext, paths: CheckPaths, check: ProbeCheck, nth: int 
 
 def _safe_name(rel: str) -> str:
     return rel.replace("/", "__")
-
-
-def preload_modules(exp: Experiment, pin_set: PinSet) -> tuple[str, ...]:
-    """What the checks' fork server imports: the profile's ``preload`` (PRELOAD where it names
-    none). Never the package under test (ExperimentError): its code comes from each side's tree."""
-    if pin_set.kind is SourceKind.SYNTHETIC:
-        return PRELOAD
-    from kvprobe.env.venv import load_profile
-
-    modules = load_profile(exp.profile).preload
-    modules = PRELOAD if modules is None else modules
-    wheels = [pin for pin in (pin_set.base, pin_set.head) if isinstance(pin, WheelPin)]
-    tested = {pin.package.lower().replace("-", "_") for pin in wheels}
-    for name in modules:
-        if name.split(".")[0].lower() in tested:
-            raise ExperimentError(
-                f"profile {exp.profile}: preload names {name!r}, part of the package under test "
-                "(its code must come from each side's tree)"
-            )
-    return modules
-
-
-def fork_server(
-    python: str,
-    env_vars: dict[str, str],
-    work: Path,
-    lifetime_s: float,
-    preload: bool,
-    modules: Sequence[str],
-    keep_s: float | None = None,
-    reporter: Reporter | None = None,
-) -> tuple[ForkServer | None, str | None]:
-    """The run's fork server importing ``modules``, started (its preload runs while the caller
-    goes on), or None and why its checks run in fresh interpreters. :func:`server_ready` waits.
-    With ``keep_s``, the server kept between runs (found running, or started to stay up
-    ``keep_s`` seconds unused), holding a lease on its env when the env is a cache entry.
-    """
-    if not preload:
-        return None, "--no-preload"
-    reporter = reporter or Reporter()
-    server: ForkServer
-    try:
-        if keep_s is not None:
-            server = KeptServer(
-                python, preload=modules, env=env_vars, idle_s=keep_s, lease=_env_lease(python), wait=False
-            )
-        else:
-            server = ForkServer(
-                python, preload=modules, env=env_vars, work=work / "forkserver", lifetime_s=lifetime_s, wait=False
-            )
-    except ObserveError as exc:
-        reporter.note(f"preload: the fork server did not start ({exc}); checks run in fresh interpreters")
-        return None, f"the fork server did not start: {exc}"
-    if isinstance(server, KeptServer) and server.reused:
-        reporter.note(f"preload: the kept fork server is running ({_listed(modules)})")
-    else:
-        reporter.note(f"preload: fork server started, importing {_listed(modules)} in the background")
-    return server, None
-
-
-def _listed(modules: Sequence[str]) -> str:
-    return ", ".join(modules) if modules else "nothing"
-
-
-def _env_lease(python: str) -> Path | None:
-    """A lease file on the cache env ``python`` belongs to (its runs hold leases beside it);
-    None for an interpreter outside the cache (a synthetic experiment's, kvprobe's own)."""
-    from kvprobe.env.cache import lease_file
-
-    env_dir = Path(python).parent.parent
-    return lease_file(env_dir) if (env_dir.parent / f"{env_dir.name}.users").is_dir() else None
-
-
-def server_ready(
-    server: ForkServer | None, reason: str | None, reporter: Reporter | None = None
-) -> tuple[ForkServer | None, str | None]:
-    """The server once it has preloaded, or None and why: a server that cannot start is not a
-    failed run, its checks run fresh and the receipt says why (it is closed here). The first
-    wait is a reporter step (a heartbeat while torch and the rest import, then its time)."""
-    if server is None:
-        return None, reason
-    reporter = reporter or Reporter()
-    waited = not server.is_ready
-    try:
-        if waited:
-            with reporter.step(f"preload: fork server importing {_listed(server.modules)}"):
-                server.ready()
-        else:
-            server.ready()
-    except BadReply as exc:  # a kept server found on the run's key is any process of this user
-        server.close()
-        return None, f"ignored a fork server whose reply is not one: {exc}"
-    except ObserveError as exc:
-        server.close()
-        reporter.note(f"preload: the fork server did not start ({exc}); checks run in fresh interpreters")
-        return None, f"the fork server did not start: {exc}"
-    if waited:
-        reporter.note(f"preload: fork server ready, {time.monotonic() - server.started:.1f}s after it started")
-    return server, None
-
-
-def execution_record(
-    server: ForkServer | None, fresh_reason: str | None, checks: dict[Side, dict[str, Any]]
-) -> ExecutionRecord:
-    """The receipt's ``execution``: how each check ran, and what its interpreter had preloaded."""
-    rows = []
-    for side, ran in checks.items():
-        named = [("test", t["path"], t["execution"]) for t in ran["tests"]]
-        named += [("probe", p["name"], p["run"].execution) for p in ran["probes"]]
-        for kind, name, how in named:
-            reason = how.reason or (fresh_reason if how.mode == FRESH else None)
-            rows.append(CheckExecution(name=name, mode=how.mode, reason=reason, side=side.value, check=kind))
-    kept = None
-    if isinstance(server, KeptServer):
-        kept = KeptServerRecord(server.kept.started_utc, server.reused, server.kept.idle_s)
-    return ExecutionRecord(dict(sorted(server.preloaded.items())) if server else {}, tuple(rows), kept)

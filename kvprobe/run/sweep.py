@@ -24,32 +24,32 @@ from pathlib import Path
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.installer import pip_config
 from kvprobe.env.venv import load_profile
-from kvprobe.errors import BundleExistsError, CheckRunError, DigestMismatch, FetchError, KvprobeError, UsageError
+from kvprobe.errors import DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.evidence.sweep_listing import unserved_reason
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, SweepReceipt
-from kvprobe.names import SIDES
+from kvprobe.names import SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
+from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.run.sweep_unit import (
     Executor,
     Expected,
     LocalExecutor,
-    Prepared,
-    ServerPlan,
     SweepRun,
     UnitRequest,
     accept_unit,
     failed_entry,
-    prepare,
-    seal_sweep,
+    open_session,
+    staged_sweep,
     sweep_host,
     sweep_receipt,
     wheel_pin_set,
 )
+from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
 from kvprobe.sources import releases
 from kvprobe.sources.wheel import platform_args
-from kvprobe.verify.steps import verify
+from kvprobe.verify.steps import VerifyOptions
 
 
 @dataclass
@@ -67,13 +67,6 @@ class SweepOptions:
     preload: bool = True  # local units' probes fork from one preloaded interpreter; False: fresh ones
 
 
-@dataclass(frozen=True)
-class SweepResult:
-    bundle: Path
-    receipt: SweepReceipt
-    manifest_sha256: str
-
-
 class SweepShare:
     """What the sweeps of one invocation (`kvprobe sweep A B --releases SPEC`) share: the
     index's listing of a package and each release's wheel resolved on it (read once, the same
@@ -89,7 +82,7 @@ class SweepShare:
         self._probes = sum(len(exp.probes) for exp in planned)
         self._listings: dict[tuple[str, ...], tuple[list[str], str]] = {}
         self._pins: dict[tuple[str, ...], WheelPin | str] = {}
-        self._prepared: dict[tuple[str, ...], Prepared] = {}
+        self._sessions: dict[tuple[str, ...], CheckSession] = {}
 
     def __enter__(self) -> SweepShare:
         return self
@@ -118,17 +111,18 @@ class SweepShare:
                 self._pins[(package, *flags, version)] = pin
         return {v: self._pins[(package, *flags, v)] for v in versions}
 
-    def prepared(
+    def session(
         self, exp: Experiment, package: str, opts: SweepOptions, reporter: Reporter, releases_n: int
-    ) -> Prepared:
-        """The env of ``exp``'s profile and its fork server, prepared by the first sweep that needs them."""
+    ) -> CheckSession:
+        """The check session of ``exp``'s profile (its env and fork server), opened by the first sweep that needs it."""
         key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
-        if key not in self._prepared:
-            work = self._work / f"server-{len(self._prepared)}"
+        if key not in self._sessions:
+            work = self._work / f"server-{len(self._sessions)}"
             work.mkdir()
-            serve = ServerPlan(work, opts.timeout_s * self._probes * releases_n + 600, opts.preload)
-            self._prepared[key] = prepare(exp, opts.cache_root, opts.torch_index, reporter, self._held, serve)
-        return self._prepared[key]
+            session = self._held.enter_context(open_session(exp, _session_settings(opts), reporter))
+            session.start(work, opts.timeout_s * self._probes * releases_n + 600)
+            self._sessions[key] = session
+        return self._sessions[key]
 
 
 def sweep_experiment(
@@ -137,7 +131,7 @@ def sweep_experiment(
     reporter: Reporter | None = None,
     executor: Executor | None = None,
     share: SweepShare | None = None,
-) -> SweepResult:
+) -> SealedBundle[SweepReceipt]:
     """Run ``exp``'s probes on each selected release and write the sweep bundle.
 
     ``executor``: where units run (default: from ``opts``, threads or Ray tasks); ``share``:
@@ -150,10 +144,9 @@ def sweep_experiment(
     assert isinstance(pin_set.head, WheelPin), "wheel_pin_set returns a wheel pin set"
     package, flags = pin_set.head.package, platform_args(pin_set.head.filename)
     started = datetime.now(UTC)
-    final = _final_path(opts, exp, started)
-    work = Path(tempfile.mkdtemp(prefix="kvprobe-sweep-"))
+    workspace = Workspace(_final_path(opts, exp, started), "kvprobe-sweep-")
+    work = workspace.work
     held = contextlib.ExitStack()
-    staging: Path | None = None
     try:
         if executor is None and opts.executor != "local":
             executor = _cluster_executor(exp, opts, held)  # before anything else: a bad --address fails fast
@@ -174,16 +167,14 @@ def sweep_experiment(
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
             executor = LocalExecutor(
-                exp, share.prepared(exp, package, opts, reporter, len(available)), opts.jobs, reporter
+                exp, share.session(exp, package, opts, reporter, len(available)), opts.jobs, reporter
             )
         elif executor is None:  # threads sharing the env the driver builds, and its fork server
-            serve = ServerPlan(work, opts.timeout_s * len(exp.probes) * len(served) + 600, opts.preload)
-            executor = LocalExecutor(
-                exp, prepare(exp, opts.cache_root, opts.torch_index, reporter, held, serve), opts.jobs, reporter
-            )
+            session = held.enter_context(open_session(exp, _session_settings(opts), reporter))
+            session.start(work, opts.timeout_s * len(exp.probes) * len(served) + 600)
+            executor = LocalExecutor(exp, session, opts.jobs, reporter)
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+        staging = workspace.stage(beside=True)
         copy_into_bundle(exp, staging)
         clock = time.monotonic()
         with reporter.step(f"{package}: each release's wheel on the index"):
@@ -200,7 +191,7 @@ def sweep_experiment(
             tuple(_listed(v, pins[v], profile.name, profile.serves) for v in chosen),
         )
         pins = {v: pins[v] for v in served}
-        local_env = executor.prepared.env if isinstance(executor, LocalExecutor) else None
+        local_env = executor.session.record if isinstance(executor, LocalExecutor) else None
         timings["resolve_s"] = time.monotonic() - clock  # units_s includes it, as before units had it
         expected = Expected(exp, staging, local_env)
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
@@ -225,13 +216,16 @@ def sweep_experiment(
         receipt = sweep_receipt(
             exp, SweepRun(opts.releases, listing, started, expected.env, ordered, tuple(unserved), timings, host)
         )
-        digest = seal_sweep(receipt, staging, final, check=_verify_on_write)
-        return SweepResult(final, receipt, digest)
+        doc, readme = staged_sweep(receipt, staging)
+        return workspace.seal(receipt, doc, SWEEP_RECEIPT_SCHEMA, readme, VerifyOptions())
     finally:
         held.close()
-        shutil.rmtree(work, ignore_errors=True)
-        if staging is not None and staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        workspace.close()
+
+
+def _session_settings(opts: SweepOptions) -> SessionSettings:
+    """What a sweep's check session is opened with."""
+    return SessionSettings(opts.cache_root, opts.torch_index, opts.preload)
 
 
 def check_sweep(exp: Experiment, opts: SweepOptions) -> Path:
@@ -246,7 +240,7 @@ def check_sweep(exp: Experiment, opts: SweepOptions) -> Path:
 
 def sweep_experiments(
     planned: Sequence[tuple[Experiment, SweepOptions]], reporter: Reporter | None = None
-) -> Generator[tuple[Experiment, SweepResult | KvprobeError], None, None]:
+) -> Generator[tuple[Experiment, SealedBundle[SweepReceipt] | KvprobeError], None, None]:
     """Sweep each experiment in turn, sharing what :class:`SweepShare` shares; yields each
     one's result, or the error that kept it from a bundle (the next ones still run). Check
     :func:`check_sweep` for every one first."""
@@ -309,16 +303,4 @@ def _resolve(package: str, flags: list[str], versions: list[str], work: Path, jo
 
 
 def _final_path(opts: SweepOptions, exp: Experiment, started: datetime) -> Path:
-    if opts.out is not None:
-        if opts.out.exists() and (not opts.out.is_dir() or any(opts.out.iterdir())):
-            raise BundleExistsError(f"--out {opts.out} exists and is not empty; refusing to overwrite")
-        return opts.out.resolve()
-    return (opts.bundles_dir / f"{exp.id}-sweep-{started.strftime('%Y%m%dT%H%M%SZ')}").resolve()
-
-
-def _verify_on_write(staging: Path) -> None:
-    """The sweep bundle must pass the same offline verification a reader will run on it."""
-    report = verify(staging)
-    if not report.ok:
-        details = "; ".join(str(d) for d in report.defects[:3])
-        raise CheckRunError(f"the new sweep bundle failed its own verification: {details}")
+    return bundle_path(opts.out, opts.bundles_dir, f"{exp.id}-sweep-{started.strftime('%Y%m%dT%H%M%SZ')}")

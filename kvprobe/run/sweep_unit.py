@@ -55,7 +55,7 @@ from kvprobe.model.sweep_receipt import (
 )
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
-from kvprobe.run.side import EnvOptions, environment, fork_server, preload_modules, server_ready
+from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.pack import pack
 from kvprobe.verify.steps import VerifyOptions, verify_dir
@@ -95,34 +95,6 @@ class Executor(Protocol):
 UNIT_FRESH = "a unit on a Ray worker runs its probes in fresh interpreters"
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A unit's env (built once per lock, from the cache), wheel source, and fork server: on
-    this host one server, started with the env, serves every unit's probes."""
-
-    env: EnvRecord
-    python: str
-    env_vars: dict[str, str]
-    wheels: WheelSource
-    server: ForkServer | None = None
-    fresh_reason: str | None = UNIT_FRESH  # why probes run fresh when there is no server
-
-
-@dataclass(frozen=True)
-class ServerPlan:
-    """The sweep's fork server: where it works, how long it may live, whether it is wanted."""
-
-    work: Path
-    lifetime_s: float
-    preload: bool
-
-
-@dataclass
-class _EnvOpts:
-    cache_root: Path
-    torch_index: str | None
-
-
 def wheel_pin_set(exp: Experiment) -> PinSet:
     """The experiment's wheel pin set (its default if that is one): it names the package and
     the wheel tags (platform, Python) every release is resolved for."""
@@ -133,29 +105,18 @@ def wheel_pin_set(exp: Experiment) -> PinSet:
     raise UsageError(f"{exp.id} has no wheel pin set: a sweep runs release wheels of the package a wheel pin names")
 
 
-def prepare(
-    exp: Experiment,
-    cache_root: Path,
-    torch_index: str | None,
-    reporter: Reporter,
-    held: contextlib.ExitStack,
-    serve: ServerPlan | None = None,
-) -> Prepared:
-    """The env, and with ``serve`` its fork server, started (stopped with ``held``): it
-    preloads while the driver resolves the releases; the first probe waits for it."""
-    opts: EnvOptions = _EnvOpts(cache_root, torch_index)
-    pin_set = wheel_pin_set(exp)
-    modules = preload_modules(exp, pin_set)  # a bad profile is refused before the env is built
-    env, python, env_vars = environment(exp, pin_set, opts, reporter, held)
-    server: ForkServer | None = None
-    reason: str | None = UNIT_FRESH
-    if serve is not None:
-        server, reason = fork_server(
-            python, env_vars, serve.work, serve.lifetime_s, serve.preload, modules, reporter=reporter
-        )
-        if server is not None:
-            held.enter_context(server)
-    return Prepared(env, python, env_vars, WheelSource(cache_root, reporter=reporter), server, reason)
+def open_session(exp: Experiment, settings: SessionSettings, reporter: Reporter) -> CheckSession:
+    """The check session of ``exp``'s wheel pin set, its env built (once per lock, from the
+    cache) and leased while it lasts. Its probes run fresh (UNIT_FRESH) unless the caller
+    starts its fork server: on this host one session, started, serves every unit's probes."""
+    session = CheckSession(exp, wheel_pin_set(exp), settings, reporter)  # a bad profile: refused before the build
+    session.fresh_reason = UNIT_FRESH
+    try:
+        session.environment()
+    except BaseException:
+        session.close()
+        raise
+    return session
 
 
 # --- the unit (runs wherever the executor puts it) ------------------------------------------
@@ -163,7 +124,7 @@ def prepare(
 
 def produce_unit(
     request: UnitRequest,
-    prepared: Prepared | None = None,
+    session: CheckSession | None = None,
     reporter: Reporter | None = None,
     exp: Experiment | None = None,
 ) -> bytes:
@@ -182,16 +143,17 @@ def produce_unit(
     started = datetime.now(UTC)
     with contextlib.ExitStack() as held, tempfile.TemporaryDirectory(prefix="kvprobe-unit-") as tmp:
         work = Path(tmp)
-        cache_root = request.cache_root or default_cache_root()
-        prepared = prepared or prepare(exp, cache_root, request.torch_index, reporter, held)
+        if session is None:  # on a worker: this node's env, its probes in fresh interpreters
+            settings = SessionSettings(request.cache_root or default_cache_root(), request.torch_index)
+            session = held.enter_context(open_session(exp, settings, reporter))
         staging = work / "staging"
         experiment.copy_into_bundle(exp, staging)
-        entry = run_unit(exp, prepared, request, staging, work / "scratch", reporter)
+        entry = run_unit(exp, session, request, staging, work / "scratch", reporter)
         ran = SweepRun(
             request.pin.version,
             unit_listing(request.pin, started),
             started,
-            prepared.env,
+            session.record,
             (entry,),
             (),
             {},
@@ -203,7 +165,7 @@ def produce_unit(
 
 
 def run_unit(
-    exp: Experiment, prepared: Prepared, request: UnitRequest, staging: Path, scratch: Path, reporter: Reporter
+    exp: Experiment, session: CheckSession, request: UnitRequest, staging: Path, scratch: Path, reporter: Reporter
 ) -> ReleaseRecord:
     """One release: its wheel (fetched, sha256- and RECORD-checked), its probes, their raw
     outputs under raw/<version>/, and its classification."""
@@ -215,7 +177,8 @@ def run_unit(
     held = contextlib.ExitStack()  # probes write nothing into the tree: the cached one, used in place
     try:
         reporter.update(f"{version}: wheel")
-        identity = prepared.wheels.materialize(pin, scratch / "tree", python=prepared.python, hold=held)
+        wheels = WheelSource(session.settings.cache_root, reporter=session.reporter)
+        identity = wheels.materialize(pin, scratch / "tree", python=session.python, hold=held)
         wheel = WheelRecord(pin.package, pin.version, pin.filename, pin.sha256, identity["fetched_via"])
     except (FetchError, DigestMismatch, CheckoutError) as exc:
         problem = f"wheel: {exc}"
@@ -223,17 +186,17 @@ def run_unit(
     records: list[ProbeRecord] = []
     execution: ReleaseExecution | None = None
     if problem is None:
-        server, reason = server_ready(prepared.server, prepared.fresh_reason, reporter)
+        server = session.ready()
         ran = []
         for check in exp.probes:
             reporter.update(f"{version}: probe {check.name}")
-            record, run = _probe(exp, prepared, request, staging, scratch, check, server)
+            record, run = _probe(exp, session, request, staging, scratch, check, server)
             records.append(record)
             ran.append(run)
             if run.ok:
                 assert run.output is not None, "a probe run is ok with an output"
                 docs[check.name] = run.output
-        execution = _execution(server, reason, ran)
+        execution = _execution(server, session.fresh_reason, ran)
     held.close()  # the lease: `cache prune` may remove the tree again
     problems = classify.release_problems({"problem": problem, "probes": [r.to_json() for r in records]})
     classification = Classification.from_json(classify.classify_release(_expect(exp), docs, problems))
@@ -256,7 +219,7 @@ def _execution(server: ForkServer | None, reason: str | None, ran: list[probes.P
 
 def _probe(
     exp: Experiment,
-    prepared: Prepared,
+    session: CheckSession,
     request: UnitRequest,
     staging: Path,
     scratch: Path,
@@ -273,13 +236,13 @@ def _probe(
     home = scratch / "home"
     home.mkdir(exist_ok=True)
     run = probes.run_probe(
-        python=prepared.python,
+        python=session.python,
         probe_file=exp.directory / path,
         python_path=[scratch / "tree"],
         out_json=out,
         log_dir=log_dir,
         side_config={"side": "release", "release": version},
-        env_extra=prepared.env_vars,
+        env_extra=session.variables,
         scratch=home,
         timeout_s=request.timeout_s,
         server=server,
@@ -373,10 +336,17 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
     )
 
 
-def seal_sweep(receipt: SweepReceipt, staging: Path, final: Path, check: Any = None) -> str:
+def staged_sweep(receipt: SweepReceipt, staging: Path) -> tuple[dict[str, Any], str]:
+    """The sweep receipt as JSON and its README, its timeline written into ``staging``."""
     doc = receipt.to_json()
     write_atomic(staging / TIMELINE, timeline_svg(doc).encode("utf-8"))
-    return seal_bundle(doc, SWEEP_RECEIPT_SCHEMA, render_readme(doc), staging, final, check=check)
+    return doc, render_readme(doc)
+
+
+def seal_sweep(receipt: SweepReceipt, staging: Path, final: Path) -> str:
+    """A unit's bundle sealed (its driver verifies it when it comes back)."""
+    doc, readme = staged_sweep(receipt, staging)
+    return seal_bundle(doc, SWEEP_RECEIPT_SCHEMA, readme, staging, final)
 
 
 # --- the driver's side: accept a returned unit, or say why not --------------------------------
@@ -506,10 +476,10 @@ def failed_entry(exp: Experiment, version: str, problem: str) -> ReleaseRecord:
 
 @dataclass
 class LocalExecutor:
-    """Units in threads of this process, sharing the driver's experiment and the env it prepared."""
+    """Units in threads of this process, sharing the driver's experiment and its check session."""
 
     exp: Experiment
-    prepared: Prepared
+    session: CheckSession
     jobs: int
     reporter: Reporter
     name: str = "local"
@@ -520,7 +490,7 @@ class LocalExecutor:
         (builtin_search_path), never in ./probes."""
         with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
             futures = {
-                pool.submit(contextvars.copy_context().run, produce_unit, r, self.prepared, self.reporter, self.exp): r
+                pool.submit(contextvars.copy_context().run, produce_unit, r, self.session, self.reporter, self.exp): r
                 for r in requests
             }
             for future in as_completed(futures):

@@ -258,7 +258,7 @@ def test_a_server_started_in_the_background_is_waited_for_by_its_first_check(tmp
 
 
 def test_a_background_server_that_dies_while_preloading_leaves_its_checks_fresh_with_the_reason(tmp_path):
-    from kvprobe.run.side import fork_server, server_ready
+    from kvprobe.run.session import fork_server, server_ready
 
     dies = tmp_path / "python"
     dies.write_text("#!/bin/sh\necho 'no torch here' >&2\nexit 7\n")
@@ -346,7 +346,7 @@ def test_the_preload_is_a_reported_step_with_heartbeat_and_time(tmp_path):
     import io
 
     from kvprobe.cli.console import PlainReporter, make_console
-    from kvprobe.run.side import fork_server, server_ready
+    from kvprobe.run.session import fork_server, server_ready
 
     slow = tmp_path / "python"  # an interpreter whose start (the preload, as far as we see) takes 1 s
     slow.write_text(f'#!/bin/sh\nsleep 1\nexec "{sys.executable}" "$@"\n')
@@ -376,7 +376,7 @@ def test_a_preload_that_fails_says_its_checks_run_fresh(tmp_path):
     import io
 
     from kvprobe.cli.console import PlainReporter, make_console
-    from kvprobe.run.side import fork_server, server_ready
+    from kvprobe.run.session import fork_server, server_ready
 
     dies = tmp_path / "python"
     dies.write_text("#!/bin/sh\necho 'no torch here' >&2\nexit 7\n")

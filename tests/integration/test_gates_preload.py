@@ -43,13 +43,14 @@ PROBES = [  # (gate, probe) in the order a gates run runs them
 @pytest.fixture
 def interpreter_env(monkeypatch, tmp_path):
     """The probes' env is kvprobe's interpreter (as a synthetic pin set's is)."""
-    import kvprobe.gates.behaviour as behaviour
+    from kvprobe.run.session import CheckSession, SessionEnv
 
-    def env(*_args: Any, **_kw: Any) -> tuple[EnvRecord, str, dict[str, str]]:
+    def environment(session: CheckSession) -> SessionEnv:
         record = EnvRecord("kvprobe-interpreter", platform.python_version(), "sglang-cpu", None, None, {}, None, None)
-        return record, sys.executable, {}
+        session.env = SessionEnv(record, sys.executable, {}, None)
+        return session.env
 
-    monkeypatch.setattr(behaviour, "environment", env)
+    monkeypatch.setattr(CheckSession, "environment", environment)
     monkeypatch.setenv("KVPROBE_CACHE_DIR", str(tmp_path / "cache"))
 
 

@@ -27,7 +27,7 @@ from kvprobe.checks.keptserver import KeptServer, kept_servers, runtime_dir, sto
 from kvprobe.cli import main
 from kvprobe.env import cache
 from kvprobe.errors import ObserveError
-from kvprobe.run.side import fork_server
+from kvprobe.run.session import env_lease, fork_server
 
 STAND_INS = ("decimal",)
 
@@ -153,7 +153,9 @@ def test_a_kept_server_holds_its_envs_lease_so_prune_leaves_the_env(tmp_path):
     (env / "bin" / "python").symlink_to(sys.executable)
     (env / cache.ENV_MARKER).write_text("{}")
     (root / "envs" / "prof-0123.users").mkdir()
-    server, reason = fork_server(str(env / "bin" / "python"), {}, tmp_path, 60, True, STAND_INS, 300)
+    server, reason = fork_server(
+        str(env / "bin" / "python"), {}, tmp_path, 60, True, STAND_INS, 300, lease=env_lease(env)
+    )
     assert reason is None and isinstance(server, KeptServer)
     server.ready()
     server.close()

@@ -327,7 +327,7 @@ def _lines(stderr: str) -> list[str]:
 def test_a_fetch_failure_after_the_server_started_early_is_the_error_and_leaves_no_server(
     world, cli, tmp_path, monkeypatch
 ):
-    import kvprobe.run.side as side_mod
+    import kvprobe.run.session as session_mod
     from kvprobe.checks.forkserver import ForkServer
     from kvprobe.env.venv import EnvManager, load_profile
     from tests.integration.test_forkserver import _groups_gone
@@ -340,7 +340,7 @@ def test_a_fetch_failure_after_the_server_started_early_is_the_error_and_leaves_
             super().__init__(*args, **kwargs)
             started.append(self)
 
-    monkeypatch.setattr(side_mod, "ForkServer", Recorded)
+    monkeypatch.setattr(session_mod, "ForkServer", Recorded)
     result = cli("run", "fake-fix", "--pins", "missing", "--out", str(tmp_path / "m"))
     assert result.exit_code == 3
     error = [line for line in result.stderr.splitlines() if line.startswith("kvprobe: error:")]

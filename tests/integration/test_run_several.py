@@ -12,7 +12,7 @@ pytestmark = pytest.mark.network  # the pytest-minimal env is built from its has
 
 
 def test_two_experiments_share_one_fork_server_and_write_two_verifying_bundles(cli, tmp_path, monkeypatch):  # noqa: F811
-    import kvprobe.run.side as side_mod
+    import kvprobe.run.session as session_mod
     from kvprobe.checks.forkserver import ForkServer
 
     started: list[ForkServer] = []
@@ -22,7 +22,7 @@ def test_two_experiments_share_one_fork_server_and_write_two_verifying_bundles(c
             super().__init__(*args, **kwargs)
             started.append(self)
 
-    monkeypatch.setattr(side_mod, "ForkServer", Recorded)
+    monkeypatch.setattr(session_mod, "ForkServer", Recorded)
     out = tmp_path / "several"
     result = cli("run", "fake-fix", "fake-drift", "--out", str(out), "--json")
     document = json.loads(result.stdout)

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 
 def test_c_and_d_reproduce_in_one_invocation_through_one_preloaded_server(tmp_path, monkeypatch):
-    import kvprobe.run.side as side_mod
+    import kvprobe.run.session as session_mod
     from kvprobe.checks.forkserver import ForkServer
 
     started: list[ForkServer] = []
@@ -24,7 +24,7 @@ def test_c_and_d_reproduce_in_one_invocation_through_one_preloaded_server(tmp_pa
             super().__init__(*args, **kwargs)
             started.append(self)
 
-    monkeypatch.setattr(side_mod, "ForkServer", Recorded)
+    monkeypatch.setattr(session_mod, "ForkServer", Recorded)
     out = tmp_path / "cd"
     args = ["run", "experiment-c", "experiment-d", "--out", str(out), "--json"]
     result = CliRunner().invoke(main, args, catch_exceptions=False)

@@ -24,7 +24,7 @@ def two(world, monkeypatch, tmp_path):  # noqa: F811
 
 
 def test_two_sweeps_share_the_listing_the_wheels_and_one_fork_server(world, sweep, two, tmp_path, monkeypatch):  # noqa: F811
-    import kvprobe.run.side as side_mod
+    import kvprobe.run.session as session_mod
     from kvprobe.checks.forkserver import ForkServer
     from kvprobe.sources import releases
 
@@ -39,7 +39,7 @@ def test_two_sweeps_share_the_listing_the_wheels_and_one_fork_server(world, swee
             started.append(self)
 
     real_versions, real_resolve = releases.index_versions, releases.resolve
-    monkeypatch.setattr(side_mod, "ForkServer", Recorded)
+    monkeypatch.setattr(session_mod, "ForkServer", Recorded)
     monkeypatch.setattr(releases, "index_versions", lambda p, *a: (listed.append(p), real_versions(p, *a))[1])
     monkeypatch.setattr(releases, "resolve", lambda p, v, *a: (resolved.append(v), real_resolve(p, v, *a))[1])
     out = tmp_path / "sweeps"

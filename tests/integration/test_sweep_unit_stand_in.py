@@ -26,14 +26,14 @@ from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.progress import Reporter
 from kvprobe.resources import builtin_probes_dir, builtin_search_path
-from kvprobe.run.sweep_unit import Expected, LocalExecutor, Prepared, UnitRequest, accept_unit
-from kvprobe.sources.wheel import WheelSource
+from kvprobe.run.session import CheckSession, SessionEnv, SessionSettings
+from kvprobe.run.sweep_unit import Expected, LocalExecutor, UnitRequest, accept_unit, wheel_pin_set
 from kvprobe.verify.anchor import installed_experiment
 from tests.wheelfactory import build_wheel
 
 
 @pytest.fixture
-def stand_in(tmp_path, monkeypatch) -> tuple[Experiment, UnitRequest, Prepared]:
+def stand_in(tmp_path, monkeypatch) -> tuple[Experiment, UnitRequest, CheckSession]:
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
     links = tmp_path / "links"
@@ -49,25 +49,26 @@ def stand_in(tmp_path, monkeypatch) -> tuple[Experiment, UnitRequest, Prepared]:
     pin = WheelPin("sglang", "0.5.19", wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())
     request = UnitRequest(exp.id, exp.file_sha256, pin, 60.0, None, tmp_path / "cache")
     env = EnvRecord("test", "3", exp.profile, None, None, {}, None, None)
-    return exp, request, Prepared(env, sys.executable, {}, WheelSource(tmp_path / "cache"))
+    given = SessionEnv(env, sys.executable, {}, None)
+    return exp, request, CheckSession(exp, wheel_pin_set(exp), SessionSettings(tmp_path / "cache"), env=given)
 
 
 def test_a_local_unit_inside_a_rerun_runs_the_installed_probes_not_dot_probes(stand_in, tmp_path):
-    exp, request, prepared = stand_in
+    exp, request, session = stand_in
     marker = tmp_path / "MARKER-planted-probe-ran"
     planted = tmp_path / "cwd" / "probes" / "experiment-a"
     shutil.copytree(builtin_probes_dir() / "experiment-a", planted)  # experiment.toml: the installed bytes
     for probe in planted.glob("*.py"):
         probe.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('planted code ran')\n")
     with builtin_search_path():
-        (outcome,) = LocalExecutor(exp, prepared, 1, Reporter()).run([request])
+        (outcome,) = LocalExecutor(exp, session, 1, Reporter()).run([request])
     assert not marker.exists(), "the unit ran ./probes' copy of the experiment"
     assert outcome.archive is not None, outcome.problem
 
 
 def test_a_unit_that_would_overfill_the_sweep_is_refused_not_merged(stand_in, tmp_path):
-    exp, request, prepared = stand_in
-    (outcome,) = LocalExecutor(exp, prepared, 1, Reporter()).run([request])
+    exp, request, session = stand_in
+    (outcome,) = LocalExecutor(exp, session, 1, Reporter()).run([request])
     assert outcome.archive is not None, outcome.problem
     staging = tmp_path / "staging"
     copy_into_bundle(exp, staging)
@@ -75,16 +76,16 @@ def test_a_unit_that_would_overfill_the_sweep_is_refused_not_merged(stand_in, tm
     for i in range(100 - 16 - _count(staging) - 1):  # earlier units' files: room for one more
         (staging / "logs" / "0.5.19").mkdir(parents=True, exist_ok=True)
         (staging / "logs" / "0.5.19" / f"{i}.log").write_text("x")
-    entry, env = accept_unit(outcome, Expected(exp, staging, prepared.env, limits), tmp_path)
+    entry, env = accept_unit(outcome, Expected(exp, staging, session.record, limits), tmp_path)
     assert env is None
     assert entry.classification.overall == "could-not-observe"
     assert entry.problem is not None and "would take the sweep past 100 files" in entry.problem
     assert not (staging / "raw" / "0.5.19").exists()
 
-    room = Expected(exp, tmp_path / "empty", prepared.env, limits)
+    room = Expected(exp, tmp_path / "empty", session.record, limits)
     copy_into_bundle(exp, room.staging)
     entry, env = accept_unit(outcome, room, tmp_path)
-    assert entry.problem is None and env == prepared.env  # with room, the same unit is merged
+    assert entry.problem is None and env == session.record  # with room, the same unit is merged
     assert (room.staging / "raw" / "0.5.19").is_dir()
 
 

@@ -15,12 +15,13 @@ from kvprobe.experiments import experiment
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import WheelPin
 from kvprobe.progress import Reporter
+from kvprobe.run.session import SessionSettings
 from kvprobe.run.sweep_unit import (
     Expected,
     UnitOutcome,
     UnitRequest,
     accept_unit,
-    prepare,
+    open_session,
     produce_unit,
 )
 from tests.integration.test_sweep_local_index import sweep, world  # noqa: F401  (fixtures)
@@ -42,10 +43,10 @@ def test_driver_merges_a_unit_it_asked_for_and_refuses_one_it_did_not(world, swe
     exp = experiment.load("scrub-sweep")
     request = UnitRequest(exp.id, exp.file_sha256, _pin(world, "1.1"), 120.0, None, world["cache"])
     with contextlib.ExitStack() as held:
-        prepared = prepare(exp, world["cache"], None, Reporter(), held)
-        archive = produce_unit(request, prepared)
+        session = held.enter_context(open_session(exp, SessionSettings(world["cache"]), Reporter()))
+        archive = produce_unit(request, session)
 
-    def accept(outcome: UnitOutcome, exp=exp, env=prepared.env, tamper_probe: bool = False):
+    def accept(outcome: UnitOutcome, exp=exp, env=session.record, tamper_probe: bool = False):
         staging = Path(tmp_path / f"staging-{len(list(tmp_path.glob('staging-*')))}")
         copy_into_bundle(exp, staging)
         if tamper_probe:
@@ -68,7 +69,7 @@ def test_driver_merges_a_unit_it_asked_for_and_refuses_one_it_did_not(world, swe
             "experiment sha256",
         ),
         (
-            accept(UnitOutcome(request, archive), env=dataclasses.replace(prepared.env, key="another-env")),
+            accept(UnitOutcome(request, archive), env=dataclasses.replace(session.record, key="another-env")),
             "the sweep's is 'another-env'",
         ),
         (accept(UnitOutcome(request, archive), tamper_probe=True), "probe source probes/scrub-sweep/scrub.py"),

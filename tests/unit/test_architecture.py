@@ -207,6 +207,19 @@ def private_imports(found: list[Import]) -> list[str]:
     ]
 
 
+# What gates may use of run: the check session, one side's checks and the bundle workspace,
+# never a pipeline (run.runner, run.sweep): those are run's and sweep's own.
+GATES_USE_OF_RUN = {"kvprobe.run.session", "kvprobe.run.side", "kvprobe.run.workspace"}
+
+
+def gates_pipeline_imports(found: list[Import]) -> list[str]:
+    return [
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for imp in found
+        if unit(imp.source) == "gates" and unit(imp.target) == "run" and imp.target not in GATES_USE_OF_RUN
+    ]
+
+
 def scan(root: Path = PACKAGE) -> tuple[list[Import], list[str]]:
     mods = modules(root)
     known = set(mods)
@@ -236,6 +249,11 @@ def test_no_private_names_across_modules(scanned):
 def test_imports_point_down_the_layers(scanned):
     found, _ = scanned
     assert layer_violations(found) == []
+
+
+def test_gates_open_the_check_session_not_a_run_pipeline(scanned):
+    found, _ = scanned
+    assert gates_pipeline_imports(found) == []
 
 
 def test_every_module_has_a_layer():
@@ -282,6 +300,25 @@ def test_scan_sees_function_level_cycles_private_names_and_upward_imports(tmp_pa
     assert private_imports(found) == ["kvprobe.run.runner:2 imports _result from kvprobe.verify.steps"]
     assert attrs == ["kvprobe.verify.steps:2 uses kvprobe.run.runner._secret"]
     assert layer_violations(found) == ["kvprobe.verify.steps:1 imports kvprobe.run.runner (layer 6 -> 7)"]
+
+
+def test_scan_sees_gates_borrowing_from_the_run_pipeline(tmp_path):
+    found, _ = _scan_source(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "run/__init__.py": '"""run."""\n',
+            "run/runner.py": "",
+            "run/session.py": "",
+            "gates/__init__.py": '"""gates."""\n',
+            "gates/behaviour.py": "from kvprobe.run.session import CheckSession\nfrom kvprobe.run import runner\n",
+            "gates/pipeline.py": "def f():\n    from kvprobe.run.runner import RunOptions\n",
+        },
+    )
+    assert sorted(gates_pipeline_imports(found)) == [
+        "kvprobe.gates.behaviour:2 imports kvprobe.run.runner",
+        "kvprobe.gates.pipeline:2 imports kvprobe.run.runner",
+    ]
 
 
 def test_relative_imports_resolve(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from kvprobe import schema
 from kvprobe.model.receipt import EnvRecord, InstallerRecord
 from kvprobe.model.records import EnvInfo
-from kvprobe.run.side import installer_record
+from kvprobe.run.session import installer_record
 from tests import forge
 
 

@@ -614,7 +614,7 @@ def _verify_rerun(env, monkeypatch, *, code, **fake):
 
 
 def _fake_run(receipt_change=None, error=None):
-    from kvprobe.run.runner import RunResult
+    from kvprobe.run.workspace import SealedBundle
 
     def run_experiment(exp, opts, reporter=None):
         assert exp.id == forge.EXP_ID and opts.pin_set == forge.PIN_SET
@@ -624,7 +624,7 @@ def _fake_run(receipt_change=None, error=None):
         receipt = forge.load(BUNDLE_UNDER_TEST[0], "receipt.json")
         if receipt_change:
             receipt_change(receipt)
-        return RunResult(opts.out, receipt, "0" * 64)
+        return SealedBundle(opts.out, receipt, "0" * 64)
 
     return run_experiment
 
