@@ -45,6 +45,7 @@ from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
 from kvprobe.sources.wheel import names_release
 from kvprobe.verify.result import StepResult, step_result
+from kvprobe.verify.sweep_reused import reused_defects
 from kvprobe.verify.sweep_set import range_defects, release_set_defects, rendered_defects
 
 _MAX_DIFFS = 8
@@ -1053,7 +1054,7 @@ def step_sweep_consistency(bundle: Bundle) -> StepResult:
         )
     else:
         defects += sweep_recompute_defects(bundle)
-    defects += range_defects(receipt) + rendered_defects(bundle)
+    defects += range_defects(receipt) + rendered_defects(bundle) + reused_defects(typed)
     if bundle.experiment is not None:
         defects += sweep_experiment_defects(bundle, typed)
     return step_result(
