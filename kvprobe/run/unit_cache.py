@@ -132,6 +132,13 @@ def keepable(entry: ReleaseRecord) -> bool:
     )
 
 
+def ran_as(entry: ReleaseRecord) -> str:
+    """How a unit's probes ran, as its own record says: "forked" when every one was forked
+    from a preloaded server, else "fresh" (a server that did not start, a Ray worker)."""
+    modes = {p.mode for p in entry.execution.probes} if entry.execution else set()
+    return "forked" if modes == {"forked"} else "fresh"
+
+
 class UnitStore:
     """``cache_root/units``: one packed unit per entry name, written atomically under its lock."""
 
@@ -228,8 +235,10 @@ class SweepUnits:
         self.reused: list[str] = []
         self.kept: list[str] = []
 
-    def name(self, request: UnitRequest, env: EnvRecord) -> str:
-        return entry_name(key_facts(self.exp, request, env, self.settings, self.mode, self.repeat))
+    def name(self, request: UnitRequest, env: EnvRecord, mode: str | None = None) -> str:
+        """The entry of ``request``'s unit run in ``env``, its probes run as ``mode`` (None: as
+        this sweep asks for them)."""
+        return entry_name(key_facts(self.exp, request, env, self.settings, mode or self.mode, self.repeat))
 
     def reuse(self, request: UnitRequest, expected: Expected, work: Path) -> ReleaseRecord | None:
         """The release's entry from a cached unit that passes :func:`accept_unit` (its raw
@@ -270,7 +279,7 @@ class SweepUnits:
 
     def keep(self, outcome: UnitOutcome, root: Path, unit: SweepReceipt) -> None:
         """Keep an accepted unit (``accept_unit``'s ``accepted`` hook): the archive as it came
-        back, keyed by the env it ran in."""
+        back, keyed by the env it ran in and how its probes ran."""
         entry = unit.releases[0]
         if outcome.archive is None or unit.env is None or not keepable(entry):
             return
@@ -282,7 +291,7 @@ class SweepUnits:
             "kept_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         try:
-            self.store.write(self.name(outcome.request, unit.env), outcome.archive, about)
+            self.store.write(self.name(outcome.request, unit.env, ran_as(entry)), outcome.archive, about)
         except OSError as exc:  # a cache that cannot be written costs reuse, not the sweep
             self.reporter.note(f"{entry.version}: the unit could not be kept in the cache: {exc}")
             return
