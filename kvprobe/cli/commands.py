@@ -109,6 +109,8 @@ def _interrupted(signum: int) -> None:
         else "nothing half-written was kept (writes are atomic, temporary files removed) and the cache "
         "holds only complete entries"
     )
+    if _parent_names(click.get_current_context(silent=True))[:1] == ["sweep"]:
+        behind += "; the units it finished are kept in the cache, and the same sweep run again resumes from them"
     click.echo(f"kvprobe: interrupted by {name}: stopped the processes it started; {behind}", err=True)
     proc.reset_interrupt()
     sys.exit(128 + signum)

@@ -180,6 +180,7 @@ def test_an_interrupted_sweep_resumes_from_the_units_it_finished(no_units, world
             time.sleep(0.05)
         child.send_signal(signal.SIGINT)
         assert child.wait(120) == 130, log.read_text()[-3000:]
+        assert "the same sweep run again resumes from them" in log.read_text()
         assert not (tmp_path / "cut").exists()
     finally:
         world["flag"].unlink(missing_ok=True)
