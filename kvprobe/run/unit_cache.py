@@ -25,6 +25,7 @@ units are kept, keyed by the env they ran in.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -171,7 +172,8 @@ class UnitStore:
                 data = handle.read(MAX_UNIT_BYTES + 1)
             if len(data) > MAX_UNIT_BYTES:
                 return f"{ARCHIVE} holds more than {MAX_UNIT_BYTES} bytes"
-            os.utime(entry / MARKER, follow_symlinks=False)  # last used, for `cache ls` / `prune --older-than`
+            with contextlib.suppress(OSError):  # last used, for `cache ls` / `prune --older-than`
+                os.utime(entry / MARKER, follow_symlinks=False)
             return data
 
     def write(self, name: str, archive: bytes, about: Mapping[str, Any]) -> None:
@@ -247,10 +249,14 @@ class SweepUnits:
         if not self.reuse_units or expected.env is None:
             return None
         name = self.name(request, expected.env)
-        archive = self.store.read(name)
+        version = request.pin.version
+        try:
+            archive = self.store.read(name)
+        except OSError as exc:  # a cache that cannot be read costs reuse, not the sweep
+            self.reporter.note(f"{version}: the unit cache could not be read ({exc}); observing it")
+            return None
         if archive is None:
             return None
-        version = request.pin.version
         if isinstance(archive, str):
             self._refused(name, expected, version, f"unreadable: {archive}")
             return None
@@ -273,7 +279,8 @@ class SweepUnits:
     def _refused(self, name: str, expected: Expected, version: str, why: str) -> None:
         for top in (RAW_DIR, LOGS_DIR):  # whatever of it was merged leaves with it
             shutil.rmtree(expected.staging / top / version, ignore_errors=True)
-        self.store.discard(name)
+        with contextlib.suppress(OSError):  # the unit observed again replaces it anyway
+            self.store.discard(name)
         self.reporter.note(f"{version}: the cached unit was refused ({why}); observing it again")
         return None
 

@@ -20,6 +20,7 @@ from kvprobe.experiments.experiment import load_file
 from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import WheelPin
 from kvprobe.model.sweep_receipt import ReusedUnit, SweepReceipt
+from kvprobe.progress import Reporter
 from kvprobe.resources import builtin_probes_dir
 from kvprobe.run import unit_cache
 from kvprobe.run.sweep_unit import UnitRequest
@@ -169,3 +170,31 @@ def test_the_readme_names_each_reused_release_and_when_it_was_observed():
     text = render_readme(receipt)
     assert f"Reused: 1 of {len(receipt['releases'])} releases were not observed again" in text
     assert f"- {version}: reused from 2026-12-01T10:00:00Z" in text
+
+
+class _Notes(Reporter):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_a_cache_that_cannot_be_read_costs_reuse_not_the_sweep(exp, tmp_path, monkeypatch):
+    from kvprobe.run.sweep_unit import Expected
+
+    notes = _Notes()
+    units = unit_cache.SweepUnits(exp, tmp_path, {}, "forked", reporter=notes)
+    expected = Expected(exp, tmp_path / "staging", ENV)
+
+    def unreadable(name):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(units.store, "read", unreadable)
+    assert units.reuse(_request(exp), expected, tmp_path) is None
+    assert notes.lines == ["0.5.20: the unit cache could not be read ([Errno 13] Permission denied); observing it"]
+    # no env known yet (Ray), or reuse off: the cache is not even read (it would note again)
+    assert units.reuse(_request(exp), Expected(exp, tmp_path, None), tmp_path) is None
+    units.reuse_units = False
+    assert units.reuse(_request(exp), expected, tmp_path) is None
+    assert len(notes.lines) == 1
