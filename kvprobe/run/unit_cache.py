@@ -290,14 +290,14 @@ class SweepUnits:
         entry = unit.releases[0]
         if outcome.archive is None or unit.env is None or not keepable(entry):
             return
-        about = {
-            "experiment": self.exp.id,
-            "release": entry.version,
-            "observed_utc": unit.created_utc,
-            "unit_manifest_sha256": sha256_file(root / MANIFEST),
-            "kept_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
         try:
+            about = {
+                "experiment": self.exp.id,
+                "release": entry.version,
+                "observed_utc": unit.created_utc,
+                "unit_manifest_sha256": sha256_file(root / MANIFEST),
+                "kept_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
             self.store.write(self.name(outcome.request, unit.env, ran_as(entry)), outcome.archive, about)
         except OSError as exc:  # a cache that cannot be written costs reuse, not the sweep
             self.reporter.note(f"{entry.version}: the unit could not be kept in the cache: {exc}")
