@@ -111,6 +111,8 @@ def _interrupted(signum: int) -> None:
         else "nothing half-written was kept (writes are atomic, temporary files removed) and the cache "
         "holds only complete entries"
     )
+    if _parent_names(click.get_current_context(silent=True))[:1] == ["sweep"]:
+        behind += "; the units it finished are kept in the cache, and the same sweep run again resumes from them"
     click.echo(f"kvprobe: interrupted by {name}: stopped the processes it started; {behind}", err=True)
     proc.reset_interrupt()
     sys.exit(128 + signum)
@@ -724,6 +726,13 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
     help="Run each probe in a fresh interpreter, not forked from the sweep's one that preloaded the "
     "profile's third-party modules (local units; units on Ray workers always run fresh).",
 )
+@click.option(
+    "--no-reuse",
+    is_flag=True,
+    help="Observe every release again, taking no unit from the kvprobe cache (what it observes is "
+    "still kept there). By default a unit the cache holds for the same experiment, wheel, env, "
+    "kvprobe and settings is checked as a fresh one is and reused.",
+)
 @_json_summary
 @guarded
 def sweep_cmd(
@@ -737,6 +746,7 @@ def sweep_cmd(
     address: str | None,
     unit_timeout: int | None,
     no_preload: bool,
+    no_reuse: bool,
     as_json: bool,
     every: bool = False,
 ) -> int:
@@ -763,6 +773,7 @@ def sweep_cmd(
             address=address,
             unit_timeout_s=unit_timeout,
             preload=not no_preload,
+            reuse=not no_reuse,
         )
         if jobs is not None:
             opts.jobs = jobs
@@ -1368,7 +1379,8 @@ def _cache_root() -> Path:
 
 @main.group("cache")
 def cache_group() -> None:
-    """The cache of git stores, wheels, trees, envs and uv's downloads ($KVPROBE_CACHE_DIR overrides its place)."""
+    """The cache of git stores, wheels, trees, envs, sweep units and uv's downloads
+    ($KVPROBE_CACHE_DIR overrides its place)."""
 
 
 @cache_group.command("ls")
@@ -1384,7 +1396,12 @@ def cache_ls_cmd(as_json: bool) -> int:
     entries = cache.scan(root)
     if as_json:
         emit_json(
-            {"root": str(root), "total_size": cache.total_size(entries), "entries": [e.to_json() for e in entries]}
+            {
+                "root": str(root),
+                "total_size": cache.total_size(entries),
+                "counts": cache.counts(entries),
+                "entries": [e.to_json() for e in entries],
+            }
         )
     elif _results(as_json):
         from kvprobe.cli.console import print_cache, stdout_console
@@ -1402,10 +1419,19 @@ def cache_ls_cmd(as_json: bool) -> int:
     help="Also remove entries not used for DAYS days.",
 )
 @click.option("--all", "everything", is_flag=True, help="Remove every entry not in use.")
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    type=click.Choice(["git", "wheel", "env", "tree", "unit", "uv"]),
+    help="Only entries of this kind (repeatable), e.g. --kind unit: the sweep units kept for reuse.",
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @_json_document
 @guarded
-def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, as_json: bool) -> int:
+def cache_prune_cmd(
+    older_than: float | None, everything: bool, kinds: tuple[str, ...], dry_run: bool, as_json: bool
+) -> int:
     """Free space without breaking a run in progress.
 
     Leftovers (interrupted builds and downloads, incomplete envs) always go; complete
@@ -1415,7 +1441,9 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
     """
     from kvprobe.env import cache
 
-    outcomes = cache.prune(_cache_root(), older_than_days=older_than, everything=everything, dry_run=dry_run)
+    outcomes = cache.prune(
+        _cache_root(), older_than_days=older_than, everything=everything, dry_run=dry_run, kinds=kinds
+    )
     if as_json:
         emit_json(
             {

@@ -370,6 +370,8 @@ def print_sweep_summary(console: Console, receipt: dict[str, Any], bundle: str, 
     for version in ascending(list(by_version)):
         cls = by_version[version]["classification"]
         why = f"  {data('; '.join(cls['reasons'][:2]))}" if cls["reasons"] else ""
+        reused = by_version[version].get("reused")
+        why += f"  (reused from {data(reused['observed_utc'])})" if reused else ""
         console.print(f"{data(version)}  {data(cls['overall'])}{why}", highlight=False)
     console.print(f"bundle: {data(bundle)}", highlight=False)
     console.print(f"manifest sha256: {digest}", highlight=False)
@@ -520,6 +522,12 @@ def print_cache(console: Console, root: str, entries: list[Any], now: float) -> 
         table.add_row(data(entry.kind), key, human_size(entry.size), _age(now - entry.last_used))
     emit(console, table)
     console.print(f"total: {human_size(sum(e.size for e in entries))} in {len(entries)} entries")
+    units = [e for e in entries if e.kind == "unit" and e.complete]
+    if units:
+        console.print(
+            f"sweep units: {len(units)} ({human_size(sum(e.size for e in units))}), reused by `kvprobe sweep` "
+            "(`kvprobe cache prune --kind unit --all` removes them)"
+        )
     linked = sum(e.linked for e in entries)
     if linked:
         console.print(

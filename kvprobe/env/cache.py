@@ -11,6 +11,8 @@ Layout under the cache root::
     trees/git-<tree>-<tag>/ exists; a git export's likewise, keyed by the commit's tree id
                             (kvprobe.sources.treecache)           lock: trees/<name>.lock
                             runs using it in place hold trees/<name>.users/<lease>.lock
+    units/<exp>-<version>-<key>/  a verified sweep unit (kvprobe.run.unit_cache): unit.tar.gz,
+                            complete when kvprobe-unit.json exists    lock: units/<name>.lock
     uv/                     uv's download cache, shared by every lock     lock: uv.lock
                             env builds hold uv.users/<lease>.lock while uv runs
     */.build-* .download-* .<key>.tmp-*   work in progress (or left behind by a crash)
@@ -28,6 +30,7 @@ followed, and a kind directory that is itself a symlink is skipped.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -43,7 +46,9 @@ from kvprobe.errors import UsageError
 ENV_MARKER = "kvprobe-env.json"  # kvprobe.env.venv.MARKER (not imported: cache needs none of venv)
 GIT_URL_MARKER = "kvprobe-url"  # kvprobe.sources.git.URL_MARKER
 TREE_MARKER = "kvprobe-tree.json"  # kvprobe.sources.treecache.MARKER
-KIND_DIRS = {"git": "git", "wheel": "wheels", "env": "envs", "tree": "trees"}
+UNIT_MARKER = "kvprobe-unit.json"  # kvprobe.run.unit_cache.MARKER
+KIND_DIRS = {"git": "git", "wheel": "wheels", "env": "envs", "tree": "trees", "unit": "units"}
+_MARKERS = {"env": ENV_MARKER, "tree": TREE_MARKER, "unit": UNIT_MARKER}
 UV_DIR = "uv"  # uv's cache: one entry (kind "uv"), leased by env builds like an env by runs
 PARTIAL_PREFIXES = (".build-", ".download-")
 TRASH_PREFIX = ".trash-"
@@ -143,11 +148,12 @@ def _entry(kind: str, path: Path, seen: set[tuple[int, int]]) -> Entry | None:
         return None
     lock = path.parent / f"{name}.lock"
     size, linked = footprint(path, seen)
-    if kind in ("env", "tree"):
-        marker = path / (ENV_MARKER if kind == "env" else TREE_MARKER)
+    if kind in _MARKERS:
+        marker = path / _MARKERS[kind]
         complete = marker.is_file()
         used = _mtime(marker) if complete else _mtime(path)
-        return Entry(kind, name, path, size, used, lock, complete, linked=linked)
+        label = _unit_label(marker) if kind == "unit" and complete else ""
+        return Entry(kind, name, path, size, used, lock, complete, label=label, linked=linked)
     label = _label(kind, path)
     return Entry(kind, name, path, size, _last_used_tree(path), lock, label=label, linked=linked)
 
@@ -159,6 +165,18 @@ def _label(kind: str, path: Path) -> str:
             return (path / GIT_URL_MARKER).read_text(encoding="utf-8").strip()[:200]
         return ", ".join(sorted(p.name for p in path.iterdir()))[:200]
     except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _unit_label(marker: Path) -> str:
+    """A sweep unit's experiment, release and when it was observed, best effort (display only:
+    a sweep trusts none of it, it checks the unit itself)."""
+    try:
+        if marker.is_symlink() or marker.stat().st_size > 4096:
+            return ""
+        doc = json.loads(marker.read_text(encoding="utf-8"))
+        return " ".join(str(doc[k]) for k in ("experiment", "release", "observed_utc"))[:200]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return ""
 
 
@@ -234,11 +252,14 @@ def prune(
     everything: bool = False,
     dry_run: bool = False,
     now: float | None = None,
+    kinds: tuple[str, ...] = (),
 ) -> list[Outcome]:
-    """Remove the selected entries that nobody is using; one Outcome per selected entry."""
+    """Remove the selected entries that nobody is using; one Outcome per selected entry.
+    ``kinds``: only entries of these kinds, and the leftovers in their directories (none: all)."""
     now = time.time() if now is None else now
     root = Path(root)
-    entries = select(scan(root), older_than_days=older_than_days, everything=everything, now=now)
+    entries = [e for e in scan(root) if not kinds or kind_of(e) in kinds]
+    entries = select(entries, older_than_days=older_than_days, everything=everything, now=now)
     return [_prune_one(root, entry, dry_run, now) for entry in entries]
 
 
@@ -267,6 +288,22 @@ def _prune_one(root: Path, entry: Entry, dry_run: bool, now: float) -> Outcome:
         return outcome
     finally:
         lock.release()
+
+
+def kind_of(entry: Entry) -> str:
+    """The kind an entry belongs to: a leftover's is its directory's (``units/.build-*``: unit)."""
+    if entry.kind not in ("partial", "trash"):
+        return entry.kind
+    return {d: k for k, d in KIND_DIRS.items()}.get(entry.path.parent.name, entry.kind)
+
+
+def counts(entries: list[Entry]) -> dict[str, int]:
+    """How many complete entries of each kind (`cache ls`: how many sweep units are kept)."""
+    found: dict[str, int] = {}
+    for entry in entries:
+        if entry.complete:
+            found[entry.kind] = found.get(entry.kind, 0) + 1
+    return dict(sorted(found.items()))
 
 
 def build_lock(path: Path) -> Path | None:

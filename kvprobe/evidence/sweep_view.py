@@ -165,6 +165,25 @@ def _case_counts(classification: Mapping[str, Any]) -> str:
     return ", ".join(f"{n} {cls}" for cls, n in sorted(counts.items()))
 
 
+def reused_lines(receipt: Mapping[str, Any]) -> list[str]:
+    """README lines naming each release whose unit came from the kvprobe cache (none: no line)."""
+    reused = {r["version"]: r["reused"] for r in receipt["releases"] if r.get("reused")}
+    if not reused:
+        return []
+    lines = [
+        f"Reused: {len(reused)} of {len(receipt['releases'])} releases were not observed again. Each one's unit "
+        "came from the kvprobe cache and was checked as a fresh unit is before it was merged "
+        "(`kvprobe sweep --no-reuse` observes every release):",
+    ]
+    for version in ascending(list(reused)):
+        unit = reused[version]
+        lines.append(
+            f"- {_cell(version)}: reused from {_cell(unit['observed_utc'])} "
+            f"(unit manifest sha256 `{_cell(unit['unit_manifest_sha256'])}`)"
+        )
+    return [*lines, ""]
+
+
 def unserved_line(receipt: Mapping[str, Any]) -> str | None:
     unserved = receipt["unserved"]
     if not unserved:
@@ -199,6 +218,7 @@ def render_readme(receipt: dict[str, Any]) -> str:
         *release_table(receipt),
         "",
     ]
+    lines += reused_lines(receipt)
     line = unserved_line(receipt)
     if line:
         lines += [line, ""]

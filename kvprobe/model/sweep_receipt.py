@@ -118,6 +118,15 @@ class ReleaseExecution(Preloaded):
 
 
 @dataclass(frozen=True)
+class ReusedUnit(Part):
+    """A release whose unit the sweep took from the kvprobe cache rather than observing it
+    again (run/unit_cache): when that unit observed it, and the digest of its manifest."""
+
+    observed_utc: str
+    unit_manifest_sha256: str
+
+
+@dataclass(frozen=True)
 class ReleaseRecord(Part):
     """One release: its wheel (None: not had, ``problem`` says why), its probes, its class."""
 
@@ -128,6 +137,7 @@ class ReleaseRecord(Part):
     classification: Classification
     duration_s: float
     execution: ReleaseExecution | None = field(default=None, metadata=OPTIONAL)  # absent before the fork server
+    reused: ReusedUnit | None = field(default=None, metadata=OPTIONAL)  # absent: observed by this sweep
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ is that release's could-not-observe, and the sweep completes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import sys
@@ -28,7 +29,7 @@ from kvprobe.errors import DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.evidence.sweep_listing import unserved_reason
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
-from kvprobe.model.sweep_receipt import ListedRelease, Listing, SweepReceipt
+from kvprobe.model.sweep_receipt import ListedRelease, Listing, ReleaseRecord, SweepReceipt
 from kvprobe.names import SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.run.session import CheckSession, SessionSettings
@@ -46,6 +47,7 @@ from kvprobe.run.sweep_unit import (
     sweep_receipt,
     wheel_pin_set,
 )
+from kvprobe.run.unit_cache import SweepUnits
 from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
 from kvprobe.sources import releases
 from kvprobe.sources.wheel import platform_args
@@ -65,6 +67,7 @@ class SweepOptions:
     address: str | None = None  # --address of the Ray cluster
     unit_timeout_s: float | None = None  # a Ray unit's limit; None: every probe's limit + 10 min
     preload: bool = True  # local units' probes fork from one preloaded interpreter; False: fresh ones
+    reuse: bool = True  # take units the kvprobe cache holds (run/unit_cache); False: observe all again
 
 
 class SweepShare:
@@ -196,20 +199,27 @@ def sweep_experiment(
         expected = Expected(exp, staging, local_env)
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
+        kept = _unit_cache(exp, dict(profile.env), opts, executor, reporter)
         requests = [
             UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root)
             for pin in pins.values()
             if not isinstance(pin, str)
         ]
         with reporter.step(f"sweeping {len(requests)} releases ({executor.name})"):
-            for done, outcome in enumerate(executor.run(requests), 1):
-                entry, env = accept_unit(outcome, expected, work)
+            todo = []
+            for request in requests:  # a unit the cache holds goes through the same checks
+                entry = kept.reuse(request, expected, work)
+                if entry is None:
+                    todo.append(request)
+                    continue
+                units[entry.version] = entry
+                reporter.note(f"{len(kept.reused)}/{len(requests)} {entry.version} {_class_line(entry)}")
+            for done, outcome in enumerate(executor.run(todo), len(kept.reused) + 1):
+                entry, env = accept_unit(outcome, expected, work, functools.partial(kept.keep, outcome))
                 if env is not None and expected.env is None:
                     expected = Expected(exp, staging, env)
                 units[outcome.request.pin.version] = entry
-                reporter.note(
-                    f"{done}/{len(requests)} {entry.version} {entry.classification.overall} ({entry.duration_s:.0f} s)"
-                )
+                reporter.note(f"{done}/{len(requests)} {entry.version} {_class_line(entry)}")
         timings["units_s"] = time.monotonic() - clock
         ordered = tuple(units[v] for v in served)
         host = sweep_host(opts.jobs, executor.name)
@@ -287,6 +297,31 @@ def _cluster_executor(exp: Experiment, opts: SweepOptions, held: contextlib.Exit
 
     unit_timeout = opts.unit_timeout_s or opts.timeout_s * len(exp.probes) + 600.0
     return held.enter_context(RayExecutor(opts.address, unit_timeout))
+
+
+def _unit_cache(
+    exp: Experiment, settings: dict[str, str], opts: SweepOptions, executor: Executor, reporter: Reporter
+) -> SweepUnits:
+    """The driver's unit cache for this sweep (its own cache, whatever the executor)."""
+    forked = isinstance(executor, LocalExecutor) and executor.session.server is not None
+    repeat = getattr(opts, "repeat", 1)  # `sweep --repeat N` records N runs: another unit
+    return SweepUnits(
+        exp,
+        opts.cache_root,
+        settings,
+        "forked" if forked else "fresh",
+        repeat=repeat,
+        reuse=opts.reuse,
+        reporter=reporter,
+    )
+
+
+def _class_line(entry: ReleaseRecord) -> str:
+    """A release's progress line after its version: its class, and how long it took or when
+    the unit reused from the cache observed it."""
+    if entry.reused is not None:
+        return f"{entry.classification.overall} (reused from {entry.reused.observed_utc})"
+    return f"{entry.classification.overall} ({entry.duration_s:.0f} s)"
 
 
 def _resolve(package: str, flags: list[str], versions: list[str], work: Path, jobs: int) -> dict[str, WheelPin | str]:

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -362,9 +362,15 @@ class Expected:
     limits: Limits = Limits()
 
 
-def accept_unit(outcome: UnitOutcome, expected: Expected, work: Path) -> tuple[ReleaseRecord, EnvRecord | None]:
+def accept_unit(
+    outcome: UnitOutcome,
+    expected: Expected,
+    work: Path,
+    accepted: Callable[[Path, SweepReceipt], None] | None = None,
+) -> tuple[ReleaseRecord, EnvRecord | None]:
     """(the release's receipt entry, the env it ran in): the unit's own entry with its raw
-    outputs merged into the sweep, or a could-not-observe entry saying why it was refused."""
+    outputs merged into the sweep, or a could-not-observe entry saying why it was refused.
+    ``accepted`` sees an accepted unit's verified bundle and receipt before they are removed."""
     version = outcome.request.pin.version
     if outcome.archive is None:
         return failed_entry(expected.exp, version, outcome.problem or "the unit returned nothing"), None
@@ -381,6 +387,8 @@ def accept_unit(outcome: UnitOutcome, expected: Expected, work: Path) -> tuple[R
             if problem is not None or isinstance(unit, str):
                 return failed_entry(expected.exp, version, f"unit bundle refused: {problem}"), None
             _merge(root, version, expected.staging)
+            if accepted is not None:
+                accepted(root, unit)
             return unit.releases[0], unit.env
     except KvprobeError as exc:
         return failed_entry(expected.exp, version, f"unit bundle refused: {exc}"), None

@@ -36,6 +36,7 @@ from kvprobe.verify.consistency import (
     summary,
 )
 from kvprobe.verify.result import StepResult, step_result
+from kvprobe.verify.sweep_reused import reused_defects
 from kvprobe.verify.sweep_set import range_defects, release_set_defects, rendered_defects
 
 
@@ -58,7 +59,7 @@ def step_sweep_consistency(bundle: Bundle, receipt: SweepReceipt) -> StepResult:
         )
     else:
         defects += sweep_recompute_defects(bundle, receipt)
-    defects += range_defects(receipt) + rendered_defects(bundle, receipt)
+    defects += range_defects(receipt) + rendered_defects(bundle, receipt) + reused_defects(receipt)
     if bundle.experiment is not None:
         defects += sweep_experiment_defects(bundle, receipt)
     return step_result(

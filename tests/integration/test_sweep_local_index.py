@@ -326,7 +326,8 @@ def test_sweep_results_go_to_stdout_and_a_progress_line_per_release_to_stderr(wo
     """The stream rule, as `run` follows it: results on stdout, progress on stderr, -q honoured."""
     _env(world, monkeypatch)
     out = tmp_path / "sweep"
-    result = sweep("sweep", "scrub-sweep", "--releases", "1.1,2.0", "--out", str(out))
+    # --no-reuse: units earlier tests of this module kept would add "(reused from ...)" to each line
+    result = sweep("sweep", "scrub-sweep", "--releases", "1.1,2.0", "--out", str(out), "--no-reuse")
     assert result.exit_code == 0, result.output
     digest = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
     lines = result.stdout.splitlines()
@@ -335,7 +336,7 @@ def test_sweep_results_go_to_stdout_and_a_progress_line_per_release_to_stderr(wo
     progress = [line.split(" (")[0].split() for line in result.stderr.splitlines() if "/2 " in line]
     assert sorted(p[1] for p in progress) == ["1/2", "2/2"]  # units finish in any order
     assert sorted(" ".join(p[2:]) for p in progress) == ["1.1 affected", "2.0 fixed"]
-    quiet = sweep("sweep", "scrub-sweep", "--releases", "2.0", "--out", str(tmp_path / "quiet"), "-q")
+    quiet = sweep("sweep", "scrub-sweep", "--releases", "2.0", "--out", str(tmp_path / "quiet"), "-q", "--no-reuse")
     assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout.splitlines()[0] == "2.0  fixed"
 
 

@@ -79,6 +79,7 @@ def _parts() -> list[tuple[type, dict[str, Any]]]:
         (model.Classification, release["properties"]["classification"]),
         (model.ReleaseExecution, execution),
         (CheckMode, execution["properties"]["probes"]["items"]),
+        (model.ReusedUnit, release["properties"]["reused"]),
     ]
 
 
