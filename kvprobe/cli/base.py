@@ -182,11 +182,6 @@ def torch_index_option(text: str, *, checked: bool = True) -> Callable[[Callable
     )
 
 
-def results_shown(as_json: bool) -> bool:
-    """Whether the human result is printed on stdout: not under --json, not with -qq."""
-    return streams_for(as_json).results
-
-
 CLI_JSON_VERSION = 1  # of every `--json` document: kvprobe.cli.<command>/1, kvprobe.cli.error/1
 
 
@@ -308,7 +303,8 @@ _Group.group_class = _Group
 
 
 def streams_for(as_json: bool = False) -> Output:
-    """The current command's streams and verbosity (cli.console.Output)."""
+    """The current command's streams and verbosity (cli.console.Output): the one path its
+    results, progress, diagnostics and warnings take (a --json document: :func:`emit_json`)."""
     from kvprobe.cli.console import Output
 
     meta = click.get_current_context().meta

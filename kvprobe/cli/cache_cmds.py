@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvprobe.cli.base import EXIT_FAIL, EXIT_OK, emit_json, guarded, json_document, main, results_shown
+from kvprobe.cli.base import EXIT_FAIL, EXIT_OK, emit_json, guarded, json_document, main, streams_for
 from kvprobe.text import for_terminal
 
 
@@ -32,14 +32,15 @@ def cache_ls_cmd(as_json: bool) -> int:
 
     root = _cache_root()
     entries = cache.scan(root)
+    streams = streams_for(as_json)
     if as_json:
         emit_json(
             {"root": str(root), "total_size": cache.total_size(entries), "entries": [e.to_json() for e in entries]}
         )
-    elif results_shown(as_json):
-        from kvprobe.cli.console import print_cache, stdout_console
+    elif streams.results:
+        from kvprobe.cli.console import print_cache
 
-        print_cache(stdout_console(), str(root), entries, time.time())
+        print_cache(streams.out, str(root), entries, time.time())
     return EXIT_OK
 
 
@@ -66,6 +67,7 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
     from kvprobe.env import cache
 
     outcomes = cache.prune(_cache_root(), older_than_days=older_than, everything=everything, dry_run=dry_run)
+    streams = streams_for(as_json)
     if as_json:
         emit_json(
             {
@@ -74,10 +76,10 @@ def cache_prune_cmd(older_than: float | None, everything: bool, dry_run: bool, a
                 "freed": sum(o.entry.size for o in outcomes if o.action == "deleted"),
             }
         )
-    elif results_shown(as_json):
-        from kvprobe.cli.console import print_prune, stdout_console
+    elif streams.results:
+        from kvprobe.cli.console import print_prune
 
-        print_prune(stdout_console(), outcomes, dry_run)
+        print_prune(streams.out, outcomes, dry_run)
     return EXIT_OK
 
 
@@ -93,7 +95,7 @@ def cache_servers_cmd(stop: bool, as_json: bool) -> int:
     """
     import dataclasses
 
-    from kvprobe.checks.keptserver import Skipped, StopOutcome, stop_all, survey
+    from kvprobe.checks.keptserver import StopOutcome, stop_all, survey
 
     if stop:
         found = stop_all()
@@ -101,6 +103,7 @@ def cache_servers_cmd(stop: bool, as_json: bool) -> int:
         listed = survey()
         found = StopOutcome(listed.servers, [], listed.skipped)
     servers, skipped = found.stopped, found.skipped
+    streams = streams_for(as_json)
     if as_json:
         emit_json(
             {
@@ -110,18 +113,20 @@ def cache_servers_cmd(stop: bool, as_json: bool) -> int:
                 "skipped": [dataclasses.asdict(s) for s in skipped],
             }
         )
-    elif results_shown(as_json):
+    else:
         for s in servers:  # what a kept server says of itself is its own text: escaped
-            click.echo(
+            streams.result(
                 f"{'stopped' if stop else 'running'}  pid {s.pid}  since {for_terminal(s.started_utc)}"
                 f"  idle limit {s.idle_s:.0f}s  checks {s.served}  runs attached {s.attached}  {for_terminal(s.python)}"
             )
         if not servers and not found.not_stopped:
-            click.echo("no kept fork server is running", err=True)
-    rows: list[tuple[str, Skipped]] = [("NOT STOPPED", n) for n in found.not_stopped]
-    rows += [("skipped", k) for k in skipped]
-    for label, row in rows:
-        click.echo(f"{label}  {for_terminal(row.socket)}: {for_terminal(row.reason)}", err=True)
+            streams.result("no kept fork server is running")
+    from kvprobe.cli.console import data
+
+    for row in found.not_stopped:  # a process that outlived its stop request: always said
+        streams.warn(f"NOT STOPPED  {data(row.socket)}: {data(row.reason)}")
+    for row in skipped:
+        streams.diagnostic(f"skipped  {data(row.socket)}: {data(row.reason)}")
     return EXIT_FAIL if found.not_stopped else EXIT_OK
 
 
@@ -131,16 +136,22 @@ def cache_servers_cmd(stop: bool, as_json: bool) -> int:
 def cache_verify_cmd(as_json: bool) -> int:
     """Re-hash every file of every cached tree against its listing.
 
-    Exit 0 when all trees are intact, 1 when one is not (the next run rebuilds it).
+    Results on stdout: a line per tree (ok or DAMAGED) and a count; on stderr, what differs
+    in a damaged tree (its first 20 files; every one with -v). Exit 0 when all trees are
+    intact, 1 when one is not (the next run rebuilds it).
     """
+    from kvprobe.cli.console import data
     from kvprobe.sources import treecache
 
     report = {e.name: [str(p) for p in treecache.verify(e)] for e in treecache.entries(_cache_root())}
+    streams = streams_for(as_json)
     if as_json:
         emit_json({"trees": report, "intact": not any(report.values())})
-    else:
-        for name, problems in report.items():
-            click.echo(f"{'ok' if not problems else 'DAMAGED'}  {name}", err=True)
-            for problem in problems[:20]:  # file names come from a wheel: escaped, not printed raw
-                click.echo(f"    {problem!r}", err=True)
+    damaged = [name for name, problems in report.items() if problems]
+    for name, problems in report.items():
+        streams.result(f"{'DAMAGED' if problems else 'ok'}  {for_terminal(name)}")
+        # file names come from a wheel: escaped, not printed raw
+        for problem in problems if streams.verbosity > 0 else problems[:20]:
+            streams.diagnostic(f"{data(name)}: {data(problem)}")
+    streams.result(f"{len(report)} trees: {len(report) - len(damaged)} intact, {len(damaged)} damaged")
     return EXIT_FAIL if any(report.values()) else EXIT_OK

@@ -255,15 +255,15 @@ def new_cmd(
         if created.probe_file is not None:
             streams.out.print(f"created {data(created.probe_file)}")
     if not created.on_search_path:
-        streams.err.print(
+        streams.diagnostic(
             f"[yellow]note[/]: {data(created.directory.parent)} is not on the experiment search path; "
             f"set KVPROBE_PROBES_PATH={data(created.directory.parent)}"
         )
     run = f"kvprobe run {experiment_id}" + (f" --repo {for_shell(repo)}" if repo is not None else "")
     if tests_only:
-        streams.err.print(f"next: review the tests' transitions and record them: {data(run)} --record-expectations")
+        streams.diagnostic(f"next: review the tests' transitions and record them: {data(run)} --record-expectations")
     else:
-        streams.err.print(
+        streams.diagnostic(
             f"next: {data(run)}   (no expectations yet: exit 1, verdict no-expectations)\n"
             f"then write the probe, run again, review, and: {data(run)} --record-expectations"
         )

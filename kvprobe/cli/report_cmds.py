@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvprobe.cli.base import EXIT_OK, bundle_limits, guarded, limit_options, main
+from kvprobe.cli.base import EXIT_OK, bundle_limits, guarded, limit_options, main, streams_for
 from kvprobe.cli.verify_cmds import checked_attestation
 from kvprobe.text import for_terminal
 
@@ -102,6 +102,7 @@ def report_cmd(
     import os
     from datetime import UTC, datetime
 
+    from kvprobe.cli.console import data
     from kvprobe.errors import UsageError
     from kvprobe.exports.bundle_view import load
     from kvprobe.exports.render import ExportOptions, render, write_atomic
@@ -131,13 +132,14 @@ def report_cmd(
         anchor=anchor,
     )
     text = render(view, fmt, opts)
+    streams = streams_for()
     for caveat in view.provenance.caveats():
-        click.echo(f"warning: {for_terminal(caveat)}", err=True)
+        streams.warn(data(caveat))
     if output is None:
-        click.echo(text, nl=False)
+        streams.document(text)
     else:
         write_atomic(output, text, force=force)
-        click.echo(f"wrote {for_terminal(output)} ({fmt})", err=True)
+        streams.result(f"wrote {for_terminal(output)} ({fmt})")
     return EXIT_OK
 
 

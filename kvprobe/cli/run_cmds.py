@@ -216,9 +216,8 @@ def _several_error(experiment_id: str, exc: KvprobeError, streams: Output) -> di
     """One experiment of several that ended without a bundle: its error on stderr, a line in
     its place on stdout; its --json entry returned."""
     lines = [for_terminal(line) for line in exc.diagnostics()]
-    click.echo(f"kvprobe: error: {experiment_id}: {lines[0]}", err=True)
-    if streams.results:
-        click.echo(f"{experiment_id}: no bundle ({lines[0]})")
+    streams.error(f"{experiment_id}: {lines[0]}")
+    streams.result(f"{experiment_id}: no bundle ({lines[0]})")
     return {"experiment": experiment_id, "error": exc.message, "exit": exc.exit_code}
 
 

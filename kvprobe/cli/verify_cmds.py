@@ -19,7 +19,6 @@ from kvprobe.cli.base import (
     json_document,
     limit_options,
     main,
-    results_shown,
     streams_for,
     torch_index_option,
 )
@@ -118,7 +117,7 @@ def verify_cmd(
     expected = parse_digest(expect_digest)
     signed = checked_attestation(attestation, key, expected)
     if signed is not None:
-        streams.err.print(
+        streams.diagnostic(
             f"attestation: signature verified with key {data(signed.keyid)}; "
             f"it signs manifest sha256 {signed.manifest_sha256}"
         )
@@ -154,8 +153,7 @@ def verify_cmd(
     if as_json:
         emit_json({**report.to_json(), **({"attestation": signed.to_json()} if signed else {})})
     if require_anchor and report.outcome == "self-consistent":
-        if streams.verbosity > -2:
-            streams.err.print("--require-anchor: the bundle is only self-consistent; nothing anchors it (exit 1)")
+        streams.diagnostic("--require-anchor: the bundle is only self-consistent; nothing anchors it (exit 1)")
         return EXIT_FAIL
     return VERIFY_EXIT[report.outcome]
 
@@ -223,10 +221,9 @@ def bundle_pack_cmd(
     from kvprobe.verify.pack import pack
 
     result = pack(bundle_dir, output, bundle_limits(max_files, max_file_bytes, max_bytes), force=force)
-    if results_shown(as_json):
-        click.echo(
-            f"wrote {for_terminal(result.archive)} (sha256 {result.sha256}; manifest sha256 {result.manifest_sha256})"
-        )
+    streams_for(as_json).result(
+        f"wrote {for_terminal(result.archive)} (sha256 {result.sha256}; manifest sha256 {result.manifest_sha256})"
+    )
     if as_json:
         emit_json(
             {
@@ -289,13 +286,12 @@ def attest_cmd(
     signer = load_signer(key)  # a bad key is refused before the bundle is read
     view = load(bundle, bundle_limits(max_files, max_file_bytes, max_bytes))
     signed = attest(view, signer, archive=subject_archive)
-    if output is None:
-        click.echo(signed.text, nl=False)
+    streams = streams_for()
+    said = f"signed the in-toto statement of manifest sha256 {signed.manifest_sha256} with key {signed.keyid}"
+    if output is None:  # the envelope is the result; what it is, a diagnostic beside it
+        streams.document(signed.text)
+        streams.diagnostic(f"{said} -> stdout")
     else:
         write_atomic(output, signed.text, force=force)
-    where = for_terminal(str(output)) if output is not None else "stdout"
-    click.echo(
-        f"signed the in-toto statement of manifest sha256 {signed.manifest_sha256} with key {signed.keyid} -> {where}",
-        err=True,
-    )
+        streams.result(f"{said} -> {for_terminal(str(output))}")
     return EXIT_OK
