@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from kvprobe.cli.console import Output
     from kvprobe.model.records import Experiment
     from kvprobe.run.runner import RunOptions, RunResult
-    from kvprobe.run.sweep import SweepOptions, SweepResult
+    from kvprobe.run.sweep_runner import SweepOptions, SweepResult
 
 
 def _run_options(
@@ -333,7 +333,7 @@ def sweep_cmd(
     sharing the index's listing, each release's wheel, and per profile one env and fork server."""
     from kvprobe.cli.console import print_sweep_summary
     from kvprobe.experiments import experiment
-    from kvprobe.run.sweep import SweepOptions, sweep_experiment
+    from kvprobe.run.sweep_runner import SweepOptions, sweep_experiment
 
     ids = _chosen(experiment_ids, every)
 
@@ -378,9 +378,9 @@ def _sweep_exit(result: SweepResult) -> int:
 
 
 def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> int:
-    """`kvprobe sweep A B ...` (run.sweep.sweep_experiments): one sweep block per experiment."""
+    """`kvprobe sweep A B ...` (run.sweep_runner.sweep_experiments): one sweep block per experiment."""
     from kvprobe.cli.console import print_sweep_summary
-    from kvprobe.run.sweep import check_sweep, sweep_experiments
+    from kvprobe.run.sweep_runner import check_sweep, sweep_experiments
 
     def report(streams: Output, exp_id: str, result: SweepResult) -> tuple[int, dict[str, Any]]:
         if streams.results:

@@ -138,7 +138,7 @@ def _fake_cores(monkeypatch: pytest.MonkeyPatch, world: World) -> None:
     command passed, then a real result (the forged run bundle, a committed sweep bundle)."""
     import kvprobe.experiments.scaffold as scaffold
     import kvprobe.run.runner as runner
-    import kvprobe.run.sweep as sweep
+    import kvprobe.run.sweep_runner as sweep
     from kvprobe.model.sweep_receipt import SweepReceipt
 
     def run_experiment(exp, opts, reporter):
