@@ -14,7 +14,7 @@ from kvprobe.errors import UsageError
 from kvprobe.evidence.sweep import classify_release, release_problems, summary
 from kvprobe.evidence.sweep_listing import observed_range
 from kvprobe.evidence.sweep_view import COLOURS, timeline_svg
-from kvprobe.exports import sweep as sweep_exports
+from kvprobe.exports import sweep_exports
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.render import ExportOptions, render
 from kvprobe.names import SWEEP_RECEIPT_SCHEMA
