@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "kvprobe"
 LAYERS: list[set[str]] = [
     {"kvprobe", "names", "errors", "resources", "progress", "probe_api", "files", "text", "redaction"},
     {"defects", "proc", "schema", "model"},
-    {"strict_json"},
+    {"strict_json", "rules"},
     {"env", "checks"},
     {"sources"},
     {"experiments", "evidence"},
