@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.evidence import gate_probes
-from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.experiments import experiment
 from kvprobe.gates import fixmarkers
+from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Status, combine
 from tests import forge
 
 Outputs = dict[str, dict[str, dict[str, Any]]]  # {experiment id: {probe name: output}}

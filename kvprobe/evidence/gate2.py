@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvprobe.evidence import gate_probes
-from kvprobe.evidence.gate_status import Check
+from kvprobe.rules.gate_status import Check
 
 RULE = gate_probes.RULES[2]
 # Which experiments gate 2 holds the operator's SGLang to: part of the decision, so here.

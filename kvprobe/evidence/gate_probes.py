@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvprobe.evidence import compare
-from kvprobe.evidence.gate_status import Check, Status
+from kvprobe.rules.gate_status import Check, Status
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ from kvprobe import __version__
 from kvprobe.env.venv import check_index_url
 from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.evidence.bundle import host_facts, seal_bundle
-from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.behaviour import BehaviourRun, ProbeGate, run_behaviour, start_server
 from kvprobe.gates.environment import Environment
@@ -56,6 +55,7 @@ from kvprobe.model.gates_receipt import (
 from kvprobe.model.receipt import Tool
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
+from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.run.runner import verify_on_write
 from kvprobe.text import for_markdown
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from kvprobe.evidence.gate2 import experiment_checks
-from kvprobe.evidence.gate_status import Status
 from kvprobe.experiments import experiment
+from kvprobe.rules.gate_status import Status
 
 
 @pytest.fixture(scope="module")
