@@ -313,7 +313,7 @@ def _marker_receipt(version: str, presence: str, evidence: str, status: str) -> 
     ],
 )
 def test_absent_because_the_release_predates_the_fix_follows_from_its_version(version, presence, status, defect):
-    from kvprobe.evidence.markers import not_in_release
+    from kvprobe.rules.markers import not_in_release
     from kvprobe.verify.consistency import marker_check_defects
 
     receipt = _marker_receipt(version, presence, not_in_release("0.5.21", version), status)
