@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvprobe.evidence import gate4 as gate4_rule
 from kvprobe.gates import serverlog
 from kvprobe.gates.environment import Environment
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, find_all, markers
 from kvprobe.gates.gate import Gate
 from kvprobe.gates.inputs import InputFile
+from kvprobe.rules import gate4 as gate4_rule
 from kvprobe.rules import markers as marker_rule
 from kvprobe.rules.gate_status import Check, Status, combine
 

@@ -34,7 +34,7 @@ from kvprobe.defects import (
     RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
-from kvprobe.evidence import compare, gate2, gate4, gate_probes, sweep
+from kvprobe.evidence import compare, gate2, gate_probes, sweep
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
 from kvprobe.evidence.sweep_listing import version_key
@@ -42,7 +42,7 @@ from kvprobe.evidence.sweep_view import TIMELINE
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
-from kvprobe.rules import markers
+from kvprobe.rules import gate4, markers
 from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.sources.wheel import names_release
 from kvprobe.verify.result import StepResult, step_result
@@ -685,7 +685,7 @@ def step_gates_consistency(bundle: Bundle) -> StepResult:
 
 def recompute_gate4(receipt: dict[str, Any]) -> tuple[list[Check] | None, list[BundleDefect]]:
     """Gate 4's deferred-release checks from the receipt's ``gate4`` record (each worker's
-    setting and backend, the release's facts), by :mod:`kvprobe.evidence.gate4`; None for
+    setting and backend, the release's facts), by :mod:`kvprobe.rules.gate4`; None for
     receipts before /3, which record no such basis."""
     if "gate4" not in receipt:
         return None, []

@@ -14,9 +14,9 @@ from rich.console import Console
 from kvprobe.cli import main
 from kvprobe.cli.console import print_gate_diagnostics
 from kvprobe.errors import UsageError
-from kvprobe.evidence import gate4 as gate4_rule
 from kvprobe.gates import environment, inputs, settings
 from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
+from kvprobe.rules import gate4 as gate4_rule
 from kvprobe.rules.gate_status import Status
 from tests.unit.test_gates_logs import (
     GLM_CONTEXT,
