@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvprobe.evidence import gate_probes
 from kvprobe.experiments import experiment
 from kvprobe.gates import fixmarkers
+from kvprobe.rules import gate_probes
 from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Status, combine
 from tests import forge
 

@@ -16,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.checks.forkserver import FRESH, Execution, ForkServer
-from kvprobe.evidence import gate_probes
 from kvprobe.evidence.bundle import cite
-from kvprobe.evidence.gate_probes import ProbeRule
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.gates.gate import GateOptions
 from kvprobe.gates.target import VERSION_RE, Target
@@ -27,6 +25,8 @@ from kvprobe.model.receipt import EnvRecord, ExecutionRecord
 from kvprobe.model.records import Experiment, PinSet, Side
 from kvprobe.names import LOGS_DIR, RAW_DIR
 from kvprobe.progress import Reporter
+from kvprobe.rules import gate_probes
+from kvprobe.rules.gate_probes import ProbeRule
 from kvprobe.rules.gate_status import Check
 from kvprobe.run import runner
 from kvprobe.run.side import (
