@@ -9,13 +9,12 @@ import json
 
 import pytest
 
-from kvprobe.evidence import gate2
 from kvprobe.experiments import experiment
 from kvprobe.gates import pipeline, serverlog, settings
 from kvprobe.gates.behaviour import ProbeGate
 from kvprobe.gates.fixmarkers import CodeTree, code_settings
 from kvprobe.model.gates_receipt import BehaviourBasis
-from kvprobe.rules import gate_probes
+from kvprobe.rules import gate2, gate_probes
 from kvprobe.rules.gate_status import Check, Status
 from tests.unit.test_gates_admission import as_fixed
 from tests.unit.test_gates_logs import fake_tree, server_args_dict, sources_for, write

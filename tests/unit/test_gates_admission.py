@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from kvprobe.evidence.gate2 import experiment_checks
 from kvprobe.experiments import experiment
+from kvprobe.rules.gate2 import experiment_checks
 from kvprobe.rules.gate_status import Status
 
 
