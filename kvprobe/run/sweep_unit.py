@@ -31,7 +31,6 @@ from kvprobe.checks.forkserver import FRESH, ForkServer
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import load_profile
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, KvprobeError, UsageError
-from kvprobe.evidence import sweep as classify
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
 from kvprobe.evidence.safetree import Limits
@@ -55,6 +54,7 @@ from kvprobe.model.sweep_receipt import (
 )
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
+from kvprobe.rules import sweep_classification as classify
 from kvprobe.run.side import EnvOptions, environment, fork_server, preload_modules, server_ready
 from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.pack import pack

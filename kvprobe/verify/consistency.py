@@ -34,7 +34,6 @@ from kvprobe.defects import (
     RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
-from kvprobe.evidence import sweep
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
 from kvprobe.evidence.sweep_listing import version_key
@@ -43,6 +42,7 @@ from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
 from kvprobe.rules import compare, gate2, gate4, gate_probes, markers
+from kvprobe.rules import sweep_classification as sweep
 from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.sources.wheel import names_release
 from kvprobe.verify.result import StepResult, step_result
