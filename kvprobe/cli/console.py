@@ -391,7 +391,7 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
 def print_sweep_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str) -> None:
     """One line per release in version order (its class, and why when it is not affected or
     fixed), the bundle and its digest: `kvprobe sweep`'s results on stdout."""
-    from kvprobe.evidence.sweep_listing import ascending
+    from kvprobe.rules.sweep_listing import ascending
 
     by_version = {r["version"]: r for r in receipt["releases"]}
     for version in ascending(list(by_version)):

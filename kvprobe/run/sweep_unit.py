@@ -34,7 +34,6 @@ from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, KvprobeErr
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
 from kvprobe.evidence.safetree import Limits
-from kvprobe.evidence.sweep_listing import observed_range
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.experiments import experiment
 from kvprobe.files import write_atomic
@@ -55,6 +54,7 @@ from kvprobe.model.sweep_receipt import (
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.rules import sweep_classification as classify
+from kvprobe.rules.sweep_listing import observed_range
 from kvprobe.run.side import EnvOptions, environment, fork_server, preload_modules, server_ready
 from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.pack import pack

@@ -36,7 +36,6 @@ from kvprobe.defects import (
 from kvprobe.errors import KvprobeError
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
-from kvprobe.evidence.sweep_listing import version_key
 from kvprobe.evidence.sweep_view import TIMELINE
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.model.sweep_receipt import SweepReceipt
@@ -44,6 +43,7 @@ from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
 from kvprobe.rules import compare, gate2, gate4, gate_probes, markers
 from kvprobe.rules import sweep_classification as sweep
 from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
+from kvprobe.rules.sweep_listing import version_key
 from kvprobe.sources.wheel import names_release
 from kvprobe.verify.result import StepResult, step_result
 from kvprobe.verify.sweep_set import range_defects, release_set_defects, rendered_defects
