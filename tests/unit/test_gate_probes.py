@@ -1,5 +1,5 @@
 """Gates 3 and 4's behavioural half (issue #23): experiment F's probes for gate 3, C, D and E's
-for gate 4, read by the pure rule in evidence/gate_probes that `kvprobe gates` decides with and
+for gate 4, read by the pure rule in rules/gate_probes that `kvprobe gates` decides with and
 verify recomputes with; and how the pipeline puts those checks beside the deployment's settings."""
 
 from __future__ import annotations

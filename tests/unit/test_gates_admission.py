@@ -1,5 +1,5 @@
 """Gate 2's reading of the probe output from the operator's SGLang (synthetic probe documents),
-by the pure rule in evidence/gate2 that `kvprobe gates` decides with and verify recomputes with."""
+by the pure rule in rules/gate2 that `kvprobe gates` decides with and verify recomputes with."""
 
 from __future__ import annotations
 
