@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe import schema
-from kvprobe.evidence import compare, manifest
+from kvprobe.evidence import manifest
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.names import MANIFEST, SUMS
+from kvprobe.rules import compare
 
 EXP_ID = "forge-exp"
 PIN_SET = "commits"

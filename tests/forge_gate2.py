@@ -6,7 +6,7 @@ What is grafted: the installed experiment files and probe sources of every behav
 experiments (A, B for gate 2; F for gate 3; C, D, E for gate 4) under probes/<id>/, one probe
 output per declared probe under raw/gate<N>/<id>/ in which every head expectation holds (unless
 ``written`` says otherwise), the probe records, the ``behaviour`` bases, a target, and each
-gate's probe checks decided by kvprobe's own rule (evidence/gate_probes): all of gate 2's
+gate's probe checks decided by kvprobe's own rule (rules/gate_probes): all of gate 2's
 checks, the first of gates 3 and 4's (their settings and marker checks stay as the bundle had
 them). The hashes are re-written, so the bundle is self-consistent.
 """
@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvprobe.evidence import gate_probes
-from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.experiments import experiment
 from kvprobe.gates import fixmarkers
+from kvprobe.rules import gate_probes
+from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Status, combine
 from tests import forge
 
 Outputs = dict[str, dict[str, dict[str, Any]]]  # {experiment id: {probe name: output}}

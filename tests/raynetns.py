@@ -122,7 +122,7 @@ def main(config_path: str) -> None:
 def _tampered_sweep(address: str, config: dict) -> dict:
     from kvprobe.experiments import experiment
     from kvprobe.run.ray_executor import RayExecutor
-    from kvprobe.run.sweep import SweepOptions, sweep_experiment
+    from kvprobe.run.sweep_runner import SweepOptions, sweep_experiment
 
     scratch = Path(config["scratch"])
     scratch.mkdir(parents=True, exist_ok=True)

@@ -23,12 +23,12 @@ from typing import Any
 
 from kvprobe import proc
 from kvprobe.checks.forkserver import Execution, ForkServer, run_check
-from kvprobe.checks.results import check_report_schema, count_results, failure_kinds, results_from_report
 from kvprobe.errors import CheckRunError, SchemaError, UsageError
 from kvprobe.files import write_atomic
 from kvprobe.model.records import TestResult
 from kvprobe.names import PYTEST_REPORT_SCHEMA
 from kvprobe.resources import probe_api_dir
+from kvprobe.rules.pytest_results import check_report_schema, count_results, failure_kinds, results_from_report
 from kvprobe.strict_json import load_document
 
 REPORT_ENV = "KVPROBE_PYTEST_REPORT"

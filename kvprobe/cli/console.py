@@ -92,10 +92,14 @@ def emit(console: Console, renderable: Any) -> None:
 
 
 class Output:
-    """A command's two streams and its verbosity (-q/-v: 0 is the default).
+    """A command's two streams and its verbosity (-q/-v: 0 is the default): the one path
+    every command writes through (kvprobe.cli.base.streams_for makes it; --json documents
+    go through base.emit_json).
 
-    Results go to ``out`` (stdout) unless ``--json`` owns stdout or -qq silenced them;
-    progress (``reporter()``) and diagnostics go to ``err`` (stderr); -q silences progress.
+    Results go to ``out`` (stdout) unless ``--json`` owns stdout or -qq silenced them
+    (``results``; ``result`` and ``document`` check it); progress (``reporter()``) goes to
+    ``err`` (stderr) and -q silences it; diagnostics (``diagnostic``) go to ``err`` and -qq
+    silences them; warnings (``warn``) are always shown.
     """
 
     def __init__(self, verbosity: int = 0, as_json: bool = False) -> None:
@@ -111,8 +115,31 @@ class Output:
         return PlainReporter(self.err, quiet=quiet)
 
     def warn(self, text: str) -> None:
-        """A diagnostic (already escaped markup) on stderr; shown even with -q."""
+        """A warning (already escaped markup) on stderr; shown even with -qq."""
         self.err.print(f"[bold yellow]warning[/]: {text}")
+
+    def error(self, text: str) -> None:
+        """An error line (plain text, untrusted parts already through for_terminal) on stderr:
+        one of several experiments that ended without a bundle; always shown."""
+        self.err.print(f"kvprobe: error: {text}", markup=False, highlight=False, soft_wrap=True)
+
+    def diagnostic(self, text: str) -> None:
+        """A diagnostic or a hint (already escaped markup) on stderr; not with -qq."""
+        if self.verbosity > -2:
+            self.err.print(text)
+
+    def result(self, text: str) -> None:
+        """A result line (plain text, untrusted parts already through for_terminal) on stdout,
+        never wrapped (a path or a digest stays whole); not under --json or -qq."""
+        if self.results:
+            self.out.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def document(self, text: str) -> None:
+        """A document that is the command's result (an export, a signed envelope), on stdout
+        byte for byte; not with -qq."""
+        if self.results:
+            self.out.file.write(text)
+            self.out.file.flush()
 
 
 class RichReporter(Reporter):
@@ -364,7 +391,7 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
 def print_sweep_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str) -> None:
     """One line per release in version order (its class, and why when it is not affected or
     fixed), the bundle and its digest: `kvprobe sweep`'s results on stdout."""
-    from kvprobe.evidence.sweep_listing import ascending
+    from kvprobe.rules.sweep_listing import ascending
 
     by_version = {r["version"]: r for r in receipt["releases"]}
     for version in ascending(list(by_version)):

@@ -1,1 +1,1 @@
-"""What a bundle holds and how it is read: comparison, manifest, receipt writing, the one bundle reader."""
+"""What a bundle holds and how it is written and read: manifest, sealing, README, the one bundle reader."""

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 from xml.sax.saxutils import escape
 
-from kvprobe.evidence.sweep import NOT_SERVED
-from kvprobe.evidence.sweep_listing import ascending, observed_range
+from kvprobe.rules.sweep_classification import NOT_SERVED
+from kvprobe.rules.sweep_listing import ascending, observed_range
 from kvprobe.text import for_markdown, for_terminal
 
 TIMELINE = "timeline.svg"

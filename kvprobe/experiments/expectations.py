@@ -25,13 +25,13 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Comment, Table
 
-from kvprobe.checks.results import failure_label
 from kvprobe.errors import CheckRunError, ExperimentError, UsageError
 from kvprobe.experiments import tomltext
 from kvprobe.experiments.experiment import load_file
 from kvprobe.files import write_atomic
 from kvprobe.model.records import Experiment
 from kvprobe.names import NOT_PRESENT, SIDES
+from kvprobe.rules.pytest_results import failure_label
 
 _CASE_KEY_RE = re.compile(r"[a-z][a-z0-9_]*/[a-z0-9_.]+")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.]+")

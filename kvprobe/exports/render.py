@@ -9,7 +9,8 @@ from pathlib import Path
 
 from kvprobe import files, schema
 from kvprobe.errors import BundleExistsError, UsageError, VerificationFailed
-from kvprobe.exports import gates, sweep
+from kvprobe.exports import gates_markdown as gates
+from kvprobe.exports import sweep_exports as sweep
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.intoto import INTOTO_SCHEMA, intoto
 from kvprobe.exports.markdown import markdown

@@ -1,5 +1,5 @@
 """The behavioural gates: experiments' probes, head side, run against the operator's SGLang;
-their outputs are decided by the pure rule in :mod:`kvprobe.evidence.gate_probes`.
+their outputs are decided by the pure rule in :mod:`kvprobe.rules.gate_probes`.
 
 Gate 2 (reject/admission) runs experiments A and B, gate 3 (transfer/read) experiment F, gate 4
 (lifetime) experiments C, D and E (``gate_probes.RULES``). Every probe of the gates run forks
@@ -16,10 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.checks.forkserver import FRESH, Execution
-from kvprobe.evidence import gate_probes
 from kvprobe.evidence.bundle import cite
-from kvprobe.evidence.gate_probes import ProbeRule
-from kvprobe.evidence.gate_status import Check
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.gates.gate import GateOptions
 from kvprobe.gates.target import VERSION_RE, Target
@@ -28,6 +25,9 @@ from kvprobe.model.receipt import EnvRecord, ExecutionRecord
 from kvprobe.model.records import Experiment, PinSet, Side
 from kvprobe.names import LOGS_DIR, RAW_DIR
 from kvprobe.progress import Reporter
+from kvprobe.rules import gate_probes
+from kvprobe.rules.gate_probes import ProbeRule
+from kvprobe.rules.gate_status import Check
 from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.run.side import CheckContext, CheckPaths, run_probe
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from kvprobe import schema
 from kvprobe.errors import SchemaError
-from kvprobe.evidence.markers import not_in_release, older_than
 from kvprobe.names import FIX_MARKERS_SCHEMA
+from kvprobe.rules.markers import not_in_release, older_than
 
 DISAGG = "sglang/srt/disaggregation"
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvprobe.env.cache import default_cache_root
-from kvprobe.evidence.gate_status import Check, Status, combine
 from kvprobe.model.gates_receipt import GateRecord
+from kvprobe.rules.gate_status import Check, Status, combine
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from kvprobe import __version__
 from kvprobe.env.venv import check_index_url
 from kvprobe.errors import UsageError
 from kvprobe.evidence.bundle import host_facts
-from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.behaviour import BehaviourRun, ProbeGate, run_behaviour, start_server
 from kvprobe.gates.environment import Environment
@@ -54,6 +53,7 @@ from kvprobe.model.gates_receipt import (
 from kvprobe.model.receipt import Tool
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
+from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
 from kvprobe.text import for_markdown
 

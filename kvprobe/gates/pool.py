@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvprobe.evidence.gate_status import Check, Status
 from kvprobe.gates import serverlog
 from kvprobe.gates.gate import Gate
+from kvprobe.rules.gate_status import Check, Status
 
 # What an allocation line is, as far as the context's pool goes.
 FULL = "full"  # the full-attention (main) pool: it holds a request's whole context

@@ -58,7 +58,7 @@ from typing import Any, BinaryIO
 
 from kvprobe import redaction, strict_json
 from kvprobe.defects import JsonDefect, JsonMalformed
-from kvprobe.evidence.gate4 import as_bool as as_bool  # SGLang's booleans: one rule, shared with verify
+from kvprobe.rules.gate4 import as_bool as as_bool  # SGLang's booleans: one rule, shared with verify
 
 ROLES = ("prefill", "decode", "null")
 

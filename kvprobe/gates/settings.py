@@ -16,14 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvprobe.evidence import gate4 as gate4_rule
-from kvprobe.evidence import markers as marker_rule
-from kvprobe.evidence.gate_status import Check, Status, combine
 from kvprobe.gates import serverlog
 from kvprobe.gates.environment import Environment
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, find_all, markers
 from kvprobe.gates.gate import Gate
 from kvprobe.gates.inputs import InputFile
+from kvprobe.rules import gate4 as gate4_rule
+from kvprobe.rules import markers as marker_rule
+from kvprobe.rules.gate_status import Check, Status, combine
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from typing import Any
 
 from kvprobe import files
 from kvprobe.errors import UsageError
-from kvprobe.evidence import gate_probes, manifest
+from kvprobe.evidence import manifest
 from kvprobe.progress import Reporter
+from kvprobe.rules import gate_probes
 
 VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?$")
 

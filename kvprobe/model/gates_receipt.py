@@ -3,7 +3,7 @@ dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as 
 receipt, so ``GatesReceipt.from_json(doc).to_json() == doc``.
 
 Statuses stay strings ("pass", "fail", "unknown", "info"): their enum and how they combine
-live in ``evidence.gate_status``, above this layer. It reads the receipts of every version
+live in ``rules.gate_status``, above this layer. It reads the receipts of every version
 verify accepts, each part as written (None: absent, so the round trip holds): /1 receipts
 (inputs first by absolute path, no ``gate2`` basis), /2 receipts (no ``--env`` inputs, no ``gate4``
 basis) and /3 receipts (gate 2 the only behavioural gate, its basis ``gate2``, probes without
@@ -114,7 +114,7 @@ class GateExperimentRecord(Part):
 @dataclass(frozen=True)
 class BehaviourBasis(Part):
     """What a behavioural gate's probe checks were decided from, besides the probe outputs: the
-    rule (``evidence.gate_probes``) and the experiments."""
+    rule (``rules.gate_probes``) and the experiments."""
 
     gate: int
     algorithm: str
@@ -149,7 +149,7 @@ class GatesReceipt(ReceiptHead):
     probes: tuple[GateProbeRecord, ...]  # every behavioural gate's, each naming its gate
     # one per behavioural gate (2, 3, 4); None: before /4 (gate 2's basis is ``gate2``)
     behaviour: tuple[BehaviourBasis, ...] | None = field(metadata=OPTIONAL)
-    # what gate 4's deferred-release checks were decided from (evidence/gate4 recomputes them);
+    # what gate 4's deferred-release checks were decided from (rules/gate4 recomputes them);
     # None: before /3
     gate4: Mapping[str, Any] | None = field(metadata=OPTIONAL)
     env: EnvRecord | None

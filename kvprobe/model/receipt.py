@@ -227,7 +227,7 @@ class EnvRecord(Part):
 
 @dataclass(frozen=True)
 class Comparison(Part):
-    """evidence/compare's output: the verdict, its reasons, and the tables it was read from.
+    """rules/compare's output: the verdict, its reasons, and the tables it was read from.
 
     The tables stay as compare wrote them (verify recomputes and compares them whole);
     ``other`` holds keys a comparison algorithm added that this model does not name.

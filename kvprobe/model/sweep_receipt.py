@@ -4,8 +4,8 @@ receipt, and its parts where a sweep records the same thing (the tool, cited fil
 record, the env), so ``SweepReceipt.from_json(doc).to_json() == doc``.
 
 Classes stay strings ("affected", "fixed", ...): their names and how a release is classified
-live in ``evidence.sweep``, above this layer. A case's classification stays the mapping
-``evidence.sweep`` wrote (its key ``class`` is no field name), as do host and settings.
+live in ``rules.sweep_classification``, above this layer. A case's classification stays the mapping
+``rules.sweep_classification`` wrote (its key ``class`` is no field name), as do host and settings.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Listing(Part):
 
 @dataclass(frozen=True)
 class ObservedRange(Part):
-    """What the sweep observed of the range (evidence.sweep_listing.observed_range): the oldest
+    """What the sweep observed of the range (rules.sweep_listing.observed_range): the oldest
     release observed, an observed ``introduced`` (the oldest affected release with a
     not-present one before it; None: not observed), the first fixed release, and the listed
     versions older than anything observed, with why the newest of them was not."""
@@ -102,7 +102,7 @@ class ObservedRange(Part):
 
 @dataclass(frozen=True)
 class Classification(Part):
-    """evidence/sweep's classification of one release, as it wrote it."""
+    """rules/sweep_classification's classification of one release, as it wrote it."""
 
     algorithm: str
     overall: str

@@ -199,7 +199,7 @@ def _rerun_releases(
 ) -> StepResult:
     """A sweep's releases again: a release whose version the index now serves as other bytes
     is a finding and is not run; the others are swept and compared with the published ones."""
-    from kvprobe.run.sweep import SweepOptions, sweep_experiment
+    from kvprobe.run.sweep_runner import SweepOptions, sweep_experiment
 
     published = SweepReceipt.from_json(bundle.accepted_receipt)  # accepted by step 2's schema check
     try:

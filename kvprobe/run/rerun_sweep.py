@@ -17,9 +17,9 @@ from packaging.version import Version
 
 from kvprobe.defects import IndexServesOtherBytes, ListingChanged, RerunDiffers
 from kvprobe.errors import UsageError
-from kvprobe.evidence.compare import case_table
 from kvprobe.model.sweep_receipt import Classification, ReleaseRecord, SweepReceipt
 from kvprobe.names import RECEIPT
+from kvprobe.rules.compare import case_table
 from kvprobe.sources import releases
 from kvprobe.sources.wheel import platform_args
 

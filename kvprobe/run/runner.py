@@ -20,7 +20,6 @@ from kvprobe import __version__
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import check_index_url
 from kvprobe.errors import FetchError, KvprobeError, UsageError
-from kvprobe.evidence import compare
 from kvprobe.evidence.bundle import cite, host_facts
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.experiments.experiment import copy_into_bundle
@@ -42,6 +41,7 @@ from kvprobe.model.receipt import (
 from kvprobe.model.records import Experiment, GitPin, PinSet, Side, SourceKind, WheelPin
 from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
+from kvprobe.rules import compare
 from kvprobe.run.session import CheckSession, SessionEnv, SessionSettings, env_lease, fork_server, preload_modules
 from kvprobe.run.side import CheckContext, run_side
 from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path

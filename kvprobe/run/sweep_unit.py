@@ -31,11 +31,9 @@ from kvprobe.checks.forkserver import FRESH, ForkServer
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import load_profile
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, KvprobeError, UsageError
-from kvprobe.evidence import sweep as classify
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
 from kvprobe.evidence.safetree import Limits
-from kvprobe.evidence.sweep_listing import observed_range
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.experiments import experiment
 from kvprobe.files import write_atomic
@@ -55,6 +53,8 @@ from kvprobe.model.sweep_receipt import (
 )
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
+from kvprobe.rules import sweep_classification as classify
+from kvprobe.rules.sweep_listing import observed_range
 from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.pack import pack

@@ -45,7 +45,6 @@ from filelock import FileLock
 
 from kvprobe import __version__
 from kvprobe.env.cache import TRASH_PREFIX, UNIT_MARKER
-from kvprobe.evidence import sweep as classify
 from kvprobe.experiments.experiment import bundled_files
 from kvprobe.files import json_bytes, sha256_file, write_atomic
 from kvprobe.model.receipt import EnvRecord
@@ -54,6 +53,7 @@ from kvprobe.model.sweep_receipt import ReleaseRecord, ReusedUnit, SweepReceipt
 from kvprobe.names import LOGS_DIR, MANIFEST, RAW_DIR
 from kvprobe.progress import Reporter
 from kvprobe.resources import probe_api_dir
+from kvprobe.rules import sweep_classification as classify
 from kvprobe.run.sweep_unit import Expected, UnitOutcome, UnitRequest, accept_unit
 
 MARKER = UNIT_MARKER

@@ -23,11 +23,11 @@ from kvprobe.defects import (
     RecomputeFailed,
     RecordMismatch,
 )
-from kvprobe.evidence import gate2, gate4, gate_probes, markers
-from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.evidence.reader import Bundle
 from kvprobe.model.gates_receipt import CheckRecord, GateProbeRecord, GateRecord, GatesReceipt, TargetRecord
 from kvprobe.names import PROBES_DIR, RECEIPT
+from kvprobe.rules import gate2, gate4, gate_probes, markers
+from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.verify.consistency import citation_defects, cited_files, json_diff, probe_record, summary
 from kvprobe.verify.result import StepResult, step_result
 
@@ -91,8 +91,8 @@ def step_gates_consistency(bundle: Bundle, receipt: GatesReceipt) -> StepResult:
 
 def recompute_gate4(receipt: GatesReceipt) -> tuple[list[Check] | None, list[BundleDefect]]:
     """Gate 4's deferred-release checks from the receipt's ``gate4`` record (each worker's
-    setting and backend, the release's facts), by :mod:`kvprobe.evidence.gate4`; None for
-    receipts before /3, which record no such basis. The record stays the mapping evidence/gate4
+    setting and backend, the release's facts), by :mod:`kvprobe.rules.gate4`; None for
+    receipts before /3, which record no such basis. The record stays the mapping rules/gate4
     wrote and reads."""
     if receipt.gate4 is None:
         return None, []
@@ -313,7 +313,7 @@ def recompute_probe_gate(
     bundle: Bundle, receipt: GatesReceipt, basis: StatedBasis
 ) -> tuple[list[Check] | None, list[BundleDefect]]:
     """A behavioural gate's probe checks from the raw outputs and each bundled experiment's head
-    expectations, by the rule the basis names (:mod:`kvprobe.evidence.gate_probes`); None (with
+    expectations, by the rule the basis names (:mod:`kvprobe.rules.gate_probes`); None (with
     why) when they cannot be recomputed."""
     rule = gate_probes.rule_for(basis.algorithm)
     if rule is None or rule.gate != basis.gate:

@@ -1,6 +1,6 @@
 """Step 4 of a run receipt: it agrees with the raw outputs, the manifest and the bundled experiment.
 
-The comparison and verdict are recomputed with :func:`kvprobe.evidence.compare.compare` from the raw
+The comparison and verdict are recomputed with :func:`kvprobe.rules.compare.compare` from the raw
 outputs and the receipt's expectations, and must equal what the receipt states: re-hashing
 forged files passes step 3 but not this step.
 """
@@ -30,12 +30,12 @@ from kvprobe.defects import (
     RunIdMismatch,
 )
 from kvprobe.errors import KvprobeError
-from kvprobe.evidence import compare
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.evidence.reader import Bundle, read_bytes
 from kvprobe.model.receipt import FileRef, ProbeRepeat, Receipt, RunProbeRecord, TestRecord
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
+from kvprobe.rules import compare
 from kvprobe.verify.consistency import (
     Cited,
     citation_defects,

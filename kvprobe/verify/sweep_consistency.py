@@ -18,13 +18,13 @@ from kvprobe.defects import (
     PinMismatch,
     RecomputeFailed,
 )
-from kvprobe.evidence import sweep
 from kvprobe.evidence.reader import Bundle
-from kvprobe.evidence.sweep_listing import version_key
 from kvprobe.evidence.sweep_view import TIMELINE
 from kvprobe.model.receipt import FileRef
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
+from kvprobe.rules import sweep_classification as sweep
+from kvprobe.rules.sweep_listing import version_key
 from kvprobe.sources.wheel import names_release
 from kvprobe.verify.consistency import (
     citation_defects,
@@ -89,7 +89,7 @@ def sweep_placement_defects(receipt: SweepReceipt) -> list[BundleDefect]:
 
 def sweep_recompute_defects(bundle: Bundle, receipt: SweepReceipt) -> list[BundleDefect]:
     found: list[BundleDefect] = []
-    releases = [r.to_json() for r in receipt.releases]  # evidence/sweep reads releases as written
+    releases = [r.to_json() for r in receipt.releases]  # rules/sweep_classification reads releases as written
     for release, written in zip(receipt.releases, releases, strict=True):
         docs = {}
         for probe in release.probes:

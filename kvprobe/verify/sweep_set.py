@@ -35,11 +35,11 @@ from kvprobe.defects import (
 from kvprobe.env.venv import load_profile
 from kvprobe.errors import ExperimentError, UsageError
 from kvprobe.evidence.reader import Bundle, read_bytes
-from kvprobe.evidence.sweep_listing import observed_range, unserved_reason, version_key
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import README, RECEIPT
 from kvprobe.resources import builtin_search_path
+from kvprobe.rules.sweep_listing import observed_range, unserved_reason, version_key
 from kvprobe.sources import releases as index
 from kvprobe.sources.wheel import names_release
 

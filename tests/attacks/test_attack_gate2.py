@@ -1,6 +1,6 @@
 """A gates receipt's gate 2 must be what its raw probe outputs give (issue #12): verify step 4
 recomputes every gate-2 check from the bundled outputs and the bundled experiments' head
-expectations (evidence/gate2, the rule `kvprobe gates` decides with), then each gate and the
+expectations (rules/gate2, the rule `kvprobe gates` decides with), then each gate and the
 overall result. A publisher who states gate 2 passed while the outputs show the door behaving
 as unfixed, or not observed, and re-hashes everything consistently, is refused with one line,
 exit 1. The experiment files gate 2 was held to are step 5's: the installed copies.

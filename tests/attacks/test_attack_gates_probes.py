@@ -1,6 +1,6 @@
 """Gates 3 and 4 are behavioural (issue #23): their probe checks (experiment F for gate 3; C, D
 and E for gate 4) must be what the bundled raw outputs and experiment files give. Verify step 4
-recomputes them with the rule `kvprobe gates` decides with (evidence/gate_probes); a publisher
+recomputes them with the rule `kvprobe gates` decides with (rules/gate_probes); a publisher
 who states them passed over outputs that show the fix absent or unfixed, drops an experiment,
 or points a probe record at another output, and re-hashes everything, is refused (exit 1).
 """

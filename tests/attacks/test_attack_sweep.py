@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.evidence.sweep import summary
-from kvprobe.evidence.sweep_listing import observed_range
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.resources import builtin_probes_dir
+from kvprobe.rules.sweep_classification import summary
+from kvprobe.rules.sweep_listing import observed_range
 from tests import forge
 from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvprobe.evidence import gate4
 from kvprobe.gates import settings
 from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
 from kvprobe.gates.target import resolve_target
 from kvprobe.progress import Reporter
+from kvprobe.rules import gate4
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 

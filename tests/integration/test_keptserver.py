@@ -204,7 +204,7 @@ def test_cache_servers_lists_the_kept_servers_and_stops_them():
     assert stopped.exit_code == 0 and f"stopped  pid {pid}" in stopped.stdout
     assert _gone(pid)
     empty = CliRunner().invoke(main, ["cache", "servers"], catch_exceptions=False)
-    assert empty.exit_code == 0 and "no kept fork server is running" in empty.stderr
+    assert empty.exit_code == 0 and "no kept fork server is running" in empty.stdout
 
 
 def _venv(where: Path) -> str:

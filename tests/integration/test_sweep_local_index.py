@@ -249,9 +249,9 @@ def _forge_observation(bundle: Path, version: str, case: str, name: str, value) 
     (citation digest, the release's classification, the summary, README, timeline, hashes)
     re-derived, so steps 1-4 pass and only a rerun can tell."""
     from kvprobe.evidence import manifest
-    from kvprobe.evidence import sweep as classify
-    from kvprobe.evidence.sweep_listing import observed_range
     from kvprobe.evidence.sweep_view import render_readme, timeline_svg
+    from kvprobe.rules import sweep_classification as classify
+    from kvprobe.rules.sweep_listing import observed_range
 
     rel = f"raw/{version}/probes/scrub.json"
     doc = json.loads((bundle / rel).read_text())

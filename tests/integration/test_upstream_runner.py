@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from kvprobe import proc
-from kvprobe.checks.results import results_from_report, transitions
 from kvprobe.checks.upstream import Overlay, TestFileRun, load_report, overlay_test_file, run_test_file
 from kvprobe.errors import CheckRunError, UsageError
 from kvprobe.model.records import FailureKind, Outcome, Transition
+from kvprobe.rules.pytest_results import results_from_report, transitions
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 

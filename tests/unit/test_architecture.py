@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "kvprobe"
 LAYERS: list[set[str]] = [
     {"kvprobe", "names", "errors", "resources", "progress", "probe_api", "files", "text", "redaction"},
     {"defects", "proc", "schema", "model"},
-    {"strict_json"},
+    {"strict_json", "rules"},
     {"env", "checks"},
     {"sources"},
     {"experiments", "evidence"},
@@ -208,7 +208,7 @@ def private_imports(found: list[Import]) -> list[str]:
 
 
 # What gates may use of run: the check session, one side's checks and the bundle workspace,
-# never a pipeline (run.runner, run.sweep): those are run's and sweep's own.
+# never a pipeline (run.runner, run.sweep_runner): those are run's and sweep's own.
 GATES_USE_OF_RUN = {"kvprobe.run.session", "kvprobe.run.side", "kvprobe.run.workspace"}
 
 
@@ -344,3 +344,100 @@ def test_test_module_basenames_are_unique_across_tiers():
     tests = Path(__file__).resolve().parents[1]
     names = [p.name for p in tests.rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+# --- one name per thing, and rules that touch no bundle ---------------------------------
+
+
+def duplicate_names(root: Path = PACKAGE) -> dict[str, list[str]]:
+    """Module basenames (``__init__.py`` aside) and sub-package names that occur more than
+    once under ``root``: ``run/sweep.py`` next to ``exports/sweep.py``, or ``exports/gates.py``
+    next to the ``gates/`` package, are two things under one name."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if path.name != "__init__.py":
+            seen.setdefault(path.stem, []).append(str(rel))
+    for init in sorted(root.rglob("__init__.py")):
+        if init.parent != root:
+            seen.setdefault(init.parent.name, []).append(f"{init.parent.relative_to(root)}/")
+    return {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def test_every_module_and_sub_package_has_its_own_name():
+    assert duplicate_names() == {}
+
+
+def test_duplicate_names_finds_a_planted_pair(tmp_path):
+    root = tmp_path / "kvprobe"
+    for rel in ("__init__.py", "run/__init__.py", "run/sweep.py", "evidence/__init__.py", "evidence/sweep.py"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    (root / "exports").mkdir()
+    (root / "exports/__init__.py").write_text("")
+    (root / "exports/run.py").write_text("")
+    assert duplicate_names(root) == {
+        "sweep": ["evidence/sweep.py", "run/sweep.py"],
+        "run": ["exports/run.py", "run/"],
+    }
+
+
+# What the pure rules (rules/) may import: kvprobe's records and names, and computation
+# from the standard library and packaging; nothing that reads or writes a file, a process
+# or a bundle, so verify recomputes with exactly what the writers decided with.
+RULES_MAY_IMPORT = {"kvprobe.names", "kvprobe.errors", "kvprobe.model", "kvprobe.rules"}
+RULES_MAY_IMPORT_OUTSIDE = {
+    "__future__",
+    "collections",
+    "dataclasses",
+    "enum",
+    "functools",
+    "itertools",
+    "math",
+    "packaging",
+    "re",
+    "typing",
+}
+
+
+def rule_import_violations(root: Path = PACKAGE) -> list[str]:
+    bad = []
+    for path in sorted((root / "rules").glob("*.py")):
+        source = module_name(path, root)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                targets = [_resolve(source, path.name == "__init__.py", node)]
+            else:
+                continue
+            for target in targets:
+                top = target.split(".")[0]
+                allowed = (
+                    any(target == m or target.startswith(m + ".") for m in RULES_MAY_IMPORT)
+                    if top == "kvprobe"
+                    else top in RULES_MAY_IMPORT_OUTSIDE
+                )
+                if not allowed:
+                    bad.append(f"{source}:{node.lineno} imports {target}")
+    return bad
+
+
+def test_the_rules_import_no_file_process_or_bundle_code():
+    assert rule_import_violations() == []
+
+
+def test_rule_import_violations_finds_planted_imports(tmp_path):
+    root = tmp_path / "kvprobe"
+    (root / "rules").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "rules/__init__.py").write_text('"""rules."""\n')
+    (root / "rules/verdict.py").write_text(
+        "import json\nfrom pathlib import Path\nfrom kvprobe.evidence import manifest\n"
+        "from kvprobe.model.records import Verdict\nfrom . import other\nfrom collections.abc import Mapping\n"
+    )
+    assert rule_import_violations(root) == [
+        "kvprobe.rules.verdict:1 imports json",
+        "kvprobe.rules.verdict:2 imports pathlib",
+        "kvprobe.rules.verdict:3 imports kvprobe.evidence",
+    ]

@@ -47,7 +47,7 @@ def test_attest_then_verify_is_verified_by_the_attestation(bundle, tmp_path, kin
     made = cli("attest", bundle, "--key", key, "-o", tmp_path / "att.json")
     assert made.exit_code == 0, made.output
     digest = forge.sha((bundle / "manifest.json").read_bytes())
-    assert f"manifest sha256 {digest}" in made.stderr
+    assert f"manifest sha256 {digest}" in made.stdout  # with -o, what was signed is the result
     envelope = json.loads((tmp_path / "att.json").read_text())
     assert envelope["payloadType"] == "application/vnd.in-toto+json" and len(envelope["signatures"]) == 1
     checked = cli("verify", bundle, "--attestation", tmp_path / "att.json", "--key", pub, "--json", "--require-anchor")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvprobe.evidence.compare import compare
+from kvprobe.rules.compare import compare
 
 
 def doc(name: str, cases: dict, raised: dict | None = None) -> dict:

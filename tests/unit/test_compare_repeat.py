@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvprobe.evidence.compare import ALGORITHM, compare, repeat_problems
+from kvprobe.rules.compare import ALGORITHM, compare, repeat_problems
 
 
 def doc(name: str, cases: dict, raised: dict | None = None) -> dict:

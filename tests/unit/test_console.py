@@ -64,7 +64,7 @@ def test_a_piped_table_is_one_line_per_row():
 
 
 def _comparison():
-    from kvprobe.evidence.compare import compare
+    from kvprobe.rules.compare import compare
 
     def doc(obs):
         return {"probe": "p", "cases": [{"name": "c", "status": "ok", "observations": obs, "error": None}]}
@@ -97,7 +97,7 @@ def test_the_headline_counts_flips_and_controls_apart_and_no_row_without_expecta
 
 def test_a_row_that_differed_between_repeats_is_marked_unstable_not_a_cross():
     from kvprobe.cli.console import print_run_summary
-    from kvprobe.evidence.compare import compare
+    from kvprobe.rules.compare import compare
 
     def doc(enqueued):
         return {"probe": "p", "cases": [{"name": "c", "status": "ok", "observations": {"enqueued": enqueued}}]}

@@ -137,9 +137,9 @@ def _case(name: str, observation: str, **fields) -> dict:
 
 
 def test_recording_skips_unobserved_cases_says_why_and_records_absence():
-    from kvprobe.evidence.compare import compare
     from kvprobe.experiments.expectations import plan
     from kvprobe.experiments.experiment import load_file
+    from kvprobe.rules.compare import compare
 
     exp = load_file(PROBES / "experiment-a" / "experiment.toml")
     base = {"cases": [_case("seen", "observed"), _case("drift", "unobserved", reason="stub lacks max_input_len")]}
@@ -158,9 +158,9 @@ def test_recording_skips_unobserved_cases_says_why_and_records_absence():
 
 
 def test_recording_skips_a_case_that_differed_between_repeats():
-    from kvprobe.evidence.compare import compare
     from kvprobe.experiments.expectations import plan
     from kvprobe.experiments.experiment import load_file
+    from kvprobe.rules.compare import compare
 
     exp = load_file(PROBES / "experiment-a" / "experiment.toml")
     doc = {"cases": [_case("seen", "observed")]}

@@ -17,7 +17,8 @@ from in_toto_attestation.v1.statement import Statement
 from kvprobe import resources, schema
 from kvprobe.cli import main
 from kvprobe.errors import UsageError
-from kvprobe.exports import intoto, render, sweep
+from kvprobe.exports import intoto, render
+from kvprobe.exports import sweep_exports as sweep
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.verify.pack import pack
 from tests import forge

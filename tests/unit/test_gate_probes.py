@@ -1,5 +1,5 @@
 """Gates 3 and 4's behavioural half (issue #23): experiment F's probes for gate 3, C, D and E's
-for gate 4, read by the pure rule in evidence/gate_probes that `kvprobe gates` decides with and
+for gate 4, read by the pure rule in rules/gate_probes that `kvprobe gates` decides with and
 verify recomputes with; and how the pipeline puts those checks beside the deployment's settings."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from kvprobe.evidence import gate2, gate_probes
-from kvprobe.evidence.gate_status import Check, Status
 from kvprobe.experiments import experiment
 from kvprobe.gates import pipeline, serverlog, settings
 from kvprobe.gates.behaviour import ProbeGate
 from kvprobe.gates.fixmarkers import CodeTree, code_settings
 from kvprobe.model.gates_receipt import BehaviourBasis
+from kvprobe.rules import gate2, gate_probes
+from kvprobe.rules.gate_status import Check, Status
 from tests.unit.test_gates_admission import as_fixed
 from tests.unit.test_gates_logs import fake_tree, server_args_dict, sources_for, write
 

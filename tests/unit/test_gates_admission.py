@@ -1,5 +1,5 @@
 """Gate 2's reading of the probe output from the operator's SGLang (synthetic probe documents),
-by the pure rule in evidence/gate2 that `kvprobe gates` decides with and verify recomputes with."""
+by the pure rule in rules/gate2 that `kvprobe gates` decides with and verify recomputes with."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from kvprobe.evidence.gate2 import experiment_checks
-from kvprobe.evidence.gate_status import Status
 from kvprobe.experiments import experiment
+from kvprobe.rules.gate2 import experiment_checks
+from kvprobe.rules.gate_status import Status
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvprobe.evidence.gate_status import Status
 from kvprobe.gates import pool, serverlog, settings
+from kvprobe.rules.gate_status import Status
 
 CONTEXT = 1_048_576
 INCIDENT = 681_280

@@ -14,11 +14,11 @@ from rich.console import Console
 from kvprobe.cli import main
 from kvprobe.cli.console import print_gate_diagnostics
 from kvprobe.errors import UsageError
-from kvprobe.evidence import gate4 as gate4_rule
-from kvprobe.evidence.gate_status import Status
 from kvprobe.gates import environment, inputs, settings
 from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
 from kvprobe.model.gates_receipt import GateRecord, TargetRecord
+from kvprobe.rules import gate4 as gate4_rule
+from kvprobe.rules.gate_status import Status
 from tests.unit.test_gates_logs import (
     GLM_CONTEXT,
     RAISED_POOL,
@@ -314,7 +314,7 @@ def _marker_receipt(version: str, presence: str, evidence: str, status: str) -> 
     ],
 )
 def test_absent_because_the_release_predates_the_fix_follows_from_its_version(version, presence, status, defect):
-    from kvprobe.evidence.markers import not_in_release
+    from kvprobe.rules.markers import not_in_release
     from kvprobe.verify.gates_consistency import marker_check_defects
 
     target, gates = _marker_receipt(version, presence, not_in_release("0.5.21", version), status)

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
-from kvprobe.evidence.gate_status import Status
 from kvprobe.gates import pool, serverlog
+from kvprobe.rules.gate_status import Status
 from tests.unit.test_gates_logs import GLM_CONTEXT, INCIDENT_POOL, RAISED_POOL, server_args_dict, startup_log
 
 STAMP = "[2026-08-27 10:00:09 TP0] "

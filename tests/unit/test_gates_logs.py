@@ -17,7 +17,6 @@ from click.testing import CliRunner
 
 from kvprobe.cli import main
 from kvprobe.errors import SchemaError
-from kvprobe.evidence.gate_status import Status
 from kvprobe.files import json_bytes
 from kvprobe.gates import pool, serverlog, settings
 from kvprobe.gates.fixmarkers import (
@@ -31,6 +30,7 @@ from kvprobe.gates.fixmarkers import (
     markers,
 )
 from kvprobe.model.gates_receipt import GatesReceipt
+from kvprobe.rules.gate_status import Status
 
 GLM_CONTEXT = 1_048_576
 INCIDENT_POOL = 681_280

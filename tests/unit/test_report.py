@@ -15,10 +15,11 @@ from jsonschema import Draft202012Validator, FormatChecker
 from kvprobe import files, schema
 from kvprobe.cli import main
 from kvprobe.errors import UsageError, VerificationFailed
-from kvprobe.evidence import compare, manifest
+from kvprobe.evidence import manifest
 from kvprobe.exports import bundle_view, intoto, markdown, openvex, render
 from kvprobe.names import PYTEST_REPORT_SCHEMA
 from kvprobe.resources import schemas_dir
+from kvprobe.rules import compare
 from tests import forge
 
 COMMITTED_MODEL_BUNDLE = Path(__file__).resolve().parents[2] / "bundles" / "model-model-20261201T112733Z"

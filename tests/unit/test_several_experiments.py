@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 import kvprobe.run.runner as runner
-import kvprobe.run.sweep as sweep
+import kvprobe.run.sweep_runner as sweep
 from kvprobe.cli import main
-from kvprobe.cli.commands import _worst
+from kvprobe.cli.run_cmds import _worst
 from kvprobe.experiments.experiment import shipped_ids
 from kvprobe.resources import builtin_probes_dir
 

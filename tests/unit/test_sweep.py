@@ -11,13 +11,13 @@ from packaging.version import Version
 
 from kvprobe import schema
 from kvprobe.errors import UsageError
-from kvprobe.evidence.sweep import classify_release, release_problems, summary
-from kvprobe.evidence.sweep_listing import observed_range
 from kvprobe.evidence.sweep_view import COLOURS, timeline_svg
-from kvprobe.exports import sweep as sweep_exports
+from kvprobe.exports import sweep_exports
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.render import ExportOptions, render
 from kvprobe.names import SWEEP_RECEIPT_SCHEMA
+from kvprobe.rules.sweep_classification import classify_release, release_problems, summary
+from kvprobe.rules.sweep_listing import observed_range
 from kvprobe.sources.releases import select, serves
 
 INDEX = ["0.5.12", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]

@@ -8,9 +8,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from kvprobe.evidence.sweep_listing import observed_range, unserved_reason
 from kvprobe.evidence.sweep_view import render_readme, timeline_svg
 from kvprobe.model.sweep_receipt import SweepReceipt
+from kvprobe.rules.sweep_listing import observed_range, unserved_reason
 from kvprobe.verify.sweep_set import range_defects, release_set_defects
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.checks.results import (
+from kvprobe.checks.upstream import finalize_report, load_report
+from kvprobe.errors import SchemaError
+from kvprobe.model import records as models
+from kvprobe.model.records import FailureKind, Outcome, Transition
+from kvprobe.names import PYTEST_REPORT_SCHEMA
+from kvprobe.proc import CommandResult
+from kvprobe.rules.pytest_results import (
     collection_errors,
     count_results,
     failure_kinds,
@@ -17,12 +23,6 @@ from kvprobe.checks.results import (
     subtest_label,
     transitions,
 )
-from kvprobe.checks.upstream import finalize_report, load_report
-from kvprobe.errors import SchemaError
-from kvprobe.model import records as models
-from kvprobe.model.records import FailureKind, Outcome, Transition
-from kvprobe.names import PYTEST_REPORT_SCHEMA
-from kvprobe.proc import CommandResult
 
 FILE = "unit/test_x.py"
 

@@ -19,7 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
-from kvprobe.evidence import compare, manifest
+from kvprobe.evidence import manifest
+from kvprobe.rules import compare
 from tests import forge
 
 

@@ -26,12 +26,12 @@ from kvprobe.env.cache import default_cache_root
 from kvprobe.env.installer import pip_config
 from kvprobe.env.venv import load_profile
 from kvprobe.errors import DigestMismatch, FetchError, KvprobeError, UsageError
-from kvprobe.evidence.sweep_listing import unserved_reason
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, ReleaseRecord, SweepReceipt
 from kvprobe.names import SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
+from kvprobe.rules.sweep_listing import unserved_reason
 from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.run.sweep_unit import (
     Executor,

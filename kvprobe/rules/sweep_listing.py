@@ -15,7 +15,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from kvprobe.evidence.sweep import AFFECTED, FIXED, MIXED, NOT_PRESENT
+from kvprobe.rules.sweep_classification import AFFECTED, FIXED, MIXED, NOT_PRESENT
 
 # Names what observed_range() computes; change it whenever its output for the same inputs changes.
 RANGE_ALGORITHM = "kvprobe.sweep-range/1"

@@ -10,7 +10,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvprobe.checks.results import (
+from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition, Verdict
+from kvprobe.names import NOT_PRESENT, SIDES
+from kvprobe.rules.pytest_results import (
     collection_errors,
     failure_kinds,
     failure_label,
@@ -18,8 +20,6 @@ from kvprobe.checks.results import (
     spread_collection_errors,
     transitions,
 )
-from kvprobe.model.records import FailureKind, Outcome, TestResult, Transition, Verdict
-from kvprobe.names import NOT_PRESENT, SIDES
 
 # Names what compare() computes; change it whenever its output for the same inputs changes,
 # so a verifier can tell a bundle made by another comparison from a forged one.

@@ -17,11 +17,11 @@ from packaging.version import InvalidVersion, Version
 
 from kvprobe import __version__, schema
 from kvprobe.errors import UsageError
-from kvprobe.evidence.sweep import AFFECTED, FIXED, MIXED, NOT_PRESENT
 from kvprobe.evidence.sweep_view import TIMELINE
 from kvprobe.exports.bundle_view import BundleView, oneline, pr_url, prs_text, verify_command, wheel_purl
 from kvprobe.exports.markdown import cell, code_cell, code_span, provenance_lines
 from kvprobe.exports.openvex import document, vulnerability
+from kvprobe.rules.sweep_classification import AFFECTED, FIXED, MIXED, NOT_PRESENT
 from kvprobe.text import for_markdown
 
 OSV_SCHEMA = "osv"  # a key of kvprobe.schema.KNOWN

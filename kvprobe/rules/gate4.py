@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvprobe.evidence.gate_status import Check, Status, combine
+from kvprobe.rules.gate_status import Check, Status, combine
 
 # The rule below, named in the receipt (bumped whenever its checks change for the same inputs).
 ALGORITHM = "kvprobe.gate4-deferred/1"

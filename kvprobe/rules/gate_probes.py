@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvprobe.evidence import compare
-from kvprobe.evidence.gate_status import Check, Status
+from kvprobe.rules import compare
+from kvprobe.rules.gate_status import Check, Status
 
 
 @dataclass(frozen=True)

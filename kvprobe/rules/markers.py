@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from kvprobe.evidence.gate_status import Status
+from kvprobe.rules.gate_status import Status
 
 # present: the fix is in the code; absent: it is not; unknown: the code could not be read for it
 STATUS = {"present": Status.PASS, "absent": Status.FAIL, "unknown": Status.UNKNOWN}

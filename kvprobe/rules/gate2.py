@@ -1,6 +1,6 @@
 """Gate 2's decision, pure: the probe outputs from the operator's SGLang and each gate-2
 experiment's head expectations -> the gate's checks. Gate 2 is one of the behavioural gates
-of :mod:`kvprobe.evidence.gate_probes` (its rule ``kvprobe.gate2/1``); these names keep its
+of :mod:`kvprobe.rules.gate_probes` (its rule ``kvprobe.gate2/1``); these names keep its
 callers and the receipts written under that rule as they were.
 
 `kvprobe gates` decides gate 2 with it, and verify recomputes a gates receipt's gate 2 with
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvprobe.evidence import gate_probes
-from kvprobe.evidence.gate_status import Check
+from kvprobe.rules import gate_probes
+from kvprobe.rules.gate_status import Check
 
 RULE = gate_probes.RULES[2]
 # Which experiments gate 2 holds the operator's SGLang to: part of the decision, so here.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvprobe.evidence.compare import case_table
+from kvprobe.rules.compare import case_table
 
 # Names what classify() computes; change it whenever its output for the same inputs changes.
 ALGORITHM = "kvprobe.sweep/1"
