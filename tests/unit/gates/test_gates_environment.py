@@ -18,7 +18,7 @@ from kvprobe.evidence import gate4 as gate4_rule
 from kvprobe.evidence.gate_status import Status
 from kvprobe.gates import environment, inputs, settings
 from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
-from tests.unit.test_gates_logs import (
+from tests.unit.gates.test_gates_logs import (
     GLM_CONTEXT,
     RAISED_POOL,
     _rewrite_receipt,

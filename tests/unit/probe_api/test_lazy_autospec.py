@@ -1,7 +1,7 @@
 """``kvprobe_probe.lazy_autospec`` against ``unittest.mock.create_autospec``: the same script
 of reads, calls, sets and deletes on both must be accepted or refused alike and leave equal
 ``mock_calls``. Stdlib only (no pytest import), so the same checks run on any CPython:
-``python tests/unit/test_lazy_autospec.py`` runs them with that interpreter."""
+``python tests/unit/probe_api/test_lazy_autospec.py`` runs them with that interpreter."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 from unittest import mock
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "kvprobe" / "probe_api"))
 
 import kvprobe_probe as kp  # noqa: E402

@@ -16,8 +16,8 @@ from kvprobe.gates import pipeline, serverlog, settings
 from kvprobe.gates.behaviour import ProbeGate
 from kvprobe.gates.fixmarkers import CodeTree, code_settings
 from kvprobe.model.gates_receipt import BehaviourBasis
-from tests.unit.test_gates_admission import as_fixed
-from tests.unit.test_gates_logs import fake_tree, server_args_dict, sources_for, write
+from tests.unit.evidence.test_gates_admission import as_fixed
+from tests.unit.gates.test_gates_logs import fake_tree, server_args_dict, sources_for, write
 
 G3, G4 = gate_probes.RULES[3], gate_probes.RULES[4]
 
