@@ -3,7 +3,7 @@
 The rule, by the code a test file is about:
 - a module of a sub-package, kvprobe/<sub>/<module>.py: tests/unit/<sub>/test_<...>.py;
 - a top-level module, kvprobe/<module>.py: tests/unit/core/test_<...>.py;
-- the repository as a whole (import layers, this layout, commit messages): tests/unit/, named
+- the repository as a whole (import layers, this layout, docs links, commit messages): tests/unit/, named
   in REPOSITORY_WIDE below.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 UNIT = Path(__file__).resolve().parent
 PACKAGE = UNIT.parents[1] / "kvprobe"
 CORE = "core"  # tests of kvprobe's top-level modules (kvprobe/text.py, kvprobe/proc.py, ...)
-REPOSITORY_WIDE = {"test_architecture.py", "test_layout.py", "test_commit_messages.py"}
+REPOSITORY_WIDE = {"test_architecture.py", "test_layout.py", "test_commit_messages.py", "test_docs_links.py"}
 
 
 def sub_packages(package: Path) -> set[str]:
