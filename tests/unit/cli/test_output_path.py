@@ -30,7 +30,7 @@ from kvprobe.sources.treecache import TreeCache
 from tests import forge
 from tests.attacks.gatelogs import CONTEXT, INCIDENT, RAISED, startup_log
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SWEEP_BUNDLE = next((REPO / "bundles").glob("experiment-a-sweep-*"))
 STEP_MARKS = ("… ", "✓ ", "✗ ")  # the plain reporter's step lines (stderr is a pipe here)
 WARNING_PREFIXES = ("warning: ", "kvprobe: warning: ", "kvprobe: error: ")

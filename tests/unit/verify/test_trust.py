@@ -24,7 +24,7 @@ from kvprobe.verify.anchor import compare_installed, installed_experiment
 from kvprobe.verify.steps import VerifyOptions, verify
 from tests import forge
 
-MODEL_BUNDLE = Path(__file__).resolve().parents[2] / "bundles" / "model-model-20261201T112733Z"
+MODEL_BUNDLE = Path(__file__).resolve().parents[3] / "bundles" / "model-model-20261201T112733Z"
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from kvprobe.model.records import Fix, Vulnerability
 from kvprobe.names import SWEEP_RECEIPT_SCHEMA
 from kvprobe.verify.steps import VerifyOptions, verify_dir
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SWEEPS = sorted(
     p
     for p in (ROOT / "bundles").glob("*-sweep-*/receipt.json")

@@ -131,6 +131,6 @@ def test_sweep_and_gates_bundles_round_trip(bundles, tmp_path, kind):
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
-    from tests.unit.test_export_formats import one_bundle_of_each_kind
+    from tests.unit.exports.test_export_formats import one_bundle_of_each_kind
 
     return one_bundle_of_each_kind(tmp_path_factory.mktemp("kinds"))

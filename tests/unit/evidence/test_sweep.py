@@ -203,7 +203,7 @@ def test_osv_fixed_event_only_where_the_next_release_on_the_index_was_observed_f
     r = receipt([("0.5.18", "affected"), ("0.5.19", "affected"), ("0.5.20", "fixed"), ("0.5.21", "fixed")])
     assert sweep_exports.osv_ranges(r) == [
         {"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "0.5.20"}]}
-    ]  # nothing older observed unaffected: the start is unknown (tests/unit/test_export_formats.py)
+    ]  # nothing older observed unaffected: the start is unknown (tests/unit/exports/test_export_formats.py)
 
 
 def test_osv_never_folds_an_unobserved_release_into_a_range():

@@ -152,7 +152,7 @@ def test_a_run_on_a_terminal_shows_the_rows_that_matter_and_never_folds_ids():
 
     from kvprobe.cli.console import print_run_summary
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     receipt = json.loads(next((root / "bundles").glob("model-model-*/receipt.json")).read_text())
     rows = receipt["comparison"]["observations"]
     shown = [r for r in rows if r["expected_base_declared"] or r["expected_head_declared"] or r["changed"]]

@@ -16,8 +16,8 @@ from kvprobe.gates.fixmarkers import CodeTree, code_settings
 from kvprobe.model.gates_receipt import BehaviourBasis
 from kvprobe.rules import gate2, gate_probes
 from kvprobe.rules.gate_status import Check, Status
-from tests.unit.test_gates_admission import as_fixed
-from tests.unit.test_gates_logs import fake_tree, server_args_dict, sources_for, write
+from tests.unit.gates.test_gates_logs import fake_tree, server_args_dict, sources_for, write
+from tests.unit.rules.test_gates_admission import as_fixed
 
 G3, G4 = gate_probes.RULES[3], gate_probes.RULES[4]
 

@@ -22,7 +22,7 @@ from kvprobe.resources import schemas_dir
 from kvprobe.rules import compare
 from tests import forge
 
-COMMITTED_MODEL_BUNDLE = Path(__file__).resolve().parents[2] / "bundles" / "model-model-20261201T112733Z"
+COMMITTED_MODEL_BUNDLE = Path(__file__).resolve().parents[3] / "bundles" / "model-model-20261201T112733Z"
 
 TEST_FILE = "test/unit/test_door.py"
 HOSTILE = "a|b\nc\\|d `tick` <b>x</b> | end"

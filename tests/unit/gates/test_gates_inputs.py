@@ -2,7 +2,7 @@
 only the server's own lines, secrets masked and recorded, strict argument files, and a
 bundle that records names and digests and passes its own verification.
 
-Logs are written in SGLang's formats by tests/unit/test_gates_logs.py's builders.
+Logs are written in SGLang's formats by tests/unit/gates/test_gates_logs.py's builders.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from kvprobe.cli import main
 from kvprobe.gates import pool, serverlog
 from kvprobe.rules.gate_status import Status
-from tests.unit.test_gates_logs import GLM_CONTEXT, INCIDENT_POOL, RAISED_POOL, server_args_dict, startup_log
+from tests.unit.gates.test_gates_logs import GLM_CONTEXT, INCIDENT_POOL, RAISED_POOL, server_args_dict, startup_log
 
 STAMP = "[2026-08-27 10:00:09 TP0] "
 FORGED_KV = (

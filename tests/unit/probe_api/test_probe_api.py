@@ -15,7 +15,7 @@ import pytest
 from kvprobe import schema
 from kvprobe.errors import SchemaError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "kvprobe" / "probe_api"))
 
 import kvprobe_probe as kp  # noqa: E402

@@ -26,7 +26,7 @@ from kvprobe.run import unit_cache
 from kvprobe.run.sweep_unit import UnitRequest
 from kvprobe.verify.sweep_reused import reused_defects
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHA = "ab" * 32
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kvprobe.run.rerun import diff_runs, env_notes
 
-MODEL_BUNDLE = next(Path(__file__).resolve().parents[2].joinpath("bundles").glob("model-*"))
+MODEL_BUNDLE = next(Path(__file__).resolve().parents[3].joinpath("bundles").glob("model-*"))
 
 
 def _forked(receipt: dict) -> dict:

@@ -11,7 +11,7 @@ from kvprobe.files import json_bytes
 from kvprobe.model.receipt import FileRef, Receipt
 from kvprobe.model.records import Verdict
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUN_RECEIPTS = sorted(
     p for p in (ROOT / "bundles").glob("*/receipt.json") if json.loads(p.read_bytes())["schema"] == "kvprobe.receipt/1"
 )

@@ -19,7 +19,7 @@ from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
 from kvprobe.model.gates_receipt import GateRecord, TargetRecord
 from kvprobe.rules import gate4 as gate4_rule
 from kvprobe.rules.gate_status import Status
-from tests.unit.test_gates_logs import (
+from tests.unit.gates.test_gates_logs import (
     GLM_CONTEXT,
     RAISED_POOL,
     _rewrite_receipt,

@@ -22,8 +22,8 @@ from kvprobe.exports import sweep_exports as sweep
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.verify.pack import pack
 from tests import forge
-from tests.unit import test_sweep
-from tests.unit.test_report import COMMITS, make_receipt, vex, view_of
+from tests.unit.evidence import test_sweep
+from tests.unit.exports.test_report import COMMITS, make_receipt, vex, view_of
 
 
 def official(text: str) -> Statement:
@@ -378,7 +378,7 @@ def bundles(tmp_path_factory):
 def one_bundle_of_each_kind(root):
     """One bundle of each kind: a run (tests/forge.py), a sweep (tests/relabel.py), a gates bundle."""
     from tests.relabel import relabelled_sweep
-    from tests.unit.test_gates_logs import GLM_CONTEXT, INCIDENT_POOL, startup_log, write
+    from tests.unit.gates.test_gates_logs import GLM_CONTEXT, INCIDENT_POOL, startup_log, write
 
     log = write(root, "prefill.log", startup_log("0.5.22", "prefill", INCIDENT_POOL, GLM_CONTEXT))
     gates_out = root / "gates"
@@ -473,7 +473,7 @@ def test_report_help_names_the_default_format_and_what_author_does():
 def test_a_signed_attestation_anchors_the_export(tmp_path):
     """report --attestation FILE --key PUB anchors the export as verify's does; an attestation of
     another bundle leaves nothing to export (exit 1, as verify)."""
-    from tests.unit.test_attestation import key_pair, sign
+    from tests.unit.verify.test_attestation import key_pair, sign
 
     bundle = verified_bundle(tmp_path / "b")
     signer, public = key_pair(tmp_path, "cosign")
@@ -494,7 +494,7 @@ def test_a_signed_attestation_anchors_the_export(tmp_path):
 
 def test_gates_receipts_of_schema_1_render_too(tmp_path):
     """verify accepts /1 gates receipts (inputs by path in the first shape): report renders them."""
-    from tests.unit.test_gates_logs import _as_first_shape, _gates_bundle, _rewrite_receipt
+    from tests.unit.gates.test_gates_logs import _as_first_shape, _gates_bundle, _rewrite_receipt
 
     bundle = _gates_bundle(tmp_path / "first")
     assert _rewrite_receipt(bundle, _as_first_shape) == "self-consistent"

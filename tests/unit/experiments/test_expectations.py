@@ -12,7 +12,7 @@ from kvprobe.errors import UsageError
 from kvprobe.experiments import tomltext
 from kvprobe.experiments.expectations import Recording, observed_test_sets, rewrite
 
-PROBES = Path(__file__).resolve().parents[2] / "probes"
+PROBES = Path(__file__).resolve().parents[3] / "probes"
 F = "tests/test_x.py"
 
 
