@@ -722,6 +722,15 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
     help="Run each probe in a fresh interpreter, not forked from the sweep's one that preloaded the "
     "profile's third-party modules (local units; units on Ray workers always run fresh).",
 )
+@click.option(
+    "--repeat",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="N",
+    help="Run each release's probes N times (a sweep runs no upstream tests); a release with a case "
+    "whose observations differ between runs is could-not-observe (unstable), never affected or fixed.",
+)
 @_json_summary
 @guarded
 def sweep_cmd(
@@ -737,6 +746,7 @@ def sweep_cmd(
     no_preload: bool,
     as_json: bool,
     every: bool = False,
+    repeat: int = 1,
 ) -> int:
     """Classify each release in a range as affected, fixed, mixed, could not observe or not
     present, into one sweep bundle per experiment (exit 0 every release observed, 3 some could
@@ -761,6 +771,7 @@ def sweep_cmd(
             address=address,
             unit_timeout_s=unit_timeout,
             preload=not no_preload,
+            repeat=repeat,
         )
         if jobs is not None:
             opts.jobs = jobs

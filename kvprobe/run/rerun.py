@@ -215,7 +215,11 @@ def _rerun_releases(
                 6, list(changed.values()), "not re-run: the index serves other bytes for every chosen release", notes
             )
         sweep_opts = SweepOptions(
-            releases=",".join(same), out=work / "bundle", torch_index=opts.torch_index, timeout_s=opts.timeout_s
+            releases=",".join(same),
+            out=work / "bundle",
+            torch_index=opts.torch_index,
+            timeout_s=opts.timeout_s,
+            repeat=published.repeats or 1,  # as often as the published sweep: stability is compared too
         )
         if opts.cache_root is not None:
             sweep_opts.cache_root = opts.cache_root

@@ -65,6 +65,7 @@ class SweepOptions:
     address: str | None = None  # --address of the Ray cluster
     unit_timeout_s: float | None = None  # a Ray unit's limit; None: every probe's limit + 10 min
     preload: bool = True  # local units' probes fork from one preloaded interpreter; False: fresh ones
+    repeat: int = 1  # --repeat N: each release's probes run N times; a case that differs is unstable
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class SweepShare:
         if key not in self._prepared:
             work = self._work / f"server-{len(self._prepared)}"
             work.mkdir()
-            serve = ServerPlan(work, opts.timeout_s * self._probes * releases_n + 600, opts.preload)
+            serve = ServerPlan(work, opts.timeout_s * self._probes * releases_n * opts.repeat + 600, opts.preload)
             self._prepared[key] = prepare(exp, opts.cache_root, opts.torch_index, reporter, self._held, serve)
         return self._prepared[key]
 
@@ -177,7 +178,7 @@ def sweep_experiment(
                 exp, share.prepared(exp, package, opts, reporter, len(available)), opts.jobs, reporter
             )
         elif executor is None:  # threads sharing the env the driver builds, and its fork server
-            serve = ServerPlan(work, opts.timeout_s * len(exp.probes) * len(served) + 600, opts.preload)
+            serve = ServerPlan(work, opts.timeout_s * len(exp.probes) * len(served) * opts.repeat + 600, opts.preload)
             executor = LocalExecutor(
                 exp, prepare(exp, opts.cache_root, opts.torch_index, reporter, held, serve), opts.jobs, reporter
             )
@@ -206,7 +207,7 @@ def sweep_experiment(
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
         requests = [
-            UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root)
+            UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root, opts.repeat)
             for pin in pins.values()
             if not isinstance(pin, str)
         ]
@@ -223,7 +224,10 @@ def sweep_experiment(
         ordered = tuple(units[v] for v in served)
         host = sweep_host(opts.jobs, executor.name)
         receipt = sweep_receipt(
-            exp, SweepRun(opts.releases, listing, started, expected.env, ordered, tuple(unserved), timings, host)
+            exp,
+            SweepRun(
+                opts.releases, listing, started, expected.env, ordered, tuple(unserved), timings, host, opts.repeat
+            ),
         )
         digest = seal_sweep(receipt, staging, final, check=_verify_on_write)
         return SweepResult(final, receipt, digest)
@@ -291,7 +295,7 @@ def _cluster_executor(exp: Experiment, opts: SweepOptions, held: contextlib.Exit
         raise UsageError("--executor ray needs --address HOST:PORT of the Ray cluster")
     from kvprobe.run.ray_executor import RayExecutor
 
-    unit_timeout = opts.unit_timeout_s or opts.timeout_s * len(exp.probes) + 600.0
+    unit_timeout = opts.unit_timeout_s or opts.timeout_s * len(exp.probes) * opts.repeat + 600.0
     return held.enter_context(RayExecutor(opts.address, unit_timeout))
 
 

@@ -165,16 +165,16 @@ def placement_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
         found += _duplicates([t["path"] for t in block["tests"]], f"sides.{side}.tests")
         for probe in block["probes"]:
             found += _probe_placement(side, exp_id, probe)
-            found += _repeat_placement(side, probe, receipt.get("repeats", 1))
+            found += _repeat_placement(f"raw/{side}", side, probe, receipt.get("repeats", 1))
         for test in block["tests"]:
             found += _test_placement(side, test)
     found += _sides_share_probes(receipt)
     return found
 
 
-def _repeat_placement(side: str, probe: dict[str, Any], repeats: int) -> list[BundleDefect]:
-    """A receipt of ``run --repeat N`` records runs 2..N of every probe, each at its own path;
-    one of a single run records none."""
+def _repeat_placement(raw: str, side: str, probe: dict[str, Any], repeats: int) -> list[BundleDefect]:
+    """A receipt of ``run --repeat N`` (``sweep --repeat N``) records runs 2..N of every probe,
+    each at its own path under ``raw`` (raw/<side> or raw/<release>); one of a single run records none."""
     name, again = probe["name"], probe.get("repeats") or []
     if len(again) != repeats - 1:
         return [
@@ -185,7 +185,7 @@ def _repeat_placement(side: str, probe: dict[str, Any], repeats: int) -> list[Bu
         ]
     found: list[BundleDefect] = []
     for run, rec in enumerate(again, start=2):
-        want = f"raw/{side}/probes/{name}.repeat-{run}.json"
+        want = f"{raw}/probes/{name}.repeat-{run}.json"
         if rec["raw"] and rec["raw"]["path"] != want:
             found.append(CitationMisplaced(rec["raw"]["path"], f"{side} probe {name!r} run {run}: expected {want}"))
         if rec["raw"] is None and not (isinstance(rec["problem"], str) and rec["problem"]):
@@ -1078,6 +1078,9 @@ def sweep_placement_defects(receipt: SweepReceipt) -> list[BundleDefect]:
             expected = f"raw/{release.version}/probes/{probe.name}.json"
             if probe.raw is not None and probe.raw.path != expected:
                 found.append(CitationMisplaced(probe.raw.path, f"release {release.version}: expected {expected}"))
+            found += _repeat_placement(
+                f"raw/{release.version}", f"release {release.version}", probe.to_json(), receipt.repeats or 1
+            )
     return found
 
 
@@ -1091,8 +1094,14 @@ def sweep_recompute_defects(bundle: Bundle) -> list[BundleDefect]:
                 return [RecomputeFailed(RECEIPT, f"{probe['raw']['path']} is unusable (step 2): not recomputed")]
             if probe["raw"] is not None:
                 docs[probe["name"]] = bundle.raw_docs[probe["raw"]["path"]]
+        repeats = None
+        if receipt.get("repeats"):  # sweep --repeat N: runs 2..N, read as step 2 accepted them
+            usable = [r["raw"]["path"] for p in release["probes"] for r in p.get("repeats") or [] if r["raw"]]
+            if any(rel not in bundle.raw_docs for rel in usable):
+                return [RecomputeFailed(RECEIPT, f"a repeat of release {release['version']} is unusable (step 2)")]
+            repeats = sweep.release_repeats(release, bundle.raw_docs.__getitem__)
         try:
-            got = sweep.classify_release(receipt["expectations"], docs, sweep.release_problems(release))
+            got = sweep.classify_release(receipt["expectations"], docs, sweep.release_problems(release), repeats)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             return [RecomputeFailed(RECEIPT, f"raw outputs cannot be classified: {type(exc).__name__}: {exc}")]
         stated = release["classification"]

@@ -300,6 +300,7 @@ def step_documents(bundle: Bundle) -> StepResult:
         _read_experiment(bundle, defects)
     elif bundle.receipt is not None and bundle.receipt_family == "kvprobe.sweep-receipt":
         probes = [p for r in bundle.accepted_receipt["releases"] for p in r["probes"]]
+        probes += [again for p in probes for again in p.get("repeats") or []]  # sweep --repeat N
         count += _read_probe_outputs(bundle, probes, defects)
         _read_experiment(bundle, defects)
     elif bundle.receipt is not None and bundle.receipt_family == "kvprobe.gates-receipt":
