@@ -19,6 +19,9 @@ Sections (each figure: min / median / max over repetitions, and the ratio to its
            PSS, sampled from /proc; the largest single process exact, from wait4), vs the floor's.
   sweep    goal 4: the marginal cost of one more release in a warm `kvprobe sweep`
            (N+1 releases minus N) vs one release's probes run directly / cores.
+  several  warm `kvprobe run C D E` and `kvprobe sweep C D E --releases 0.5.20,0.5.21` (one
+           command: one env, one fork server, one listing) against the three runs (sweeps)
+           one after the other (the floor), and each one's preload wait. No target: reported.
   cold     bytes a shallow pin fetch stores vs a full clone of a fake upstream with a long
            history and large files that left it; a second env ensure() and wheel fetch are
            cache hits (and both experiments share one env).
@@ -70,7 +73,7 @@ if str(REPO) not in sys.path:
 MiB = 1 << 20
 GiB = 1 << 30
 EXPERIMENT = "experiment-a"
-SECTIONS = ("startup", "verify", "memory", "hostile", "cold", "warm", "sweep", "env")
+SECTIONS = ("startup", "verify", "memory", "hostile", "cold", "warm", "sweep", "several", "env")
 SWEEP_N, SWEEP_N1 = "0.5.22,0.5.23", "0.5.21,0.5.22,0.5.23"  # N and N+1 releases, all served
 
 
@@ -1026,6 +1029,35 @@ def bench_sweep(figs: Figures, work: Path, reps: int) -> None:
     )
 
 
+SEVERAL = ("experiment-c", "experiment-d", "experiment-e")
+SEVERAL_RELEASES = "0.5.20,0.5.21"
+
+
+def bench_several(figs: Figures, work: Path) -> None:
+    """Several experiments in one invocation against the same ones one after the other, warm:
+    `run C D E` and `sweep C D E --releases 0.5.20,0.5.21` (one sample each: minutes)."""
+    for command, extra in (("run", []), ("sweep", ["--releases", SEVERAL_RELEASES])):
+        if command == "run":  # the sweeps' releases are the runs' pins: warmed here too
+            _log(f"warming: one `kvprobe {command} {' '.join(SEVERAL)}` (fetches what is missing)")
+            wall([*kvprobe_argv(), command, *SEVERAL, *extra, "--out", tempfile.mkdtemp(dir=work)], ok=(0, 1, 3))
+        apart, waits = [], []
+        for exp in SEVERAL:
+            out = Path(tempfile.mkdtemp(dir=work)) / "bundle"
+            apart.append(wall([*kvprobe_argv(), command, exp, *extra, "--out", str(out)], ok=(0, 1, 3)))
+            waits.append(json.loads((out / "receipt.json").read_text())["timings"].get("preload_s", 0.0))
+        out = Path(tempfile.mkdtemp(dir=work))
+        together = wall([*kvprobe_argv(), command, *SEVERAL, *extra, "--out", str(out)], ok=(0, 1, 3))
+        shown = f"{command} {' '.join(SEVERAL)}{' --releases ' + SEVERAL_RELEASES if extra else ''}"
+        figs.add(
+            "several",
+            f"kvprobe {shown}: one command vs the {command}s one after the other",
+            [together],
+            floor=[sum(apart)],
+            note=f"apart: {', '.join(f'{x:.1f}' for x in apart)} s"
+            + (f"; preload waits apart: {', '.join(f'{x:.1f}' for x in waits)} s" if command == "run" else ""),
+        )
+
+
 # --- main --------------------------------------------------------------------------------
 
 
@@ -1070,6 +1102,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_reuse(figs, work, reps["fast"])
         if "sweep" in only:
             bench_sweep(figs, work, 1 if args.quick else 2)
+        if "several" in only:
+            bench_several(figs, work)
         if "env" in only:
             bench_env(figs, work, args.full, reps["env"])
     finally:
