@@ -35,7 +35,7 @@ if str(REPO) not in sys.path:
 MiB = 1 << 20
 GiB = 1 << 30
 EXPERIMENT = "experiment-a"
-SECTIONS = ("startup", "verify", "memory", "hostile", "cold", "warm", "sweep", "env")
+SECTIONS = ("startup", "verify", "memory", "hostile", "cold", "warm", "sweep", "several", "env")
 SWEEP_N, SWEEP_N1 = "0.5.22,0.5.23", "0.5.21,0.5.22,0.5.23"  # N and N+1 releases, all served
 
 
@@ -965,6 +965,35 @@ def bench_sweep(figs: Figures, work: Path, reps: int) -> None:
     )
 
 
+SEVERAL = ("experiment-c", "experiment-d", "experiment-e")
+SEVERAL_RELEASES = "0.5.20,0.5.21"
+
+
+def bench_several(figs: Figures, work: Path) -> None:
+    """Several experiments in one invocation against the same ones one after the other, warm:
+    `run C D E` and `sweep C D E --releases 0.5.20,0.5.21` (one sample each: minutes)."""
+    for command, extra in (("run", []), ("sweep", ["--releases", SEVERAL_RELEASES])):
+        if command == "run":  # the sweeps' releases are the runs' pins: warmed here too
+            _log(f"warming: one `kvprobe {command} {' '.join(SEVERAL)}` (fetches what is missing)")
+            wall([*kvprobe_argv(), command, *SEVERAL, *extra, "--out", tempfile.mkdtemp(dir=work)], ok=(0, 1, 3))
+        apart, waits = [], []
+        for exp in SEVERAL:
+            out = Path(tempfile.mkdtemp(dir=work)) / "bundle"
+            apart.append(wall([*kvprobe_argv(), command, exp, *extra, "--out", str(out)], ok=(0, 1, 3)))
+            waits.append(json.loads((out / "receipt.json").read_text())["timings"].get("preload_s", 0.0))
+        out = Path(tempfile.mkdtemp(dir=work))
+        together = wall([*kvprobe_argv(), command, *SEVERAL, *extra, "--out", str(out)], ok=(0, 1, 3))
+        shown = f"{command} {' '.join(SEVERAL)}{' --releases ' + SEVERAL_RELEASES if extra else ''}"
+        figs.add(
+            "several",
+            f"kvprobe {shown}: one command vs the {command}s one after the other",
+            [together],
+            floor=[sum(apart)],
+            note=f"apart: {', '.join(f'{x:.1f}' for x in apart)} s"
+            + (f"; preload waits apart: {', '.join(f'{x:.1f}' for x in waits)} s" if command == "run" else ""),
+        )
+
+
 # --- main --------------------------------------------------------------------------------
 
 
@@ -1009,6 +1038,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_reuse(figs, work, reps["fast"])
         if "sweep" in only:
             bench_sweep(figs, work, 1 if args.quick else 2)
+        if "several" in only:
+            bench_several(figs, work)
         if "env" in only:
             bench_env(figs, work, args.full, reps["env"])
     finally:

@@ -16,7 +16,16 @@ from kvprobe import resources
 from kvprobe.defects import SchemaViolation
 from kvprobe.files import json_bytes, write_json
 from kvprobe.model import sweep_receipt as model
-from kvprobe.model.receipt import CheckMode, EnvRecord, FileRef, InstallerRecord, ProbeRecord, ScopeRecord, Tool
+from kvprobe.model.receipt import (
+    CheckMode,
+    EnvRecord,
+    FileRef,
+    InstallerRecord,
+    ProbeRepeat,
+    RunProbeRecord,
+    ScopeRecord,
+    Tool,
+)
 from kvprobe.model.records import Fix, Vulnerability
 from kvprobe.names import SWEEP_RECEIPT_SCHEMA
 from kvprobe.verify.steps import VerifyOptions, verify_dir
@@ -74,7 +83,8 @@ def _parts() -> list[tuple[type, dict[str, Any]]]:
         (ScopeRecord, props["evidence"]),
         (model.ReleaseRecord, release),
         (model.WheelRecord, release["properties"]["wheel"]),
-        (ProbeRecord, release["properties"]["probes"]["items"]),
+        (RunProbeRecord, release["properties"]["probes"]["items"]),
+        (ProbeRepeat, release["properties"]["probes"]["items"]["properties"]["repeats"]["items"]),
         (FileRef, root["$defs"]["fileref"]),
         (model.Classification, release["properties"]["classification"]),
         (model.ReleaseExecution, execution),
