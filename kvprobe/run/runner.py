@@ -218,13 +218,17 @@ def run_experiment(
         server, fresh_reason = _start_server(exp, pin_set, opts, work, held, early, modules, reporter, servers)
         timings["preload_start_s"] = time.monotonic() - clock
         clock = time.monotonic()
-        sides = _materialize(exp, pin_set, opts, work, reporter, held)
-        timings["materialize_s"] = time.monotonic() - clock
-        clock = time.monotonic()
-        if early is not None and early[0].lock_name is not None:
-            reporter.note(f"env {early[0].key}: cached")  # where environment() says it
-        env, python, env_vars = early or environment(exp, pin_set, opts, reporter, leases)
-        timings["environment_s"] = time.monotonic() - clock
+        # an env to build (a first run) is built while the trees are fetched and unpacked: one
+        # waits on the network and uv, the other on the wheel downloads; neither reads the other
+        with ThreadPoolExecutor(max_workers=1) as building:
+            pending = building.submit(lambda: early or environment(exp, pin_set, opts, reporter, leases))
+            sides = _materialize(exp, pin_set, opts, work, reporter, held)
+            timings["materialize_s"] = time.monotonic() - clock
+            clock = time.monotonic()
+            if early is not None and early[0].lock_name is not None:
+                reporter.note(f"env {early[0].key}: cached")  # where environment() says it
+            env, python, env_vars = pending.result()
+        timings["environment_s"] = time.monotonic() - clock  # what the env took beyond the trees
         clock = time.monotonic()
         head_tests = _head_test_files(exp, pin_set, sides)
         if early is None:
