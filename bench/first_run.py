@@ -64,6 +64,9 @@ def uv_phases(stderr: str) -> dict[str, float]:
             continue
         for phase, _count, _what, took in _UV_PHASE.findall(line):
             found[phase.lower().replace(" ", "_")] = _seconds(took)
+        compiled = re.search(r": bytecode compiled in ([\d.]+)s", line)
+        if compiled:  # kvprobe's own compile step (uv's "Bytecode compiled" before it)
+            found["bytecode_compiled"] = float(compiled.group(1))
     return found
 
 
