@@ -64,9 +64,6 @@ def uv_phases(stderr: str) -> dict[str, float]:
             continue
         for phase, _count, _what, took in _UV_PHASE.findall(line):
             found[phase.lower().replace(" ", "_")] = _seconds(took)
-        compiled = re.search(r": bytecode compiled in ([\d.]+)s", line)
-        if compiled:  # kvprobe's own compile step (uv's "Bytecode compiled" before it)
-            found["bytecode_compiled"] = float(compiled.group(1))
     return found
 
 
@@ -131,26 +128,52 @@ def _figure(name: str, value: float, *, target: str = "", note: str = "", met: b
     return fig
 
 
-def figures(m: dict[str, Any], label: str) -> list[dict[str, Any]]:
+TOTAL = f"first run from a fresh clone, empty caches: pip install . + kvprobe run {EXPERIMENT}"
+# the figures shown in the README, compared with the same figures measured before #26's cuts
+SHOWN = {
+    TOTAL: "",
+    "pip install . into a fresh venv": "",
+    f"kvprobe run {EXPERIMENT}, empty kvprobe cache": "",
+    "run phase materialize": " (the two SGLang wheels: download, unpack, byte-compile)",
+    "run phase environment": " (env build, beyond what overlapped the trees)",
+    "env build prepared": " (uv: download + unzip into its cache, hashes checked)",
+    "env build bytecode_compiled": " (the env's bytecode)",
+    "run phase preload": "",
+    "run phase checks": "",
+}
+
+
+def figures(m: dict[str, Any]) -> list[dict[str, Any]]:
     t, uv = m["timings"], m["uv"]
     total = m["install_s"] + m["run_s"]
     load = f"load average before {m['load_before']}, after {m['load_after']}"
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in uv.items())
     steps = ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in t.items() if k.endswith("_s"))
-    tag = f" ({label})" if label else ""
     return [
         _figure(
-            f"first run from a fresh clone, empty caches: pip install . + kvprobe run {EXPERIMENT}{tag}",
-            total,
-            target="reported",
-            met=True,
-            note=f"install {m['install_s']:.1f} s, run {m['run_s']:.1f} s ({steps}); uv: {phases}; {load}",
+            TOTAL, total, note=f"install {m['install_s']:.1f} s, run {m['run_s']:.1f} s ({steps}); uv: {phases}; {load}"
         ),
-        _figure(f"pip install . into a fresh venv{tag}", m["install_s"], note=load),
-        _figure(f"kvprobe run {EXPERIMENT}, empty kvprobe cache{tag}", m["run_s"], note=steps),
-        *[_figure(f"run phase {k[:-2]}{tag}", v) for k, v in t.items() if k.endswith("_s")],
-        *[_figure(f"uv {k}{tag}", v) for k, v in uv.items()],
+        _figure("pip install . into a fresh venv", m["install_s"], note=load),
+        _figure(f"kvprobe run {EXPERIMENT}, empty kvprobe cache", m["run_s"], note=steps),
+        *[_figure(f"run phase {k[:-2]}", v) for k, v in t.items() if k.endswith("_s")],
+        *[_figure(f"env build {k}", v) for k, v in uv.items()],
     ]
+
+
+def compared(doc: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with the README's figures given a floor: the same figure in ``before`` (a run
+    of this script on the tree before #26's cuts), and their ratio."""
+    old = {f["name"]: f for f in figures(before["raw"])}
+    for fig in doc["figures"]:
+        name = fig["name"]
+        if name in SHOWN and name in old:
+            fig["floor"] = {k: old[name][k] for k in ("n", "min", "median", "max", "samples")}
+            fig["ratio"] = round(fig["median"] / old[name]["median"], 3) if old[name]["median"] else 0.0
+            fig["target"] = "reported (floor: before #26)"
+            fig["met"] = True
+            fig["name"] = name + SHOWN[name]
+    doc["before"] = {"machine": before["machine"], "raw": before.get("raw"), "seconds": before["seconds"]}
+    return doc
 
 
 def _machine() -> dict[str, Any]:
@@ -168,33 +191,48 @@ def _machine() -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=REPO, help="the repository to clone (default: this one)")
-    parser.add_argument("--label", default="", help="appended to each figure's name (e.g. before, after)")
+    parser.add_argument("--before", type=Path, help="a JSON of this script run before the cuts: its figures' floor")
+    parser.add_argument(
+        "--combine", type=Path, help="no measurement: the JSON of an earlier run, compared with --before"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as kvprobe.bench/1 JSON")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (clone, venv, ~12 GB cache)")
     args = parser.parse_args()
-    started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="kvcold-", dir="/tmp"))
-    _log(f"working in {work}")
-    try:
-        m = measure(args.source.resolve(), work)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    doc = {
-        "schema": "kvprobe.bench/1",
-        "quick": False,
-        "seconds": round(time.monotonic() - started, 1),
-        "machine": _machine(),
-        "figures": figures(m, args.label),
-        "raw": {k: v for k, v in m.items() if k != "stderr_tail"},
-    }
+    if args.combine:  # the figures again from an earlier run's raw measurement
+        doc = json.loads(args.combine.read_text())
+        doc["figures"] = figures(doc["raw"])
+    else:
+        doc = run(args.source.resolve(), keep=args.keep)
+    if args.before:
+        doc = compared(doc, json.loads(args.before.read_text()))
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         for fig in doc["figures"]:
             print(f"{fig['name']}: {fig['median']:.1f} s  {fig['note']}")
-        print("\n".join(m["stderr_tail"]), file=sys.stderr)
     return 0
+
+
+def run(source: Path, *, keep: bool) -> dict[str, Any]:
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="kvcold-", dir="/tmp"))
+    _log(f"working in {work}")
+    try:
+        m = measure(source, work)
+        seconds = time.monotonic() - started
+    finally:
+        if not keep:
+            _log(f"deleting {work}")
+            shutil.rmtree(work, ignore_errors=True)
+    _log("\n".join(m.pop("stderr_tail")))
+    return {
+        "schema": "kvprobe.bench/1",
+        "quick": False,
+        "seconds": round(seconds, 1),
+        "machine": _machine(),
+        "figures": figures(m),
+        "raw": m,
+    }
 
 
 if __name__ == "__main__":

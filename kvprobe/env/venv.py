@@ -37,8 +37,6 @@ from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
 
 MARKER = "kvprobe-env.json"
-# Not byte-compiled at build: third-party test suites, which no check imports (re.search on the path)
-COMPILE_SKIP = r"/site-packages/[^/]+/(.+/)?tests?/"
 _DESCRIBE = r"""
 import importlib.metadata as md, json, platform, sys
 info = {"python": platform.python_version(),
@@ -362,6 +360,7 @@ class EnvManager:
             "--python",
             str(env_dir / "bin" / "python"),
             "--no-deps",
+            "--compile-bytecode",  # as pip does: the env's own imports start from bytecode
             "--cache-dir",
             str(self.uv_cache),
         ]
@@ -383,29 +382,6 @@ class EnvManager:
                 env,
                 what="uv pip install (torch-index)",
             )
-        self._compile(profile.name, env_dir, tmp)
-
-    def _compile(self, name: str, env_dir: Path, tmp: Path) -> None:
-        """Byte-compile the env as ``uv --compile-bytecode`` would (checks run with
-        PYTHONDONTWRITEBYTECODE, so what is not compiled now is compiled again by every run
-        that imports it), all but the packages' own test suites, which no check imports: about
-        a fifth of the sglang-cpu env's files. A file that does not compile is imported from
-        source, as uv leaves it too."""
-        started = time.monotonic()
-        python = env_dir / "bin" / "python"
-        packages = sorted(str(p) for p in env_dir.glob("lib/python*/site-packages"))
-        result = proc.run(
-            [str(python), "-m", "compileall", "-q", "-j", "0", "-x", COMPILE_SKIP, *packages],
-            timeout_s=self.timeout_s,
-            env=proc.clean_env(home=tmp),
-            stdout_path=tmp / "compile.out",
-            stderr_path=tmp / "compile.err",
-        )
-        # exit 1: some file did not compile (a Python 2 template, a fixture); uv goes on too
-        if result.timed_out or result.returncode not in (0, 1):
-            raise EnvBuildError(f"byte-compiling the env failed: {result.summary()}")
-        took = time.monotonic() - started
-        self.reporter.note(f"env {name}: bytecode compiled in {took:.1f}s (all but the packages' test suites)")
 
     def _install(self, profile: Profile, env_dir: Path, tmp: Path, torch_index: str | None) -> None:
         lock_text, index_reqs = split_lock(profile, torch_index)

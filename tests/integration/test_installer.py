@@ -160,29 +160,3 @@ def test_env_key_for_kvprobes_own_python_is_the_key_its_process_reports(tmp_path
     other.symlink_to(sys.executable)
     manager, profile = EnvManager(tmp_path / "cache"), load_profile("pytest-minimal")
     assert manager.key(profile, sys.executable, None) == manager.key(profile, str(other), None)
-
-
-@needs_uv
-def test_uv_env_is_byte_compiled_but_for_the_packages_test_suites(tmp_path, monkeypatch):
-    """The checks never write bytecode: what the build leaves uncompiled, every run compiles
-    again; the packages' own test suites are left out, since no check imports them."""
-    wheel = build_wheel(
-        tmp_path / "w",
-        files={
-            "minipkg/__init__.py": "ORIGIN = 'pinned'\n",
-            "minipkg/core.py": "X = 1\n",
-            "minipkg/tests/test_core.py": "def test_x():\n    pass\n",
-            "minipkg/sub/tests/__init__.py": "",
-        },
-    )
-    monkeypatch.setenv("PIP_INDEX_URL", simple_index(tmp_path / "index", wheel))
-    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
-    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
-    lock = f"minipkg==1.0 \\\n    --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}\n"
-    env = EnvManager(tmp_path / "cache").ensure(Profile("minipkg", "", "3", "minipkg.txt", lock.encode()))
-    assert env.build["installer"]["tool"] == "uv"
-    (package,) = env.path.glob("lib/python3*/site-packages/minipkg")
-    compiled = {p.relative_to(package).as_posix().split(".")[0] for p in package.rglob("*.pyc")}
-    assert compiled == {"__pycache__/__init__", "__pycache__/core"}
-    assert list(package.parent.glob("pip/__pycache__/*.pyc"))  # the rest of site-packages, as uv did
-    assert origin(env.path / "bin" / "python") == "pinned"
