@@ -220,13 +220,14 @@ def run_experiment(
         clock = time.monotonic()
         # an env to build (a first run) is built while the trees are fetched and unpacked: one
         # waits on the network and uv, the other on the wheel downloads; neither reads the other
+        ready = early or (None if opts.preload else cached_environment(exp, pin_set, opts, reporter, leases))
         with ThreadPoolExecutor(max_workers=1) as building:
-            pending = building.submit(lambda: early or environment(exp, pin_set, opts, reporter, leases))
+            pending = building.submit(lambda: ready or environment(exp, pin_set, opts, reporter, leases))
             sides = _materialize(exp, pin_set, opts, work, reporter, held)
             timings["materialize_s"] = time.monotonic() - clock
             clock = time.monotonic()
-            if early is not None and early[0].lock_name is not None:
-                reporter.note(f"env {early[0].key}: cached")  # where environment() says it
+            if ready is not None and ready[0].lock_name is not None:
+                reporter.note(f"env {ready[0].key}: cached")  # where environment() says it
             env, python, env_vars = pending.result()
         timings["environment_s"] = time.monotonic() - clock  # what the env took beyond the trees
         clock = time.monotonic()
