@@ -27,13 +27,22 @@ import readme_table  # a script beside this one
 BENCH = Path(__file__).resolve().parent
 README = BENCH.parent / "README.md"
 MARKER = re.compile(r"<!-- figure:([a-z0-9-]+) -->(.*?)<!-- /figure -->", re.S)
-TABLE_FILES = ("figures-env.json", "figures-startup.json", "figures-warm.json", "figures-sweep-goal.json")
+TABLE_FILES = (
+    "figures-env.json",
+    "figures-startup.json",
+    "figures-warm.json",
+    "figures-sweep-goal.json",
+    "figures-first-run.json",
+)
 
 WARM_A = "kvprobe run experiment-a --jobs 2 (goal 1, vs today's floor (source trees))"
 KEPT_A = (
     "kvprobe run experiment-a --jobs 2 --keep-server (goal 1 with a server kept from an earlier run, vs today's floor)"
 )
 ENV_SGLANG = "cold env build, lock sglang-cpu: uv vs pip"
+FIRST_RUN = "first run from a fresh clone, empty caches: pip install . + kvprobe run experiment-a"
+FIRST_ENV = "env build, whole (sglang-cpu, from virtualenv to its marker)"
+FIRST_TREES = "run phase materialize (the two SGLang wheels: download, unpack, byte-compile)"
 SEVERAL_RUN = "kvprobe run experiment-c experiment-d experiment-e: one command vs the runs one after the other"
 SEVERAL_SWEEP = (
     "kvprobe sweep experiment-c experiment-d experiment-e --releases 0.5.20,0.5.21: one command vs the sweeps one "
@@ -71,6 +80,12 @@ def _span(values: list[float]) -> str:
     return _s(low) if round(low) == round(high) else f"{low:.0f}-{high:.0f} s"
 
 
+def _with_floor(docs: Docs, file: str, name: str) -> str:
+    """A figure and its floor as one span (before and after a change, both measured)."""
+    fig = _figure(docs, file, name)
+    return _span([fig["median"], fig["floor"]["median"]])
+
+
 def _load(doc: dict) -> str:
     """The machine's load when the figures were taken: they move with it (2 cores, shared)."""
     return f"load average {doc['machine']['load_average_at_end'][0]:.0f} at the bench's end"
@@ -98,6 +113,11 @@ FIGURES: dict[str, Callable[[Docs], str]] = {
     "env-cpu-sglang": lambda d: "uv {:.0f}, pip {:.0f}".format(
         *(_noted(_figure(d, "figures-env.json", ENV_SGLANG), k)[0] for k in ("CPU s (median) uv", "pip"))
     ),
+    # a newcomer's first run (bench/first_run.py), and the same before the env overlapped the trees
+    "first-run": _median_of("figures-first-run.json", FIRST_RUN),
+    "first-run-before": lambda d: _s(_figure(d, "figures-first-run.json", FIRST_RUN)["floor"]["median"]),
+    "first-run-env": lambda d: _with_floor(d, "figures-first-run.json", FIRST_ENV),
+    "first-run-trees": lambda d: _with_floor(d, "figures-first-run.json", FIRST_TREES),
     # several experiments in one invocation against the same ones one after the other
     "several-run": _median_of("figures-several.json", SEVERAL_RUN),
     "several-run-apart": lambda d: _s(_figure(d, "figures-several.json", SEVERAL_RUN)["floor"]["median"]),
