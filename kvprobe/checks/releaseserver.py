@@ -41,7 +41,7 @@ from kvprobe.checks.forkserver import (
     START_TIMEOUT_S,
     ForkServer,
     Replies,
-    _top_level_names,
+    top_level_names,
 )
 from kvprobe.errors import ObserveError
 
@@ -146,9 +146,9 @@ class ReleaseServer(ForkServer):
         loaded = self._hello_reply["loaded"]
         mine = [str(Path(p).absolute()) for p in path]
         if mine[: len(self.path)] != self.path:
-            provided = set().union(*(_top_level_names(Path(p)) for p in self.path))
+            provided = set().union(*(top_level_names(Path(p)) for p in self.path))
             return [name for name in loaded if name in provided] or ["the release's tree"]
-        others = set().union(*(_top_level_names(Path(p)) for p in mine[len(self.path) :]))
+        others = set().union(*(top_level_names(Path(p)) for p in mine[len(self.path) :]))
         return [name for name in loaded if name in others]
 
     def running(self) -> bool:

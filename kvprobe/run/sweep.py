@@ -10,6 +10,7 @@ is that release's could-not-observe, and the sweep completes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import shutil
 import sys
@@ -17,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, SweepReceipt
 from kvprobe.names import SIDES
 from kvprobe.progress import Reporter
+from kvprobe.run.release_imports import opened, release_modules
 from kvprobe.run.sweep_unit import (
     Executor,
     Expected,
@@ -38,10 +40,12 @@ from kvprobe.run.sweep_unit import (
     Prepared,
     ServerPlan,
     SweepRun,
+    UnitOutcome,
     UnitRequest,
     accept_unit,
     failed_entry,
     prepare,
+    produce_unit,
     seal_sweep,
     sweep_host,
     sweep_receipt,
@@ -90,6 +94,7 @@ class SweepShare:
         self._listings: dict[tuple[str, ...], tuple[list[str], str]] = {}
         self._pins: dict[tuple[str, ...], WheelPin | str] = {}
         self._prepared: dict[tuple[str, ...], Prepared] = {}
+        self._done: dict[UnitRequest, UnitOutcome] = {}  # units run release by release (run_by_release)
 
     def __enter__(self) -> SweepShare:
         return self
@@ -129,6 +134,87 @@ class SweepShare:
             serve = ServerPlan(work, opts.timeout_s * self._probes * releases_n + 600, opts.preload)
             self._prepared[key] = prepare(exp, opts.cache_root, opts.torch_index, reporter, self._held, serve)
         return self._prepared[key]
+
+    def run_by_release(self, planned: Sequence[tuple[Experiment, SweepOptions]], reporter: Reporter) -> None:
+        """Every local unit of the ``planned`` sweeps, release by release: each release's tree
+        placed once and its modules imported once (run.release_imports) for the units of all
+        the experiments on it, then closed; releases in parallel up to --jobs. The sweeps
+        then take their units from here (an experiment that cannot plan runs as before)."""
+        groups: dict[tuple[str, ...], tuple[Prepared, list[Experiment], dict[WheelPin, list[UnitRequest]], int]] = {}
+        for exp, opts in planned:
+            if opts.executor != "local":
+                continue
+            try:
+                pin_set = wheel_pin_set(exp)
+                assert isinstance(pin_set.head, WheelPin), "wheel_pin_set returns a wheel pin set"
+                package, flags = pin_set.head.package, platform_args(pin_set.head.filename)
+                profile = load_profile(exp.profile)
+                available, _ = self.listing(package, flags)
+                chosen = releases.select(opts.releases, available) if opts.releases else available
+                served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
+                pins = self.resolve(package, flags, served, opts.jobs)
+                prepared = self.prepared(exp, package, opts, reporter, len(available))
+            except KvprobeError:
+                continue  # its own sweep says why
+            key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
+            _, exps, units, _ = groups.setdefault(key, (prepared, [], {}, opts.jobs))
+            exps.append(exp)
+            for pin in pins.values():
+                if not isinstance(pin, str):
+                    request = UnitRequest(
+                        exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, opts.cache_root
+                    )
+                    units.setdefault(pin, []).append(request)
+        for prepared, exps, units, jobs in groups.values():
+            modules = release_modules(exps, next(iter(units)).package) if units and prepared.server else []
+            by_id = {exp.id: exp for exp in exps}
+            with (
+                reporter.step(f"sweeping {len(units)} releases x {len(exps)} experiments, release by release"),
+                ThreadPoolExecutor(max_workers=max(1, jobs)) as pool,
+            ):
+                tasks = [
+                    pool.submit(
+                        contextvars.copy_context().run, self._release, pin, reqs, prepared, by_id, modules, reporter
+                    )
+                    for pin, reqs in units.items()
+                ]
+                for task in tasks:
+                    task.result()
+
+    def _release(
+        self,
+        pin: WheelPin,
+        requests: list[UnitRequest],
+        prepared: Prepared,
+        by_id: dict[str, Experiment],
+        modules: list[str],
+        reporter: Reporter,
+    ) -> None:
+        work = Path(tempfile.mkdtemp(dir=self._work, prefix=f"release-{pin.version}-"))
+        with opened(
+            pin,
+            wheels=prepared.wheels,
+            python=prepared.python,
+            env_vars=prepared.env_vars,
+            server=prepared.server,
+            modules=modules,
+            work=work,
+        ) as release:
+            shared = replace(prepared, release=release)
+            for request in requests:
+                try:
+                    outcome = UnitOutcome(
+                        request, produce_unit(request, shared, reporter, by_id[request.experiment_id])
+                    )
+                except KvprobeError as exc:
+                    outcome = UnitOutcome(request, None, f"the unit failed: {exc}")
+                self._done[request] = outcome
+        reporter.note(f"{pin.version}: {len(requests)} experiments done")
+        shutil.rmtree(work, ignore_errors=True)
+
+    def done(self) -> dict[UnitRequest, UnitOutcome]:
+        """The units :meth:`run_by_release` ran, for the sweeps to take (shared, not copied)."""
+        return self._done
 
 
 def sweep_experiment(
@@ -174,7 +260,11 @@ def sweep_experiment(
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
             executor = LocalExecutor(
-                exp, share.prepared(exp, package, opts, reporter, len(available)), opts.jobs, reporter
+                exp,
+                share.prepared(exp, package, opts, reporter, len(available)),
+                opts.jobs,
+                reporter,
+                done=share.done(),
             )
         elif executor is None:  # threads sharing the env the driver builds, and its fork server
             serve = ServerPlan(work, opts.timeout_s * len(exp.probes) * len(served) + 600, opts.preload)
@@ -252,6 +342,7 @@ def sweep_experiments(
     :func:`check_sweep` for every one first."""
     reporter = reporter or Reporter()
     with SweepShare([exp for exp, _ in planned]) as share:
+        share.run_by_release(planned, reporter)
         for done, (exp, opts) in enumerate(planned, 1):
             reporter.note(f"experiment {exp.id} ({done}/{len(planned)})")  # the lines below are its
             try:

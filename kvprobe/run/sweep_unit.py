@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +30,7 @@ from kvprobe.checks import probes
 from kvprobe.checks.forkserver import FRESH, ForkServer
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import load_profile
-from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, KvprobeError, UsageError
+from kvprobe.errors import KvprobeError, UsageError
 from kvprobe.evidence import sweep as classify
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
@@ -55,6 +55,7 @@ from kvprobe.model.sweep_receipt import (
 )
 from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
+from kvprobe.run.release_imports import Release, opened, ready, release_modules
 from kvprobe.run.side import EnvOptions, environment, fork_server, preload_modules, server_ready
 from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.pack import pack
@@ -106,6 +107,7 @@ class Prepared:
     wheels: WheelSource
     server: ForkServer | None = None
     fresh_reason: str | None = UNIT_FRESH  # why probes run fresh when there is no server
+    release: Release | None = None  # the release a driver opened for all its units (run.release_imports)
 
 
 @dataclass(frozen=True)
@@ -211,30 +213,43 @@ def run_unit(
     pin, version = request.pin, request.pin.version
     scratch.mkdir(parents=True)
     wheel: WheelRecord | None = None
-    problem: str | None = None
-    held = contextlib.ExitStack()  # probes write nothing into the tree: the cached one, used in place
-    try:
-        reporter.update(f"{version}: wheel")
-        identity = prepared.wheels.materialize(pin, scratch / "tree", python=prepared.python, hold=held)
-        wheel = WheelRecord(pin.package, pin.version, pin.filename, pin.sha256, identity["fetched_via"])
-    except (FetchError, DigestMismatch, CheckoutError) as exc:
-        problem = f"wheel: {exc}"
     docs: dict[str, dict[str, Any]] = {}
     records: list[ProbeRecord] = []
     execution: ReleaseExecution | None = None
-    if problem is None:
-        server, reason = server_ready(prepared.server, prepared.fresh_reason, reporter)
-        ran = []
-        for check in exp.probes:
-            reporter.update(f"{version}: probe {check.name}")
-            record, run = _probe(exp, prepared, request, staging, scratch, check, server)
-            records.append(record)
-            ran.append(run)
-            if run.ok:
-                assert run.output is not None, "a probe run is ok with an output"
-                docs[check.name] = run.output
-        execution = _execution(server, reason, ran)
-    held.close()  # the lease: `cache prune` may remove the tree again
+    with contextlib.ExitStack() as held:  # probes write nothing into the tree: the cached one, used in place
+        release = prepared.release
+        if release is None or release.version != version:  # a release of its own, for this unit alone
+            reporter.update(f"{version}: wheel")
+            modules = release_modules([exp], pin.package) if prepared.server is not None else []
+            release = held.enter_context(
+                opened(
+                    pin,
+                    wheels=prepared.wheels,
+                    python=prepared.python,
+                    env_vars=prepared.env_vars,
+                    server=prepared.server,
+                    modules=modules,
+                    work=scratch,
+                )
+            )
+        problem = release.problem
+        if release.identity is not None:
+            wheel = WheelRecord(pin.package, pin.version, pin.filename, pin.sha256, release.identity["fetched_via"])
+        if problem is None:
+            server, reason = server_ready(prepared.server, prepared.fresh_reason, reporter)
+            if server is not None:  # the release's server under it, where it started
+                server, _ = ready(release, reporter)
+            ran = []
+            for check in exp.probes:
+                reporter.update(f"{version}: probe {check.name}")
+                record, run = _probe(exp, prepared, request, staging, scratch, check, server, release.tree)
+                records.append(record)
+                ran.append(run)
+                if run.ok:
+                    assert run.output is not None, "a probe run is ok with an output"
+                    docs[check.name] = run.output
+            execution = _execution(server, reason, ran)
+    # the lease is gone: `cache prune` may remove the tree again
     problems = classify.release_problems({"problem": problem, "probes": [r.to_json() for r in records]})
     classification = Classification.from_json(classify.classify_release(_expect(exp), docs, problems))
     duration = round(time.monotonic() - clock, 3)
@@ -262,6 +277,7 @@ def _probe(
     scratch: Path,
     check: ProbeCheck,
     server: ForkServer | None,
+    tree: Path,
 ) -> tuple[ProbeRecord, probes.ProbeRun]:
     name, path = check.name, check.path
     version = request.pin.version
@@ -275,7 +291,7 @@ def _probe(
     run = probes.run_probe(
         python=prepared.python,
         probe_file=exp.directory / path,
-        python_path=[scratch / "tree"],
+        python_path=[tree],
         out_json=out,
         log_dir=log_dir,
         side_config={"side": "release", "release": version},
@@ -513,11 +529,16 @@ class LocalExecutor:
     jobs: int
     reporter: Reporter
     name: str = "local"
+    # units the driver already ran, release by release with other experiments' (run.sweep)
+    done: dict[UnitRequest, UnitOutcome] = field(default_factory=dict)
 
     def run(self, requests: Sequence[UnitRequest]) -> Iterator[UnitOutcome]:
         """Each unit runs the driver's experiment, in a copy of the caller's context: a thread
         does not inherit it, and a rerun's units must find profiles only where the rerun does
-        (builtin_search_path), never in ./probes."""
+        (builtin_search_path), never in ./probes. A unit in ``done`` is not run again."""
+        ran = [self.done.pop(r) for r in requests if r in self.done]
+        requests = [r for r in requests if r not in {outcome.request for outcome in ran}]
+        yield from ran
         with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
             futures = {
                 pool.submit(contextvars.copy_context().run, produce_unit, r, self.prepared, self.reporter, self.exp): r

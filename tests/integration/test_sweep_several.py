@@ -4,6 +4,7 @@ listing, each release's wheel, the env and one fork server."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,9 @@ def two(world, monkeypatch, tmp_path):  # noqa: F811
 
 def test_two_sweeps_share_the_listing_the_wheels_and_one_fork_server(world, sweep, two, tmp_path, monkeypatch):  # noqa: F811
     import kvprobe.run.side as side_mod
+    from kvprobe.checks import releaseserver
     from kvprobe.checks.forkserver import ForkServer
+    from kvprobe.checks.releaseserver import ReleaseServer
     from kvprobe.sources import releases
 
     _env(world, monkeypatch)
@@ -37,6 +40,15 @@ def test_two_sweeps_share_the_listing_the_wheels_and_one_fork_server(world, swee
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             started.append(self)
+
+    releases_started: list[ReleaseServer] = []
+
+    class RecordedRelease(ReleaseServer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            releases_started.append(self)
+
+    monkeypatch.setattr(releaseserver, "ReleaseServer", RecordedRelease)
 
     real_versions, real_resolve = releases.index_versions, releases.resolve
     monkeypatch.setattr(side_mod, "ForkServer", Recorded)
@@ -62,6 +74,12 @@ def test_two_sweeps_share_the_listing_the_wheels_and_one_fork_server(world, swee
     modes = {p["mode"] for r in receipts for release in r["releases"] for p in release["execution"]["probes"]}
     assert modes == {"forked"}
     assert not started[0].running(), "the shared server outlived the invocation"
+    # release by release: one release server per release, importing it once for both sweeps
+    assert sorted(Path(r.path[0]).parent.name.split("-")[1] for r in releases_started) == ["1.0", "1.1", "2.0", "2.1"]
+    assert all(r.parent is started[0] and not r.running() for r in releases_started)
+    assert all(r.modules == ("scrubkv",) for r in releases_started)
+    preloaded = [release["execution"]["preloaded"] for r in receipts for release in r["releases"]]
+    assert preloaded == [{"scrubkv": None}] * 8
 
 
 def test_sweep_usage_errors_with_several_are_exit_2_and_run_nothing(world, sweep, two, tmp_path):  # noqa: F811
