@@ -48,6 +48,13 @@ import traceback
 import kvprobe_forkserver
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_PR_SET_PDEATHSIG = 1
+try:  # looked up here, once: a check forked from this process calls it without importing
+    import ctypes
+
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (ImportError, OSError, AttributeError):
+    _PRCTL = None
 _POLL_S = 0.5
 _GRACE_S = 3.0
 
@@ -186,12 +193,15 @@ def _run(request, stream, host, listener):
     sys.stdout.flush()
     sys.stderr.flush()
     record_r, record_w = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the check
         try:
-            listener.close()
-            host.close()
-            os.close(record_r)
+            _die_with_parent(parent)
+            # the descriptors themselves: the host's stream still refers to its socket, and a
+            # check holding it would keep the host from seeing this process end
+            for fd in (listener.fileno(), host.fileno(), record_r):
+                os.close(fd)
         finally:
             kvprobe_forkserver.child(request, _Record(record_w))
     os.close(record_w)
@@ -210,6 +220,19 @@ def _run(request, stream, host, listener):
         return
     code = os.waitstatus_to_exitcode(status)
     _send(stream, {"exit": code, "timed_out": timed_out, "duration_s": time.monotonic() - started, "lost": False})
+
+
+def _die_with_parent(parent):
+    """The check is killed when this process is (it has a group of its own, which the fork
+    server does not know): Linux's parent-death signal, where libc has prctl."""
+    if _PRCTL is None:
+        return
+    try:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # it died before the call
+            os._exit(1)
+    except Exception:  # noqa: BLE001 - without it, a check outlives a killed release process
+        pass
 
 
 def _wait(pid, deadline, host=None):

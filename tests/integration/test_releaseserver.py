@@ -182,3 +182,42 @@ def test_probe_imports_are_the_leading_imports_of_the_probe_and_its_helpers(tmp_
         "pkg.first",
     ]
     assert os.environ.get("X") is None
+
+
+def test_a_check_dies_with_its_release_process(world):
+    """A check has a process group of its own, which the fork server does not know: when the
+    release's process is killed mid-check, the check goes with it (not on to its timeout)."""
+    import signal
+    import threading
+
+    pid_file = world["tmp"] / "check.pid"
+    script = world["tmp"] / "sleeper.py"
+    script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+    failed: list[BaseException] = []
+    with _release(world, ["fakerel"]) as release:
+
+        def check() -> None:
+            try:
+                release.run(
+                    [str(script)],
+                    path=[world["tree"]],
+                    env=world["env"],
+                    cwd=world["tmp"] / "home",
+                    stdout_path=world["tmp"] / "logs" / "sleeper.stdout",
+                    stderr_path=world["tmp"] / "logs" / "sleeper.stderr",
+                    timeout_s=120,
+                )
+            except BaseException as exc:  # the run must fail: its server died
+                failed.append(exc)
+
+        runner = threading.Thread(target=check)
+        runner.start()
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the check did not start"
+            time.sleep(0.05)
+        check_pid = int(pid_file.read_text())
+        os.kill(release.pid, signal.SIGKILL)
+        assert _gone(check_pid), "the check outlived its release's process"
+        runner.join(60)
+    assert failed and "failed during sleeper.py" in str(failed[0])
