@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import pickle
+import platform
 import signal
 import socket
 import subprocess
@@ -122,7 +123,7 @@ def main() -> int:
     if args.inner:
         inner(Path(args.inner[0]), int(args.inner[1]), Path(args.inner[2]))
         return 0
-    load_before = os.getloadavg()
+    started, load_before = time.monotonic(), os.getloadavg()
     requests = requests_for(args.experiment, args.releases)
     runs = []
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-ray-") as tmp:
@@ -163,7 +164,19 @@ def main() -> int:
     ]
     doc = {
         "schema": "kvprobe.bench/1",
+        "script": "ray_scaling.py",
         "quick": False,
+        "seconds": round(time.monotonic() - started, 1),
+        "machine": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "python": platform.python_version(),
+            "load_average_at_start": [round(x, 2) for x in load_before],
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
         "figures": figures,
         "runs": [{k: v for k, v in r.items() if k not in ("interfaces", "listening")} for r in runs],
         "interfaces": runs[0].get("interfaces"),

@@ -58,9 +58,17 @@ def sweep(args: list[str], out: Path) -> dict:
             time.sleep(0.2)
         stdout = process.stdout.read() if process.stdout else ""
     wall = time.monotonic() - clock
+    log = (out.parent / f"{out.name}.stderr").read_text(errors="replace")
     if process.returncode not in (0, 3):
-        raise SystemExit(f"{' '.join(argv)}: exit {process.returncode}; see {out.parent / (out.name + '.stderr')}")
-    return {"wall_s": round(wall, 2), "driver_peak_rss_mib": round(peak / 1024, 1), "result": json.loads(stdout)}
+        raise SystemExit(f"{' '.join(argv)}: exit {process.returncode}:\n{log[-3000:]}")
+    # the driver's steps as its progress lines say them: "✓ STEP (12.3s)"
+    steps = [line[2:] for line in log.splitlines() if line.startswith("✓ ")]
+    return {
+        "wall_s": round(wall, 2),
+        "driver_peak_rss_mib": round(peak / 1024, 1),
+        "result": json.loads(stdout),
+        "steps": steps,
+    }
 
 
 def bundles(result: dict) -> list[Path]:
@@ -76,8 +84,8 @@ def marginal(bundle: Path) -> list[dict]:
     for release in receipt["releases"]:
         own = 0.0
         for probe in release["probes"]:
-            if probe.get("output"):
-                doc = json.loads((bundle / probe["output"]["path"]).read_text())
+            if probe.get("raw"):
+                doc = json.loads((bundle / probe["raw"]["path"]).read_text())
                 own += sum(case.get("duration_s", 0.0) for case in doc["cases"])
         rows.append(
             {
@@ -113,6 +121,7 @@ def main() -> int:
     first = {r["release"]: r for r in rows if r["experiment"] == experiments[0]}
     later = [r for r in rows if r["experiment"] != experiments[0] and r["probes_own_s"] > 0]
     over = [r["unit_s"] - r["probes_own_s"] for r in later]
+    times = [r["unit_s"] / r["probes_own_s"] for r in later]
     ratio = every["wall_s"] / one["wall_s"]
     note_load = f"load average before {load_before}, between {load_mid}, after {os.getloadavg()}"
     figures = [
@@ -144,11 +153,18 @@ def main() -> int:
             if later
             else "no units",
         ),
+        figure(
+            "one more experiment on a release: unit time / its probes' own run time (median)",
+            "x",
+            round(statistics.median(times), 2) if times else 0.0,
+            note="the probes' own run time: the sum of their cases' duration_s, after their imports",
+        ),
         figure("driver peak RSS, --all sweep", "MiB", every["driver_peak_rss_mib"]),
         figure("driver peak RSS, experiment-a sweep", "MiB", one["driver_peak_rss_mib"]),
     ]
     doc = {
         "schema": "kvprobe.bench/1",
+        "script": "releases.py",
         "quick": False,
         "seconds": round(time.monotonic() - started, 1),
         "machine": {
@@ -167,6 +183,7 @@ def main() -> int:
             for release in releases
         },
         "first_experiment_per_release_s": {v: r["unit_s"] for v, r in first.items()},
+        "steps": {"experiment-a": one["steps"], "all": every["steps"]},
     }
     if args.json:
         print(json.dumps(doc, indent=2))
