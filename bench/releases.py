@@ -46,12 +46,19 @@ def _hwm_kib(pid: int) -> int | None:
     return None
 
 
-def sweep(args: list[str], out: Path) -> dict:
-    """One `kvprobe sweep` run: wall time, the driver's peak RSS, its JSON result."""
+def sweep(args: list[str], out: Path, checkout: Path | None = None) -> dict:
+    """One `kvprobe sweep` run: wall time, the driver's peak RSS, its JSON result. With
+    ``checkout``, that checkout's kvprobe (``python -m kvprobe`` there) instead of this one."""
     argv = [str(KVPROBE), "sweep", *args, "--out", str(out), "--json"]
+    env = None
+    if checkout is not None:
+        argv = [sys.executable, "-m", "kvprobe", *argv[1:]]
+        env = {**os.environ, "PYTHONPATH": str(checkout)}
     clock = time.monotonic()
     with open(out.parent / f"{out.name}.stderr", "w") as err:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO)
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=err, text=True, cwd=checkout or REPO, env=env
+        )
         peak = 0
         while process.poll() is None:
             peak = max(peak, _hwm_kib(process.pid) or 0)
@@ -109,6 +116,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--releases", default="0.5.13..0.5.23")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also run both sweeps with this checkout's kvprobe (one without shared release imports), "
+        "alternating with this one's",
+    )
     args = parser.parse_args()
     started, load_before = time.monotonic(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-releases-") as tmp:
@@ -116,6 +129,9 @@ def main() -> int:
         load_mid = os.getloadavg()
         every = sweep(["--all", "--releases", args.releases], Path(tmp) / "all")
         rows = [row for bundle in bundles(every["result"]) for row in marginal(bundle)]
+        if args.baseline:
+            base_one = sweep(["experiment-a", "--releases", args.releases], Path(tmp) / "base-one", args.baseline)
+            base_all = sweep(["--all", "--releases", args.releases], Path(tmp) / "base-all", args.baseline)
     experiments = sorted({r["experiment"] for r in rows})
     releases = sorted({r["release"] for r in rows}, key=lambda v: [int(p) if p.isdigit() else p for p in v.split(".")])
     first = {r["release"]: r for r in rows if r["experiment"] == experiments[0]}
@@ -162,6 +178,20 @@ def main() -> int:
         figure("driver peak RSS, --all sweep", "MiB", every["driver_peak_rss_mib"]),
         figure("driver peak RSS, experiment-a sweep", "MiB", one["driver_peak_rss_mib"]),
     ]
+    if args.baseline:
+        commit = subprocess.run(
+            ["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        for name, mine, base in (("experiment-a", one, base_one), ("--all", every, base_all)):
+            figures.append(
+                figure(
+                    f"sweep {name} over {args.releases}: this checkout / {args.baseline} ({commit})",
+                    "x",
+                    round(mine["wall_s"] / base["wall_s"], 2),
+                    note=f"{mine['wall_s']} s vs {base['wall_s']} s, run one after the other; {note_load}",
+                    baseline_steps=base["steps"],
+                )
+            )
     doc = {
         "schema": "kvprobe.bench/1",
         "script": "releases.py",

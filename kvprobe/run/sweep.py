@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -200,12 +200,10 @@ class SweepShare:
             modules=modules,
             work=work,
         ) as release:
-            shared = replace(prepared, release=release)
             for request in requests:
                 try:
-                    outcome = UnitOutcome(
-                        request, produce_unit(request, shared, reporter, by_id[request.experiment_id])
-                    )
+                    archive = produce_unit(request, prepared, reporter, by_id[request.experiment_id], release)
+                    outcome = UnitOutcome(request, archive)
                 except KvprobeError as exc:
                     outcome = UnitOutcome(request, None, f"the unit failed: {exc}")
                 self._done[request] = outcome

@@ -107,7 +107,6 @@ class Prepared:
     wheels: WheelSource
     server: ForkServer | None = None
     fresh_reason: str | None = UNIT_FRESH  # why probes run fresh when there is no server
-    release: Release | None = None  # the release a driver opened for all its units (run.release_imports)
 
 
 @dataclass(frozen=True)
@@ -168,6 +167,7 @@ def produce_unit(
     prepared: Prepared | None = None,
     reporter: Reporter | None = None,
     exp: Experiment | None = None,
+    release: Release | None = None,
 ) -> bytes:
     """Run one release and return its packed, verified one-release sweep bundle.
 
@@ -188,7 +188,7 @@ def produce_unit(
         prepared = prepared or prepare(exp, cache_root, request.torch_index, reporter, held)
         staging = work / "staging"
         experiment.copy_into_bundle(exp, staging)
-        entry = run_unit(exp, prepared, request, staging, work / "scratch", reporter)
+        entry = run_unit(exp, prepared, request, staging, work / "scratch", reporter, release)
         ran = SweepRun(
             request.pin.version,
             unit_listing(request.pin, started),
@@ -205,10 +205,18 @@ def produce_unit(
 
 
 def run_unit(
-    exp: Experiment, prepared: Prepared, request: UnitRequest, staging: Path, scratch: Path, reporter: Reporter
+    exp: Experiment,
+    prepared: Prepared,
+    request: UnitRequest,
+    staging: Path,
+    scratch: Path,
+    reporter: Reporter,
+    release: Release | None = None,
 ) -> ReleaseRecord:
     """One release: its wheel (fetched, sha256- and RECORD-checked), its probes, their raw
-    outputs under raw/<version>/, and its classification."""
+    outputs under raw/<version>/, and its classification. ``release``: its tree and release
+    server, opened by the driver for all the experiments on it (None: opened here for this
+    unit alone)."""
     clock = time.monotonic()
     pin, version = request.pin, request.pin.version
     scratch.mkdir(parents=True)
@@ -217,7 +225,6 @@ def run_unit(
     records: list[ProbeRecord] = []
     execution: ReleaseExecution | None = None
     with contextlib.ExitStack() as held:  # probes write nothing into the tree: the cached one, used in place
-        release = prepared.release
         if release is None or release.version != version:  # a release of its own, for this unit alone
             reporter.update(f"{version}: wheel")
             modules = release_modules([exp], pin.package) if prepared.server is not None else []
