@@ -17,7 +17,7 @@ import pytest
 
 from kvprobe import proc
 from kvprobe.checks.forkserver import FORKED, FRESH, ForkServer, run_check
-from kvprobe.checks.releaseserver import ReleaseServer, open_release, probe_imports
+from kvprobe.checks.releaseserver import ReleaseServer, open_release
 
 STAND_INS = ("decimal",)
 
@@ -162,26 +162,6 @@ def test_a_release_whose_imports_start_a_thread_is_not_served(world):
         world["server"],
         "the probes import nothing of the release at module level",
     )
-
-
-def test_probe_imports_are_the_leading_imports_of_the_probe_and_its_helpers(tmp_path):
-    (tmp_path / "world.py").write_text(
-        '"""doc"""\nimport os\nimport kvprobe_probe as kp\nprobe: kp.Probe\nLIMIT = 3\n'
-        "import pkg.a\nfrom pkg.b import C, d\nos.environ['X'] = '1'\nimport pkg.late\n"
-    )
-    (tmp_path / "probe.py").write_text(
-        "import kvprobe_probe as kp\nMOCKS = {'x': 'y'}\nprobe = kp.Probe('p', mocks=MOCKS)\n"
-        "import world\nfrom pkg import first\n\ndef f():\n    import pkg.lazy\n"
-    )
-    assert probe_imports([tmp_path / "probe.py", tmp_path / "world.py"], "pkg") == [
-        "pkg.a",
-        "pkg.b",
-        "pkg.b.C",
-        "pkg.b.d",
-        "pkg",
-        "pkg.first",
-    ]
-    assert os.environ.get("X") is None
 
 
 def test_a_check_dies_with_its_release_process(world):
