@@ -122,6 +122,7 @@ def main() -> int:
         help="also run both sweeps with this checkout's kvprobe (one without shared release imports), "
         "alternating with this one's",
     )
+    parser.add_argument("--baseline-label", help="what the baseline is (default: its git commit)")
     args = parser.parse_args()
     started, load_before = time.monotonic(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-releases-") as tmp:
@@ -179,7 +180,7 @@ def main() -> int:
         figure("driver peak RSS, experiment-a sweep", "MiB", one["driver_peak_rss_mib"]),
     ]
     if args.baseline:
-        commit = subprocess.run(
+        commit = args.baseline_label or subprocess.run(
             ["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
         for name, mine, base in (("experiment-a", one, base_one), ("--all", every, base_all)):

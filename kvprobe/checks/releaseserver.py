@@ -269,7 +269,7 @@ def open_release(
     if parent is None:
         return None, None
     if not modules:
-        return parent, "the probes import nothing of the release at module level"
+        return parent, "no module to import for the release"
     try:
         return ReleaseServer(parent, path=path, modules=modules, env=env, work=work, wait=False), None
     except ObserveError as exc:

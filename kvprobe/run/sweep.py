@@ -166,7 +166,8 @@ class SweepShare:
                     )
                     units.setdefault(pin, []).append(request)
         for prepared, exps, units, jobs in groups.values():
-            modules = release_modules(exps, next(iter(units)).package) if units and prepared.server else []
+            shares = units and prepared.server and sum(len(exp.probes) for exp in exps) > 1  # see run_unit
+            modules = release_modules(exps, next(iter(units)).package) if shares else []
             by_id = {exp.id: exp for exp in exps}
             with (
                 reporter.step(f"sweeping {len(units)} releases x {len(exps)} experiments, release by release"),

@@ -160,7 +160,7 @@ def test_a_release_whose_imports_start_a_thread_is_not_served(world):
     assert reason is None
     assert open_release(world["server"], path=[world["tree"]], modules=[], env={}, work=world["tmp"] / "n") == (
         world["server"],
-        "the probes import nothing of the release at module level",
+        "no module to import for the release",
     )
 
 
