@@ -33,6 +33,8 @@ TABLE_FILES = (
     "figures-warm.json",
     "figures-sweep-goal.json",
     "figures-first-run.json",
+    "figures-releases.json",
+    "figures-ray.json",
 )
 
 WARM_A = "kvprobe run experiment-a --jobs 2 (goal 1, vs today's floor (source trees))"
@@ -43,6 +45,11 @@ ENV_SGLANG = "cold env build, lock sglang-cpu: uv vs pip"
 FIRST_RUN = "first run from a fresh clone, empty caches: pip install . + kvprobe run experiment-a"
 FIRST_ENV = "env build, whole (sglang-cpu, from virtualenv to its marker)"
 FIRST_TREES = "run phase materialize (the two SGLang wheels: download, unpack, byte-compile)"
+ALL_SWEEP = "--all (6 experiments) over 0.5.13..0.5.23 (13 releases), warm"
+ALL_RATIO = "--all sweep / experiment-a sweep, same releases (no unit reuse)"
+ONE_MORE = "one more experiment on a release: unit time minus its probes' own run time (median)"
+BEFORE_ALL = "sweep --all over 0.5.20..0.5.23: this checkout / /tmp/ri/base (81695ab, before #26)"
+RAY = "--executor ray, 4 units of experiment-a: 1 worker CPU vs 2 (loopback cluster)"
 SEVERAL_RUN = "kvprobe run experiment-c experiment-d experiment-e: one command vs the runs one after the other"
 SEVERAL_SWEEP = (
     "kvprobe sweep experiment-c experiment-d experiment-e --releases 0.5.20,0.5.21: one command vs the sweeps one "
@@ -68,10 +75,20 @@ def _noted(fig: dict, key: str) -> list[float]:
     return [float(x) for x in match.group(1).split(", ")]
 
 
+def _versus(fig: dict) -> list[float]:
+    """The two times a comparison's note gives (``58.16 s vs 85.56 s``): this one, the other."""
+    match = re.search(r"(\d+(?:\.\d+)?) s vs (\d+(?:\.\d+)?) s", fig["note"])
+    if match is None:
+        raise SystemExit(f"bench figure {fig['name']!r}: its note has no 'N s vs M s'")
+    return [float(match.group(1)), float(match.group(2))]
+
+
 def _s(seconds: float) -> str:
     """A duration as the README prose gives it: 3.3 s, 46 s, 2m36s."""
     if seconds >= 120:
         return f"{int(seconds // 60)}m{round(seconds % 60):02d}s"
+    if seconds < 1:
+        return f"{seconds:.2f} s"
     return f"{seconds:.1f} s" if round(seconds, 1) < 20 else f"{seconds:.0f} s"
 
 
@@ -118,6 +135,18 @@ FIGURES: dict[str, Callable[[Docs], str]] = {
     "first-run-before": lambda d: _s(_figure(d, "figures-first-run.json", FIRST_RUN)["floor"]["median"]),
     "first-run-env": lambda d: _with_floor(d, "figures-first-run.json", FIRST_ENV),
     "first-run-trees": lambda d: _with_floor(d, "figures-first-run.json", FIRST_TREES),
+    # every shipped experiment swept in one invocation, each release's imports shared (releases.py)
+    "all-sweep": _median_of("figures-releases.json", ALL_SWEEP),
+    "all-ratio": lambda d: f"{_figure(d, 'figures-releases.json', ALL_RATIO)['median']:.2f}x",
+    "one-sweep": lambda d: _s(_noted(_figure(d, "figures-releases.json", ALL_RATIO), "experiment-a alone")[0]),
+    "one-more-experiment": lambda d: _s(_figure(d, "figures-releases.json", ONE_MORE)["median"]),
+    "one-more-unit": lambda d: _s(_noted(_figure(d, "figures-releases.json", ONE_MORE), "unit time")[0]),
+    "one-more-own": lambda d: _s(_noted(_figure(d, "figures-releases.json", ONE_MORE), "probes' own")[0]),
+    "all-before-ratio": lambda d: f"{_figure(d, 'figures-releases-baseline.json', BEFORE_ALL)['median']:.2f}x",
+    "all-before": lambda d: "{} against {}".format(*map(_s, _versus(_figure(d, "figures-releases-baseline.json", BEFORE_ALL)))),
+    "ray-speedup": lambda d: f"{_figure(d, 'figures-ray.json', RAY)['median']:.2f}x",
+    "ray-one": lambda d: _s(_noted(_figure(d, "figures-ray.json", RAY), "units_s 1 CPU")[0]),
+    "ray-two": lambda d: _s(_noted(_figure(d, "figures-ray.json", RAY), "2 CPUs")[0]),
     # several experiments in one invocation against the same ones one after the other
     "several-run": _median_of("figures-several.json", SEVERAL_RUN),
     "several-run-apart": lambda d: _s(_figure(d, "figures-several.json", SEVERAL_RUN)["floor"]["median"]),

@@ -42,7 +42,7 @@ def table(docs: list[dict]) -> str:
     for doc in docs:
         m = doc["machine"]
         lines.append(
-            f"\n`bench.py{' --quick' if doc['quick'] else ''}` run of {doc['seconds']:.0f} s on {m['cpus']} cores, "
+            f"\n`{doc.get('script', 'bench.py')}{' --quick' if doc['quick'] else ''}` run of {doc['seconds']:.0f} s on {m['cpus']} cores, "
             f"{m['memory_gib']} GiB, Python {m['python']}; load average at its end {m['load_average_at_end']}."
         )
     lines.append(END)

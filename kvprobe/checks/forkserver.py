@@ -211,7 +211,7 @@ class ForkServer:
         fresh interpreter imports those from the tree, a forked child would keep the server's."""
         self.ready()
         assert self._hello_reply is not None, "ready() sets it or raises"
-        provided = set().union(*(_top_level_names(Path(p)) for p in path))
+        provided = set().union(*(top_level_names(Path(p)) for p in path))
         return [name for name in self._hello_reply["loaded"] if name in provided]
 
     def _hello(self) -> dict[str, Any]:
@@ -385,7 +385,7 @@ def run_check(
     return CheckResult(**vars(ran), execution=execution)
 
 
-def _top_level_names(directory: Path) -> set[str]:
+def top_level_names(directory: Path) -> set[str]:
     """The names a top-level import can find in ``directory``: modules and regular packages.
     One listing per path entry (a stat per loaded module and suffix took ~40 ms a check)."""
     suffixes = importlib.machinery.all_suffixes()

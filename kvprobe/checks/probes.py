@@ -53,16 +53,7 @@ def run_probe(
     """
     name = probe_file.stem
     paths = [*map(str, python_path), str(probe_file.parent), str(probe_api_dir())]
-    env = proc.clean_env(
-        {
-            "PYTHONPATH": ":".join(paths),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONHASHSEED": "0",
-            "KVPROBE_SIDE_CONFIG": json.dumps(side_config, sort_keys=True),
-            **env_extra,
-        },
-        home=scratch,
-    )
+    env = probe_env(paths, side_config, env_extra, scratch)
     stdout, stderr = log_dir / f"{name}.stdout", log_dir / f"{name}.stderr"
     # Through the probe API's runner: an import the probe's module cannot make is then
     # reported per case (not-present or unobserved), not a crashed process.
@@ -83,6 +74,23 @@ def run_probe(
         return ProbeRun(name, -1, False, 0.0, None, f"probe {name}: {exc}", Execution(FORKED))
     output, problem = _read_output(out_json, name, result)
     return ProbeRun(name, result.returncode, result.timed_out, result.duration_s, output, problem, result.execution)
+
+
+def probe_env(
+    paths: list[str], side_config: dict[str, Any], env_extra: dict[str, str], scratch: Path
+) -> dict[str, str]:
+    """A probe's variables: ``paths`` as PYTHONPATH, the side's config, the profile's
+    ``env_extra``, and ``scratch`` as HOME (a release's server imports with them too)."""
+    return proc.clean_env(
+        {
+            "PYTHONPATH": ":".join(paths),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            "KVPROBE_SIDE_CONFIG": json.dumps(side_config, sort_keys=True),
+            **env_extra,
+        },
+        home=scratch,
+    )
 
 
 def _read_output(path: Path, name: str, result: proc.CommandResult) -> tuple[dict | None, str | None]:

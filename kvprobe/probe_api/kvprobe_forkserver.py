@@ -19,6 +19,13 @@ connection per request, one JSON line each way:
                      ->  {"started": PID}  then  {"exit": CODE, "timed_out": B, "duration_s": S,
                                                   "lost": B}
 
+    {"op": "release", "socket": S, "path": [...], "env": {...}, "cwd": D, "modules": [...],
+     "stdout": F, "stderr": F}
+                     ->  {"started": PID}: one release's server (kvprobe_releaseserver.py), a
+                         child of this preloaded interpreter that imports the release's modules
+                         once and serves that release's checks on S; it lives as long as the
+                         host keeps this connection open
+
 ``started`` names the check's process group, so the host can kill it itself if this
 server dies mid-check; and when the host dies without stopping this server (SIGKILL, an
 OOM kill), the server kills every running check's group and exits. A connection the host
@@ -199,6 +206,8 @@ class Server:
             elif request["op"] == "stop":
                 _send(stream, {"stopping": os.getpid()})
                 self.exit()
+            elif request["op"] == "release":
+                self.release(request, stream, conn)
             else:
                 self.run(request, stream, conn)
 
@@ -208,8 +217,12 @@ class Server:
             with _MP_LOCK:
                 attached, served = self.attached, self.served
             reply.update(
-                started_utc=self.started_utc, idle_s=self.idle_s, served=served, attached=attached,
-                python=sys.executable, preload=sorted(self.preloaded),
+                started_utc=self.started_utc,
+                idle_s=self.idle_s,
+                served=served,
+                attached=attached,
+                python=sys.executable,
+                preload=sorted(self.preloaded),
             )
         return reply
 
@@ -237,6 +250,25 @@ class Server:
                 _kill_group(pgid)
             _give_back()
             os._exit(0)
+
+    def release(self, request, stream, host):
+        """One release's server (kvprobe_releaseserver.py), forked from this preloaded
+        interpreter; it lives as long as ``host`` keeps this connection open."""
+        import kvprobe_releaseserver
+
+        server = self.context.Process(target=kvprobe_releaseserver.serve, args=(request,))
+        with _MP_LOCK:
+            server.start()
+            self.running.add(server.pid)
+        _send(stream, {"started": server.pid})
+        _wait(server, None, host)  # it stopped, or its host hung up
+        _kill_group(server.pid)
+        if _wait(server, _GRACE_S) is None:
+            server.kill()
+            _wait(server, None)
+        with _MP_LOCK:
+            self.running.discard(server.pid)
+            self.last_active = time.monotonic()
 
     def run(self, request, stream, host):
         """One check; ended early when ``host`` hangs up (the run was killed, or gave up on it)."""

@@ -10,6 +10,7 @@ is that release's could-not-observe, and the sweep completes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import shutil
@@ -32,16 +33,19 @@ from kvprobe.model.sweep_receipt import ListedRelease, Listing, ReleaseRecord, S
 from kvprobe.names import SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.rules.sweep_listing import unserved_reason
+from kvprobe.run.release_imports import opened, release_modules
 from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.run.sweep_unit import (
     Executor,
     Expected,
     LocalExecutor,
     SweepRun,
+    UnitOutcome,
     UnitRequest,
     accept_unit,
     failed_entry,
     open_session,
+    produce_unit,
     staged_sweep,
     sweep_host,
     sweep_receipt,
@@ -50,7 +54,7 @@ from kvprobe.run.sweep_unit import (
 from kvprobe.run.unit_cache import SweepUnits
 from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
 from kvprobe.sources import releases
-from kvprobe.sources.wheel import platform_args
+from kvprobe.sources.wheel import WheelSource, platform_args
 from kvprobe.verify.steps import VerifyOptions
 
 
@@ -71,6 +75,10 @@ class SweepOptions:
     repeat: int = 1  # --repeat N: each release's probes run N times; a case that differs is unstable
 
 
+# per profile: its session, the experiments on it, each release's units, and --jobs
+_ReleaseGroup = tuple[CheckSession, list[Experiment], dict[WheelPin, list[UnitRequest]], int]
+
+
 class SweepShare:
     """What the sweeps of one invocation (`kvprobe sweep A B --releases SPEC`) share: the
     index's listing of a package and each release's wheel resolved on it (read once, the same
@@ -87,6 +95,7 @@ class SweepShare:
         self._listings: dict[tuple[str, ...], tuple[list[str], str]] = {}
         self._pins: dict[tuple[str, ...], WheelPin | str] = {}
         self._sessions: dict[tuple[str, ...], CheckSession] = {}
+        self._done: dict[UnitRequest, UnitOutcome] = {}  # units run release by release (run_by_release)
 
     def __enter__(self) -> SweepShare:
         return self
@@ -127,6 +136,93 @@ class SweepShare:
             session.start(work, opts.timeout_s * self._probes * releases_n * opts.repeat + 600)
             self._sessions[key] = session
         return self._sessions[key]
+
+    def run_by_release(self, planned: Sequence[tuple[Experiment, SweepOptions]], reporter: Reporter) -> None:
+        """Every local unit of the ``planned`` sweeps, release by release: each release's tree
+        placed once and its modules imported once (run.release_imports) for the units of all
+        the experiments on it, then closed; releases in parallel up to --jobs. The sweeps
+        then take their units from here (an experiment that cannot plan runs as before)."""
+        groups: dict[
+            tuple[str, ...], tuple[CheckSession, list[Experiment], dict[WheelPin, list[UnitRequest]], int]
+        ] = {}
+        for exp, opts in planned:
+            if opts.executor != "local":
+                continue
+            try:
+                pin_set = wheel_pin_set(exp)
+                assert isinstance(pin_set.head, WheelPin), "wheel_pin_set returns a wheel pin set"
+                package, flags = pin_set.head.package, platform_args(pin_set.head.filename)
+                profile = load_profile(exp.profile)
+                available, _ = self.listing(package, flags)
+                chosen = releases.select(opts.releases, available) if opts.releases else available
+                served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
+                pins = self.resolve(package, flags, served, opts.jobs)
+                session = self.session(exp, package, opts, reporter, len(available))
+            except KvprobeError:
+                continue  # its own sweep says why
+            key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
+            _, exps, units, _ = groups.setdefault(key, (session, [], {}, opts.jobs))
+            exps.append(exp)
+            kept = _unit_cache(exp, dict(profile.env), opts, session, reporter)
+            for pin in pins.values():
+                if isinstance(pin, str):
+                    continue
+                request = UnitRequest(
+                    exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, opts.cache_root, opts.repeat
+                )
+                if not kept.holds(request, session.record):  # a cached unit is the sweep's to check and reuse
+                    units.setdefault(pin, []).append(request)
+        for session, exps, units, jobs in groups.values():
+            if not units:
+                continue
+            shares = session.server is not None and sum(len(exp.probes) for exp in exps) > 1  # see run_unit
+            modules = release_modules(exps, next(iter(units)).package) if shares else []
+            by_id = {exp.id: exp for exp in exps}
+            with (
+                reporter.step(f"sweeping {len(units)} releases x {len(exps)} experiments, release by release"),
+                ThreadPoolExecutor(max_workers=max(1, jobs)) as pool,
+            ):
+                tasks = [
+                    pool.submit(
+                        contextvars.copy_context().run, self._release, pin, reqs, session, by_id, modules, reporter
+                    )
+                    for pin, reqs in units.items()
+                ]
+                for task in tasks:
+                    task.result()
+
+    def _release(
+        self,
+        pin: WheelPin,
+        requests: list[UnitRequest],
+        session: CheckSession,
+        by_id: dict[str, Experiment],
+        modules: list[str],
+        reporter: Reporter,
+    ) -> None:
+        work = Path(tempfile.mkdtemp(dir=self._work, prefix=f"release-{pin.version}-"))
+        with opened(
+            pin,
+            wheels=WheelSource(session.settings.cache_root, reporter=session.reporter),
+            python=session.python,
+            env_vars=session.variables,
+            server=session.server,
+            modules=modules,
+            work=work,
+        ) as release:
+            for request in requests:
+                try:
+                    archive = produce_unit(request, session, reporter, by_id[request.experiment_id], release)
+                    outcome = UnitOutcome(request, archive)
+                except KvprobeError as exc:
+                    outcome = UnitOutcome(request, None, f"the unit failed: {exc}")
+                self._done[request] = outcome
+        reporter.note(f"{pin.version}: {len(requests)} experiments done")
+        shutil.rmtree(work, ignore_errors=True)
+
+    def done(self) -> dict[UnitRequest, UnitOutcome]:
+        """The units :meth:`run_by_release` ran, for the sweeps to take (shared, not copied)."""
+        return self._done
 
 
 def sweep_experiment(
@@ -171,7 +267,11 @@ def sweep_experiment(
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
             executor = LocalExecutor(
-                exp, share.session(exp, package, opts, reporter, len(available)), opts.jobs, reporter
+                exp,
+                share.session(exp, package, opts, reporter, len(available)),
+                opts.jobs,
+                reporter,
+                done=share.done(),
             )
         elif executor is None:  # threads sharing the env the driver builds, and its fork server
             session = held.enter_context(open_session(exp, _session_settings(opts), reporter))
@@ -200,7 +300,8 @@ def sweep_experiment(
         expected = Expected(exp, staging, local_env)
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
-        kept = _unit_cache(exp, dict(profile.env), opts, executor, reporter)
+        local = executor.session if isinstance(executor, LocalExecutor) else None
+        kept = _unit_cache(exp, dict(profile.env), opts, local, reporter)
         requests = [
             UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root, opts.repeat)
             for pin in pins.values()
@@ -260,6 +361,7 @@ def sweep_experiments(
     :func:`check_sweep` for every one first."""
     reporter = reporter or Reporter()
     with SweepShare([exp for exp, _ in planned]) as share:
+        share.run_by_release(planned, reporter)
         for done, (exp, opts) in enumerate(planned, 1):
             reporter.note(f"experiment {exp.id} ({done}/{len(planned)})")  # the lines below are its
             try:
@@ -304,10 +406,11 @@ def _cluster_executor(exp: Experiment, opts: SweepOptions, held: contextlib.Exit
 
 
 def _unit_cache(
-    exp: Experiment, settings: dict[str, str], opts: SweepOptions, executor: Executor, reporter: Reporter
+    exp: Experiment, settings: dict[str, str], opts: SweepOptions, session: CheckSession | None, reporter: Reporter
 ) -> SweepUnits:
-    """The driver's unit cache for this sweep (its own cache, whatever the executor)."""
-    forked = isinstance(executor, LocalExecutor) and executor.session.server is not None
+    """The driver's unit cache for this sweep (its own cache, whatever the executor; ``session``:
+    the local units' check session, None on Ray)."""
+    forked = session is not None and session.server is not None
     repeat = opts.repeat  # `sweep --repeat N` records N runs: another unit
     return SweepUnits(
         exp,

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +30,7 @@ from kvprobe.checks import probes
 from kvprobe.checks.forkserver import FRESH, ForkServer
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.venv import load_profile
-from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, KvprobeError, UsageError
+from kvprobe.errors import KvprobeError, UsageError
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.bundle import cite, host_facts, seal_bundle
 from kvprobe.evidence.safetree import Limits
@@ -55,6 +55,7 @@ from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SC
 from kvprobe.progress import Reporter
 from kvprobe.rules import sweep_classification as classify
 from kvprobe.rules.sweep_listing import observed_range
+from kvprobe.run.release_imports import Release, opened, ready, release_modules
 from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.pack import pack
@@ -128,6 +129,7 @@ def produce_unit(
     session: CheckSession | None = None,
     reporter: Reporter | None = None,
     exp: Experiment | None = None,
+    release: Release | None = None,
 ) -> bytes:
     """Run one release and return its packed, verified one-release sweep bundle.
 
@@ -149,7 +151,7 @@ def produce_unit(
             session = held.enter_context(open_session(exp, settings, reporter))
         staging = work / "staging"
         experiment.copy_into_bundle(exp, staging)
-        entry = run_unit(exp, session, request, staging, work / "scratch", reporter)
+        entry = run_unit(exp, session, request, staging, work / "scratch", reporter, release)
         ran = SweepRun(
             request.pin.version,
             unit_listing(request.pin, started),
@@ -167,50 +169,72 @@ def produce_unit(
 
 
 def run_unit(
-    exp: Experiment, session: CheckSession, request: UnitRequest, staging: Path, scratch: Path, reporter: Reporter
+    exp: Experiment,
+    session: CheckSession,
+    request: UnitRequest,
+    staging: Path,
+    scratch: Path,
+    reporter: Reporter,
+    release: Release | None = None,
 ) -> ReleaseRecord:
     """One release: its wheel (fetched, sha256- and RECORD-checked), its probes, their raw
-    outputs under raw/<version>/, and its classification."""
+    outputs under raw/<version>/, and its classification. ``release``: its tree and release
+    server, opened by the driver for all the experiments on it (None: opened here for this
+    unit alone)."""
     clock = time.monotonic()
     pin, version = request.pin, request.pin.version
     scratch.mkdir(parents=True)
     wheel: WheelRecord | None = None
-    problem: str | None = None
-    held = contextlib.ExitStack()  # probes write nothing into the tree: the cached one, used in place
-    try:
-        reporter.update(f"{version}: wheel")
-        wheels = WheelSource(session.settings.cache_root, reporter=session.reporter)
-        identity = wheels.materialize(pin, scratch / "tree", python=session.python, hold=held)
-        wheel = WheelRecord(pin.package, pin.version, pin.filename, pin.sha256, identity["fetched_via"])
-    except (FetchError, DigestMismatch, CheckoutError) as exc:
-        problem = f"wheel: {exc}"
     docs: dict[str, dict[str, Any]] = {}
     records: list[RunProbeRecord] = []
     repeat_docs: dict[str, list[dict[str, Any] | None]] = {}  # runs 2..N per probe (sweep --repeat N)
     execution: ReleaseExecution | None = None
-    if problem is None:
-        server = session.ready()
-        ran = []
-        for check in exp.probes:
-            reporter.update(f"{version}: probe {check.name}")
-            record, run = _probe(exp, session, request, staging, scratch, check, server)
-            again = []
-            for nth in range(2, request.repeat + 1):  # sweep --repeat N: the same probe, same server, again
-                reporter.update(f"{version}: probe {check.name} (run {nth} of {request.repeat})")
-                again.append(_probe(exp, session, request, staging, scratch, check, server, nth))
-            if again:
-                repeats = tuple(ProbeRepeat(r.raw, r.exit_code, r.problem) for r, _ in again)
-                record = RunProbeRecord(
-                    record.name, record.source, record.raw, record.exit_code, record.problem, repeats
+    with contextlib.ExitStack() as held:  # probes write nothing into the tree: the cached one, used in place
+        if release is None or release.version != version:  # a release of its own, for this unit alone
+            reporter.update(f"{version}: wheel")
+            # one probe gains nothing from a release's process: it would import the release
+            # there instead of in itself, one fork further down (measured ~1 s slower a unit)
+            shares = session.server is not None and len(exp.probes) > 1
+            modules = release_modules([exp], pin.package) if shares else []
+            release = held.enter_context(
+                opened(
+                    pin,
+                    wheels=WheelSource(session.settings.cache_root, reporter=session.reporter),
+                    python=session.python,
+                    env_vars=session.variables,
+                    server=session.server,
+                    modules=modules,
+                    work=scratch,
                 )
-                repeat_docs[check.name] = [r.output if r.ok else None for _, r in again]
-            records.append(record)
-            ran.append(run)
-            if run.ok:
-                assert run.output is not None, "a probe run is ok with an output"
-                docs[check.name] = run.output
-        execution = _execution(server, session.fresh_reason, ran)
-    held.close()  # the lease: `cache prune` may remove the tree again
+            )
+        problem = release.problem
+        if release.identity is not None:
+            wheel = WheelRecord(pin.package, pin.version, pin.filename, pin.sha256, release.identity["fetched_via"])
+        if problem is None:
+            server, reason = session.ready(), session.fresh_reason
+            if server is not None:  # the release's server under it, where it started
+                server, _ = ready(release, reporter)
+            ran = []
+            for check in exp.probes:
+                reporter.update(f"{version}: probe {check.name}")
+                record, run = _probe(exp, session, request, staging, scratch, check, server, release.tree)
+                again = []
+                for nth in range(2, request.repeat + 1):  # sweep --repeat N: the same probe, same server, again
+                    reporter.update(f"{version}: probe {check.name} (run {nth} of {request.repeat})")
+                    again.append(_probe(exp, session, request, staging, scratch, check, server, release.tree, nth))
+                if again:
+                    repeats = tuple(ProbeRepeat(r.raw, r.exit_code, r.problem) for r, _ in again)
+                    record = RunProbeRecord(
+                        record.name, record.source, record.raw, record.exit_code, record.problem, repeats
+                    )
+                    repeat_docs[check.name] = [r.output if r.ok else None for _, r in again]
+                records.append(record)
+                ran.append(run)
+                if run.ok:
+                    assert run.output is not None, "a probe run is ok with an output"
+                    docs[check.name] = run.output
+            execution = _execution(server, reason, ran)
+    # the lease is gone: `cache prune` may remove the tree again
     entry = {"problem": problem, "probes": [r.to_json() for r in records]}
     problems = classify.release_problems(entry)
     classification = Classification.from_json(
@@ -241,10 +265,11 @@ def _probe(
     scratch: Path,
     check: ProbeCheck,
     server: ForkServer | None,
+    tree: Path,
     nth: int = 1,
 ) -> tuple[RunProbeRecord, probes.ProbeRun]:
-    """One run of a probe on one release; runs 2..N (``sweep --repeat``) write
-    ``<name>.repeat-<run>.json`` and log under ``repeat-<run>/``."""
+    """One run of a probe on one release (its tree at ``tree``); runs 2..N (``sweep --repeat``)
+    write ``<name>.repeat-<run>.json`` and log under ``repeat-<run>/``."""
     name, path = check.name, check.path
     version = request.pin.version
     raw_dir = staging / RAW_DIR / version / "probes"
@@ -257,7 +282,7 @@ def _probe(
     run = probes.run_probe(
         python=session.python,
         probe_file=exp.directory / path,
-        python_path=[scratch / "tree"],
+        python_path=[tree],
         out_json=out,
         log_dir=log_dir,
         side_config={"side": "release", "release": version},
@@ -514,11 +539,16 @@ class LocalExecutor:
     jobs: int
     reporter: Reporter
     name: str = "local"
+    # units the driver already ran, release by release with other experiments' (run.sweep)
+    done: dict[UnitRequest, UnitOutcome] = field(default_factory=dict)
 
     def run(self, requests: Sequence[UnitRequest]) -> Iterator[UnitOutcome]:
         """Each unit runs the driver's experiment, in a copy of the caller's context: a thread
         does not inherit it, and a rerun's units must find profiles only where the rerun does
-        (builtin_search_path), never in ./probes."""
+        (builtin_search_path), never in ./probes. A unit in ``done`` is not run again."""
+        ran = [self.done.pop(r) for r in requests if r in self.done]
+        requests = [r for r in requests if r not in {outcome.request for outcome in ran}]
+        yield from ran
         with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
             futures = {
                 pool.submit(contextvars.copy_context().run, produce_unit, r, self.session, self.reporter, self.exp): r

@@ -242,6 +242,15 @@ class SweepUnits:
         this sweep asks for them)."""
         return entry_name(key_facts(self.exp, request, env, self.settings, mode or self.mode, self.repeat))
 
+    def holds(self, request: UnitRequest, env: EnvRecord) -> bool:
+        """Whether a complete entry for ``request`` is there to be checked and reused (reuse on):
+        the units run ahead of the sweep, release by release, leave such a unit to it."""
+        if not self.reuse_units:
+            return False
+        with contextlib.suppress(OSError):
+            return (self.store.root / self.name(request, env) / MARKER).is_file()
+        return False
+
     def reuse(self, request: UnitRequest, expected: Expected, work: Path) -> ReleaseRecord | None:
         """The release's entry from a cached unit that passes :func:`accept_unit` (its raw
         outputs merged into the sweep), or None: nothing cached, reuse is off, the env is not

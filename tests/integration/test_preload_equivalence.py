@@ -88,3 +88,44 @@ def test_sglang_experiments_observe_the_same_from_a_kept_server(tmp_path, exp_id
         assert {c["mode"] for c in run["receipt"]["execution"]["checks"]} == {"forked"}
         assert run["docs"] == fresh["docs"] and run["docs"]
         assert run["receipt"]["comparison"] == fresh["receipt"]["comparison"]
+
+
+_SWEEP_DIR = re.compile(r"kvprobe-sweeps-[A-Za-z0-9_]+/release-[0-9.]+-[A-Za-z0-9_]+")
+
+
+def _sweep(tmp_path: Path, name: str, *flags: str) -> dict[str, Any]:
+    out = tmp_path / name
+    args = ["sweep", "experiment-a", "experiment-b", "--releases", "0.5.13..0.5.13", "--out", str(out), "--json"]
+    result = CliRunner().invoke(main, [*args, *flags], catch_exceptions=False)
+    assert result.exit_code in (0, 3), result.output
+    found: dict[str, Any] = {"receipts": {}, "docs": {}}
+    for exp_id in ("experiment-a", "experiment-b"):
+        bundle = out / exp_id
+        found["receipts"][exp_id] = json.loads((bundle / "receipt.json").read_text())
+        for path in (bundle / "raw").rglob("*.json"):
+            text = _SWEEP_DIR.sub("kvprobe-sweeps-*/release-*", path.read_text())
+            found["docs"][f"{exp_id}/{path.relative_to(bundle).as_posix()}"] = _normal(json.loads(text))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_two_sglang_experiments_observe_the_same_from_a_shared_release_and_fresh(tmp_path):
+    """Two experiments on one release, their probes forked from one process that imported the
+    release's SGLang once (run.release_imports), observe what fresh interpreters observe: raw
+    outputs compared whole but durations and the sweep's temporary directory (probes record
+    where SGLang was imported from, as a fact)."""
+    shared = _sweep(tmp_path, "shared")
+    fresh = _sweep(tmp_path, "fresh", "--no-preload")
+    for receipt in shared["receipts"].values():
+        (release,) = receipt["releases"]
+        assert {p["mode"] for p in release["execution"]["probes"]} == {"forked"}
+        assert {"torch", "sglang", "sglang.srt.managers.schedule_batch"} <= set(release["execution"]["preloaded"])
+    for receipt in fresh["receipts"].values():
+        assert {p["mode"] for r in receipt["releases"] for p in r["execution"]["probes"]} == {"fresh"}
+    assert sorted(shared["docs"]) == sorted(fresh["docs"]) and len(shared["docs"]) == 2
+    for name, doc in shared["docs"].items():
+        assert doc == fresh["docs"][name], name
+    for exp_id, receipt in shared["receipts"].items():
+        classes = [r["classification"] for r in receipt["releases"]]
+        assert classes == [r["classification"] for r in fresh["receipts"][exp_id]["releases"]]

@@ -4,6 +4,7 @@ listing, each release's wheel, the env and one fork server."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,9 @@ def two(world, monkeypatch, tmp_path):  # noqa: F811
 
 def test_two_sweeps_share_the_listing_the_wheels_and_one_fork_server(world, sweep, two, tmp_path, monkeypatch):  # noqa: F811
     import kvprobe.run.session as session_mod
+    from kvprobe.checks import releaseserver
     from kvprobe.checks.forkserver import ForkServer
+    from kvprobe.checks.releaseserver import ReleaseServer
     from kvprobe.sources import releases
 
     _env(world, monkeypatch)
@@ -37,6 +40,15 @@ def test_two_sweeps_share_the_listing_the_wheels_and_one_fork_server(world, swee
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             started.append(self)
+
+    releases_started: list[ReleaseServer] = []
+
+    class RecordedRelease(ReleaseServer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            releases_started.append(self)
+
+    monkeypatch.setattr(releaseserver, "ReleaseServer", RecordedRelease)
 
     real_versions, real_resolve = releases.index_versions, releases.resolve
     monkeypatch.setattr(session_mod, "ForkServer", Recorded)
@@ -62,6 +74,12 @@ def test_two_sweeps_share_the_listing_the_wheels_and_one_fork_server(world, swee
     modes = {p["mode"] for r in receipts for release in r["releases"] for p in release["execution"]["probes"]}
     assert modes == {"forked"}
     assert not started[0].running(), "the shared server outlived the invocation"
+    # release by release: one release server per release, importing it once for both sweeps
+    assert sorted(Path(r.path[0]).parent.name.split("-")[1] for r in releases_started) == ["1.0", "1.1", "2.0", "2.1"]
+    assert all(r.parent is started[0] and not r.running() for r in releases_started)
+    assert all(r.modules == ("scrubkv",) for r in releases_started)
+    preloaded = [release["execution"]["preloaded"] for r in receipts for release in r["releases"]]
+    assert preloaded == [{"scrubkv": None}] * 8
 
 
 def test_sweep_usage_errors_with_several_are_exit_2_and_run_nothing(world, sweep, two, tmp_path):  # noqa: F811
@@ -74,3 +92,32 @@ def test_sweep_usage_errors_with_several_are_exit_2_and_run_nothing(world, sweep
     assert sweep("sweep", "scrub-sweep", "scrub-sweep").exit_code == 2
     assert sweep("sweep", "--all", "scrub-sweep").exit_code == 2
     assert sweep("sweep").exit_code == 2
+
+
+def test_units_the_cache_holds_are_not_run_release_by_release(world, sweep, two, tmp_path, monkeypatch):  # noqa: F811
+    """A second `sweep A B` takes every unit from the cache through the sweep's checks: the
+    release-by-release pass ahead of the sweeps runs none of them again."""
+    from kvprobe.checks import releaseserver
+    from kvprobe.checks.releaseserver import ReleaseServer
+
+    _env(world, monkeypatch)
+    args = ("sweep", "scrub-sweep", "scrub-again", "--releases", "1.0..2.0", "--json")
+    first = sweep(*args, "--out", str(tmp_path / "first"))
+    assert first.exit_code == 0, first.stderr
+    opened: list[ReleaseServer] = []
+
+    class Recorded(ReleaseServer):
+        def __init__(self, *a, **k) -> None:
+            super().__init__(*a, **k)
+            opened.append(self)
+
+    monkeypatch.setattr(releaseserver, "ReleaseServer", Recorded)
+    second = sweep(*args, "--out", str(tmp_path / "second"))
+    assert second.exit_code == 0, second.stderr
+    assert opened == [], "a unit the cache holds was run again"
+    for name in ("scrub-sweep", "scrub-again"):
+        receipt = json.loads((tmp_path / "second" / name / "receipt.json").read_text())
+        assert [r["version"] for r in receipt["releases"] if r.get("reused")] == ["1.0", "1.1", "2.0"]
+    again = sweep(*args, "--out", str(tmp_path / "third"), "--no-reuse")
+    assert again.exit_code == 0, again.stderr
+    assert len(opened) == 3, "--no-reuse observes every release again, each release once for both sweeps"
