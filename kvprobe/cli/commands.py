@@ -6,7 +6,7 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,21 +21,54 @@ if TYPE_CHECKING:
 
     from kvprobe.cli.console import Output
     from kvprobe.evidence.safetree import Limits
-    from kvprobe.model.records import Experiment
+    from kvprobe.model.receipt import Receipt
+    from kvprobe.model.records import Experiment, GateStatus, Verdict
     from kvprobe.run.runner import RunOptions, RunResult
     from kvprobe.run.sweep import SweepOptions, SweepResult
     from kvprobe.verify.attestation import SignedStatement
+    from kvprobe.verify.result import VerifyOutcome
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
 EXIT_INTERNAL = 4  # a bug in kvprobe: never to be read as "the verdict does not hold" (1)
-_VERDICT_EXIT = {
-    "reproduced": EXIT_OK,
-    "not-reproduced": EXIT_FAIL,
-    "no-expectations": EXIT_FAIL,
-    "could-not-observe": EXIT_UNOBSERVED,
-    "error": EXIT_UNOBSERVED,
-}
-_GATES_EXIT = {"pass": EXIT_OK, "fail": EXIT_FAIL, "unknown": EXIT_UNOBSERVED}
+
+
+# The exit tables, keyed by the enums they map; built on use: `--help` imports no model.
+def _verdict_exit(verdict: Verdict) -> int:
+    from kvprobe.model.records import Verdict
+
+    return {
+        Verdict.REPRODUCED: EXIT_OK,
+        Verdict.NOT_REPRODUCED: EXIT_FAIL,
+        Verdict.NO_EXPECTATIONS: EXIT_FAIL,
+        Verdict.COULD_NOT_OBSERVE: EXIT_UNOBSERVED,
+        Verdict.ERROR: EXIT_UNOBSERVED,
+    }[verdict]
+
+
+def _gates_exit(status: GateStatus) -> int:
+    from kvprobe.model.records import GateStatus
+
+    return {GateStatus.PASS: EXIT_OK, GateStatus.FAIL: EXIT_FAIL, GateStatus.UNKNOWN: EXIT_UNOBSERVED}[status]
+
+
+def _sweep_exit_of(summary: Mapping[str, list[str]]) -> int:
+    """3 when a release could not be observed or lacked the probed code, else 0."""
+    from kvprobe.model.records import SweepClass
+
+    return EXIT_UNOBSERVED if {SweepClass.UNOBSERVED, SweepClass.NOT_PRESENT} & set(summary) else EXIT_OK
+
+
+# self-consistent exits 0: exit 1 means "defects found", and a bundle that was just written is
+# only ever self-consistent; a gate that must know who published it passes --require-anchor.
+def _verify_exit(outcome: VerifyOutcome) -> int:
+    from kvprobe.verify.result import VerifyOutcome
+
+    return {
+        VerifyOutcome.VERIFIED: EXIT_OK,
+        VerifyOutcome.SELF_CONSISTENT: EXIT_OK,
+        VerifyOutcome.FAILED: EXIT_FAIL,
+        VerifyOutcome.COULD_NOT_RERUN: EXIT_UNOBSERVED,
+    }[outcome]
 
 
 def _fail(exc: KvprobeError, debug: bool) -> None:
@@ -622,7 +655,7 @@ def run_cmd(
         emit_json(run_summary(result))
     if record:
         return _record_expectations(exp, result.receipt, streams.err, yes)
-    return _VERDICT_EXIT[result.receipt["verdict"]]
+    return _verdict_exit(result.receipt.verdict)
 
 
 def _several_error(experiment_id: str, exc: KvprobeError, streams: Output) -> dict[str, Any]:
@@ -685,7 +718,7 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
             print_run_summary(
                 streams.out, result.receipt, str(result.bundle), result.manifest_sha256, streams.verbosity
             )
-        return _VERDICT_EXIT[result.receipt["verdict"]], run_summary(result)
+        return _verdict_exit(result.receipt.verdict), run_summary(result)
 
     return _several(ids, opts, as_json, kind="runs", check=check_run, outcomes_of=run_experiments, report=report)
 
@@ -775,11 +808,10 @@ def sweep_cmd(
     result = sweep_experiment(exp, opts, streams.reporter())
     receipt = result.receipt
     if streams.results:
-        print_sweep_summary(streams.out, receipt.to_json(), str(result.bundle), result.manifest_sha256)
+        print_sweep_summary(streams.out, receipt, str(result.bundle), result.manifest_sha256)
     if as_json:
         emit_json({"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": receipt.summary})
-    unobserved = {"could-not-observe", "not-present"} & set(receipt.summary)
-    return EXIT_UNOBSERVED if unobserved else EXIT_OK
+    return _sweep_exit_of(receipt.summary)
 
 
 def _sweep_summary(result: SweepResult) -> dict[str, Any]:
@@ -787,8 +819,7 @@ def _sweep_summary(result: SweepResult) -> dict[str, Any]:
 
 
 def _sweep_exit(result: SweepResult) -> int:
-    unobserved = {"could-not-observe", "not-present"} & set(result.receipt.summary)
-    return EXIT_UNOBSERVED if unobserved else EXIT_OK
+    return _sweep_exit_of(result.receipt.summary)
 
 
 def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> int:
@@ -798,7 +829,7 @@ def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> i
 
     def report(streams: Output, exp_id: str, result: SweepResult) -> tuple[int, dict[str, Any]]:
         if streams.results:
-            print_sweep_summary(streams.out, result.receipt.to_json(), str(result.bundle), result.manifest_sha256)
+            print_sweep_summary(streams.out, result.receipt, str(result.bundle), result.manifest_sha256)
         return _sweep_exit(result), {"experiment": exp_id, **_sweep_summary(result)}
 
     return _several(ids, opts, as_json, kind="sweeps", check=check_sweep, outcomes_of=sweep_experiments, report=report)
@@ -806,16 +837,17 @@ def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> i
 
 def run_summary(result: RunResult) -> dict[str, Any]:
     receipt = result.receipt
+    comparison = receipt.comparison
     return {
-        "verdict": receipt["verdict"],
+        "verdict": receipt.verdict,
         "bundle": str(result.bundle),
         "manifest_sha256": result.manifest_sha256,
-        "experiment": receipt["experiment"]["id"],
-        "pin_set": receipt["pin_set"]["name"],
-        "reasons": receipt["comparison"]["reasons"],
-        "observations": receipt["comparison"]["observations"],
-        "tests": receipt["comparison"]["tests"],
-        "test_summary": receipt["comparison"]["test_summary"],
+        "experiment": receipt.experiment.id,
+        "pin_set": receipt.pin_set.name,
+        "reasons": list(comparison.reasons),
+        "observations": comparison.observations,
+        "tests": comparison.tests,
+        "test_summary": comparison.test_summary,
     }
 
 
@@ -1104,32 +1136,24 @@ def gates_cmd(
         print_gate_diagnostics(streams.err, result.receipt)
     if streams.results:
         print_gates(streams.out, result.receipt, str(result.bundle), result.manifest_sha256)
-    code = _GATES_EXIT[result.overall.value]
+    code = _gates_exit(result.overall)
     if as_json:
+        receipt = result.receipt
         emit_json(
             {
                 "overall": result.overall.value,
                 "exit_code": code,
                 "bundle": str(result.bundle),
                 "manifest_sha256": result.manifest_sha256,
-                "gates": result.receipt["gates"],
-                "workers": result.receipt["workers"],
-                "target": result.receipt["target"],
+                "gates": [g.to_json() for g in receipt.gates],
+                "workers": list(receipt.workers),
+                "target": None if receipt.target is None else receipt.target.to_json(),
             }
         )
     return code
 
 
 # --- verify and bundle archives ----------------------------------------------------------
-
-# self-consistent exits 0: exit 1 means "defects found", and a bundle that was just written is
-# only ever self-consistent; a gate that must know who published it passes --require-anchor.
-_VERIFY_EXIT = {
-    "verified": EXIT_OK,
-    "self-consistent": EXIT_OK,
-    "failed": EXIT_FAIL,
-    "could-not-rerun": EXIT_UNOBSERVED,
-}
 
 
 @main.command("verify")
@@ -1211,6 +1235,7 @@ def verify_cmd(
     from kvprobe.env.venv import check_index_url
     from kvprobe.errors import UsageError
     from kvprobe.run.rerun import RerunOptions, rerun_step
+    from kvprobe.verify.result import VerifyOutcome
     from kvprobe.verify.steps import Anchoring, VerifyOptions, parse_digest, verify
 
     if rerun:  # only a rerun uses the index: a plain verify never refuses over it
@@ -1254,11 +1279,11 @@ def verify_cmd(
         print_verify_report(streams.out, report)
     if as_json:
         emit_json({**report.to_json(), **({"attestation": signed.to_json()} if signed else {})})
-    if require_anchor and report.outcome == "self-consistent":
+    if require_anchor and report.outcome is VerifyOutcome.SELF_CONSISTENT:
         if streams.verbosity > -2:
             streams.err.print("--require-anchor: the bundle is only self-consistent; nothing anchors it (exit 1)")
         return EXIT_FAIL
-    return _VERIFY_EXIT[report.outcome]
+    return _verify_exit(report.outcome)
 
 
 def _signed_statement(attestation: Path | None, key: Path | None, expected: str | None) -> SignedStatement | None:
@@ -1497,7 +1522,7 @@ def cache_verify_cmd(as_json: bool) -> int:
 # --- new: scaffold an experiment, record its expectations --------------------------------
 
 
-def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Console, yes: bool) -> int:
+def _record_expectations(exp: Experiment, receipt: Receipt, console: Console, yes: bool) -> int:
     """Show what the run observed, confirm, write it as the experiment's expectations."""
     from kvprobe.cli.console import data, print_recording
     from kvprobe.experiments import expectations

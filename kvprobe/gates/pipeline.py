@@ -63,12 +63,12 @@ from kvprobe.text import for_markdown
 @dataclass(frozen=True)
 class GatesResult:
     bundle: Path
-    receipt: dict[str, Any]
+    receipt: GatesReceipt
     manifest_sha256: str
 
     @property
     def overall(self) -> Status:
-        return Status(self.receipt["overall"])
+        return self.receipt.overall
 
 
 @dataclass(frozen=True)
@@ -139,10 +139,9 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> GatesResul
             GateInputs(logs, files, target, code, envs),
             GatesRun(started, gates, findings, behaviour, timings, gate4_basis),
         )
-        receipt = record.to_json()
         readme = render_readme(record)
-        digest = seal_bundle(receipt, GATES_RECEIPT_SCHEMA, readme, staging, final, check=verify_on_write)
-        return GatesResult(final, receipt, digest)
+        digest = seal_bundle(record.to_json(), GATES_RECEIPT_SCHEMA, readme, staging, final, check=verify_on_write)
+        return GatesResult(final, record, digest)
     finally:
         held.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -178,7 +177,7 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
         run_id=f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}",
         created_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         layer="deployment",
-        overall=verdict.value,
+        overall=verdict,
         exit_code=RECORDED_EXIT_CODE[verdict],
         gates=tuple(g.record() for g in run.gates),
         inputs=Inputs(

@@ -101,7 +101,7 @@ class RunOutputs:
 @dataclass(frozen=True)
 class RunResult:
     bundle: Path
-    receipt: dict[str, Any]
+    receipt: Receipt
     manifest_sha256: str
 
 
@@ -643,9 +643,8 @@ def _limits(exp: Experiment, pin_set: PinSet, env: EnvRecord) -> list[str]:
 
 
 def _write_bundle(exp: Experiment, record: Receipt, staging: Path, final: Path) -> RunResult:
-    receipt = record.to_json()
-    digest = seal_bundle(receipt, RECEIPT_SCHEMA, render_readme(receipt), staging, final, check=verify_on_write)
-    return RunResult(final, receipt, digest)
+    digest = seal_bundle(record.to_json(), RECEIPT_SCHEMA, render_readme(record), staging, final, check=verify_on_write)
+    return RunResult(final, record, digest)
 
 
 def verify_on_write(staging: Path) -> None:

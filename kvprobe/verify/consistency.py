@@ -40,8 +40,9 @@ from kvprobe.evidence.gate_status import RECORDED_EXIT_CODE, Check, Status, comb
 from kvprobe.evidence.reader import Bundle, cited_raw, read_bytes
 from kvprobe.evidence.sweep_listing import version_key
 from kvprobe.evidence.sweep_view import TIMELINE
+from kvprobe.model.receipt import Receipt
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
-from kvprobe.model.sweep_receipt import SweepReceipt
+from kvprobe.model.sweep_receipt import ReleaseRecord, SweepReceipt
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
 from kvprobe.sources.wheel import names_release
 from kvprobe.verify.result import StepResult, step_result
@@ -512,7 +513,7 @@ def readme_defects(bundle: Bundle) -> tuple[list[BundleDefect], list[str]]:
     data = read_bytes(bundle, README, _MAX_README_BYTES, found)
     if data is None:
         return [ReadmeMismatch(README, d.detail) for d in found], []
-    if data != render_readme(bundle.accepted_receipt).encode("utf-8"):
+    if data != render_readme(Receipt.from_json(bundle.accepted_receipt)).encode("utf-8"):
         return [ReadmeMismatch(README, "not the summary kvprobe renders from receipt.json (edited after the run)")], []
     return [], []
 
@@ -1092,7 +1093,10 @@ def sweep_recompute_defects(bundle: Bundle) -> list[BundleDefect]:
             if probe["raw"] is not None:
                 docs[probe["name"]] = bundle.raw_docs[probe["raw"]["path"]]
         try:
-            got = sweep.classify_release(receipt["expectations"], docs, sweep.release_problems(release))
+            typed = ReleaseRecord.from_json(release)
+            got = sweep.classify_release(
+                receipt["expectations"], docs, sweep.release_problems(typed.problem, typed.probes)
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             return [RecomputeFailed(RECEIPT, f"raw outputs cannot be classified: {type(exc).__name__}: {exc}")]
         stated = release["classification"]
@@ -1107,7 +1111,7 @@ def sweep_recompute_defects(bundle: Bundle) -> list[BundleDefect]:
         diffs = json_diff(stated, got, f"releases[{release['version']}].classification")
         if diffs:
             found.append(ComparisonMismatch(RECEIPT, f"{len(diffs)} differences recomputed: {_summary(diffs)}"))
-    diffs = json_diff(receipt["summary"], sweep.summary(receipt["releases"]), "summary")
+    diffs = json_diff(receipt["summary"], sweep.summary(SweepReceipt.from_json(receipt).releases), "summary")
     if diffs:
         found.append(ForgedVerdict(RECEIPT, f"the summary does not follow from the releases: {_summary(diffs)}"))
     return found

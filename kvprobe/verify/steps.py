@@ -40,7 +40,7 @@ from kvprobe.verify.consistency import (
     step_sweep_consistency,
 )
 from kvprobe.verify.integrity import integrity_defects
-from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
+from kvprobe.verify.result import STEP_NAMES, StepResult, VerifyOutcome, step_result
 
 REQUIRED = (RECEIPT, MANIFEST, SUMS)
 _MAX_SCHEMA_ERRORS = 20
@@ -91,26 +91,26 @@ class Report:
         return [d for s in self.steps for d in s.defects]
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> VerifyOutcome:
         """verified (sound, and anchored outside the bundle) | self-consistent (sound, but
         nothing outside the bundle vouches for it) | failed | could-not-rerun (the rerun
         could not observe; never a pass)."""
         if not self._sound():
-            return "failed"
+            return VerifyOutcome.FAILED
         if any(s.status == "could-not-run" for s in self.steps):
-            return "could-not-rerun"
-        return "verified" if self._anchors() else "self-consistent"
+            return VerifyOutcome.COULD_NOT_RERUN
+        return VerifyOutcome.VERIFIED if self._anchors() else VerifyOutcome.SELF_CONSISTENT
 
     @property
     def ok(self) -> bool:
         """No defect and nothing left unobserved: verified or self-consistent. What a writer
         (verify-on-write) or a reader that only needs a sound bundle (pack, report) asks."""
-        return self.outcome in ("verified", "self-consistent")
+        return self.outcome in (VerifyOutcome.VERIFIED, VerifyOutcome.SELF_CONSISTENT)
 
     @property
     def anchored_by(self) -> list[Anchoring]:
         """What outside the bundle a ``verified`` outcome rests on; empty for every other outcome."""
-        return self._anchors() if self.outcome == "verified" else []
+        return self._anchors() if self.outcome is VerifyOutcome.VERIFIED else []
 
     def _sound(self) -> bool:
         if any(s.status == "fail" for s in self.steps) or self.defects:

@@ -38,6 +38,7 @@ from kvprobe.errors import ExperimentError, UsageError
 from kvprobe.evidence.reader import Bundle, read_bytes
 from kvprobe.evidence.sweep_listing import observed_range, unserved_reason, version_key
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
+from kvprobe.model.sweep_receipt import Listing, ProfileRef, ReleaseRecord, SweepReceipt
 from kvprobe.names import README, RECEIPT
 from kvprobe.resources import builtin_search_path
 from kvprobe.sources import releases as index
@@ -208,7 +209,10 @@ def _wheel_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
 
 def range_defects(receipt: dict[str, Any]) -> list[BundleDefect]:
     """``observed`` is what the releases, the listing and the profile give."""
-    got, stated = observed_range(receipt), receipt["observed"]
+    releases = tuple(ReleaseRecord.from_json(r) for r in receipt["releases"])
+    listing, profile = Listing.from_json(receipt["listing"]), ProfileRef.from_json(receipt["profile"])
+    got = observed_range(releases, listing, profile, receipt["spec"]).to_json()
+    stated = receipt["observed"]
     diffs = [f"observed.{k}: stated {stated.get(k)!r}, recomputed {got[k]!r}" for k in got if stated.get(k) != got[k]]
     if diffs:
         return [RangeMismatch(RECEIPT, f"the observed range does not follow from the releases: {'; '.join(diffs[:6])}")]
@@ -232,7 +236,7 @@ def rendered_defects(bundle: Bundle) -> list[BundleDefect]:
         data = read_bytes(bundle, name, _MAX_RENDERED_BYTES, problems)
         if data is None:
             found += [defect(name, d.detail) for d in problems]
-        elif data != render(receipt).encode("utf-8"):
+        elif data != render(SweepReceipt.from_json(receipt)).encode("utf-8"):
             other = f", or rendered by kvprobe {made_by}: sweep again with this one" if made_by != __version__ else ""
             found.append(defect(name, f"not what kvprobe renders from receipt.json (edited after the run{other})"))
     return found

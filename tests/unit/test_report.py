@@ -355,8 +355,9 @@ def test_markdown_cases_that_did_not_observe_are_neither_behaviour_nor_mismatch(
 
 def test_bundle_readme_names_how_far_each_case_got():
     from kvprobe.evidence.bundle_readme import render_readme
+    from kvprobe.model.receipt import Receipt
 
-    readme = render_readme(_not_observing_receipt())
+    readme = render_readme(Receipt.from_json(_not_observing_receipt()))
     [crash] = [line for line in readme.split("\n") if line.startswith("| `door/door.crash` |")]
     assert crash.count("|") == 5 and "<b>" not in crash  # the reason stays in its cell, inert
     assert html.unescape(crash.split(" | ")[1]) == "unobserved (stub | lacks <b>field</b>)"
@@ -658,13 +659,14 @@ def test_git_pins_outside_github_are_generic_purls_with_vcs_url():
 
 def test_bundle_readme_says_what_an_expected_absence_means():
     from kvprobe.evidence.bundle_readme import render_readme
+    from kvprobe.model.receipt import Receipt
 
     receipt = make_receipt()
-    assert "expected to lack the code" not in render_readme(receipt)
+    assert "expected to lack the code" not in render_readme(Receipt.from_json(receipt))
     base = dict(receipt["expectations"].get("base", {}))
     base["door/door.rejected"] = {"not_present": ["Door.add"]}
     receipt["expectations"] = {**receipt["expectations"], "base": base}
-    readme = render_readme(receipt)
+    readme = render_readme(Receipt.from_json(receipt))
     assert "The base is expected to lack the code of 1 case(s)" in readme
     assert "what the head shows for them is a feature it adds" in readme
 

@@ -11,12 +11,15 @@ from packaging.version import Version
 
 from kvprobe import schema
 from kvprobe.errors import UsageError
+from kvprobe.evidence import sweep_view
 from kvprobe.evidence.sweep import classify_release, release_problems, summary
-from kvprobe.evidence.sweep_listing import observed_range
-from kvprobe.evidence.sweep_view import COLOURS, timeline_svg
+from kvprobe.evidence.sweep_listing import observed_range as typed_observed_range
+from kvprobe.evidence.sweep_view import COLOURS
 from kvprobe.exports import sweep as sweep_exports
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.render import ExportOptions, render
+from kvprobe.model.receipt import FileRef, ProbeRecord
+from kvprobe.model.sweep_receipt import Listing, ProfileRef, ReleaseRecord, SweepReceipt
 from kvprobe.names import SWEEP_RECEIPT_SCHEMA
 from kvprobe.sources.releases import select, serves
 
@@ -106,14 +109,25 @@ def test_a_release_that_behaves_as_neither_side_is_mixed_and_says_how():
 
 
 def test_a_failed_probe_or_wheel_is_could_not_observe_with_its_reason():
-    release = {"probes": [{"name": "p", "raw": None, "problem": "probe p exited 1"}], "problem": None}
-    got = classify_release(EXPECT, {}, release_problems(release))
+    probe = ProbeRecord("p", FileRef("probes/x/p.py", "0" * 64), None, 1, "probe p exited 1")
+    got = classify_release(EXPECT, {}, release_problems(None, (probe,)))
     assert (got["overall"], got["reasons"]) == ("could-not-observe", ["p: probe p exited 1"])
 
 
 def test_bools_are_not_numbers_when_matching_expectations():
     got = classify_release(EXPECT, docs(case("door", enqueued=1, retired=0), case("valid", enqueued=True)), {})
     assert got["overall"] == "mixed"
+
+
+def observed_range(doc):
+    """The observed range of a receipt document (its releases, listing, profile and spec)."""
+    releases = tuple(ReleaseRecord.from_json(r) for r in doc["releases"])
+    listing, profile = Listing.from_json(doc["listing"]), ProfileRef.from_json(doc["profile"])
+    return typed_observed_range(releases, listing, profile, doc["spec"]).to_json()
+
+
+def timeline_svg(doc):
+    return sweep_view.timeline_svg(SweepReceipt.from_json(doc))
 
 
 # --- exports -----------------------------------------------------------------------------
@@ -183,7 +197,7 @@ def receipt(classes, spec="0.5.13..0.5.23", unserved=()):
         "expectations": EXPECT,
         "releases": releases,
         "unserved": list(unserved),
-        "summary": summary(releases),
+        "summary": summary([ReleaseRecord.from_json(r) for r in releases]),
         "observed": {},
         "evidence": {"shows": "s", "does_not_show": [], "limits": []},
         "timings": {},

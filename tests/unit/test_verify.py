@@ -614,6 +614,7 @@ def _verify_rerun(env, monkeypatch, *, code, **fake):
 
 
 def _fake_run(receipt_change=None, error=None):
+    from kvprobe.model.receipt import Receipt
     from kvprobe.run.runner import RunResult
 
     def run_experiment(exp, opts, reporter=None):
@@ -624,7 +625,7 @@ def _fake_run(receipt_change=None, error=None):
         receipt = forge.load(BUNDLE_UNDER_TEST[0], "receipt.json")
         if receipt_change:
             receipt_change(receipt)
-        return RunResult(opts.out, receipt, "0" * 64)
+        return RunResult(opts.out, Receipt.from_json(receipt), "0" * 64)
 
     return run_experiment
 
