@@ -17,6 +17,8 @@ from kvprobe.cli import main
 from kvprobe.errors import UsageError, VerificationFailed
 from kvprobe.evidence import compare, manifest
 from kvprobe.exports import bundle_view, intoto, markdown, openvex, render
+from kvprobe.model.load import load
+from kvprobe.model.receipt import Receipt
 from kvprobe.names import PYTEST_REPORT_SCHEMA
 from kvprobe.resources import schemas_dir
 from tests import forge
@@ -215,7 +217,8 @@ def view_of(receipt, digest="5" * 64, name="exp-x-bundle"):
         {"path": "receipt.json", "size": 1, "sha256": "6" * 64},
         {"path": "raw/base/door.json", "size": 1, "sha256": "7" * 64},
     ]
-    return bundle_view.BundleView(receipt, {"schema": "kvprobe.manifest/1", "files": files}, digest, name)
+    typed = load(receipt)
+    return bundle_view.BundleView(typed, {"schema": "kvprobe.manifest/1", "files": files}, digest, name)
 
 
 def vex(view):
@@ -355,7 +358,6 @@ def test_markdown_cases_that_did_not_observe_are_neither_behaviour_nor_mismatch(
 
 def test_bundle_readme_names_how_far_each_case_got():
     from kvprobe.evidence.bundle_readme import render_readme
-    from kvprobe.model.receipt import Receipt
 
     readme = render_readme(Receipt.from_json(_not_observing_receipt()))
     [crash] = [line for line in readme.split("\n") if line.startswith("| `door/door.crash` |")]
@@ -551,7 +553,8 @@ def test_load_reads_a_bundle(tmp_path):
     digest = verified_bundle(tmp_path / "b")
     view = bundle_view.load(tmp_path / "b")
     assert view.manifest_sha256 == digest
-    assert view.receipt == forge.load(tmp_path / "b", "receipt.json")
+    assert isinstance(view.receipt, Receipt)
+    assert view.receipt.to_json() == forge.load(tmp_path / "b", "receipt.json")
     assert view.receipt_sha256 == files.sha256_file(tmp_path / "b" / "receipt.json")
     assert view.name == "b"
 
@@ -659,7 +662,6 @@ def test_git_pins_outside_github_are_generic_purls_with_vcs_url():
 
 def test_bundle_readme_says_what_an_expected_absence_means():
     from kvprobe.evidence.bundle_readme import render_readme
-    from kvprobe.model.receipt import Receipt
 
     receipt = make_receipt()
     assert "expected to lack the code" not in render_readme(Receipt.from_json(receipt))

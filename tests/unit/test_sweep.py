@@ -210,19 +210,19 @@ def receipt(classes, spec="0.5.13..0.5.23", unserved=()):
 
 def view(r):
     schema.validate(r, SWEEP_RECEIPT_SCHEMA, source="test")
-    return BundleView(r, {"files": [{"path": "receipt.json", "sha256": "c" * 64}]}, "d" * 64)
+    return BundleView(SweepReceipt.from_json(r), {"files": [{"path": "receipt.json", "sha256": "c" * 64}]}, "d" * 64)
 
 
 def test_osv_fixed_event_only_where_the_next_release_on_the_index_was_observed_fixed():
     r = receipt([("0.5.18", "affected"), ("0.5.19", "affected"), ("0.5.20", "fixed"), ("0.5.21", "fixed")])
-    assert sweep_exports.osv_ranges(r) == [
+    assert sweep_exports.osv_ranges(SweepReceipt.from_json(r)) == [
         {"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "0.5.20"}]}
     ]  # nothing older observed unaffected: the start is unknown (tests/unit/test_export_formats.py)
 
 
 def test_osv_never_folds_an_unobserved_release_into_a_range():
     r = receipt([("0.5.18", "affected"), ("0.5.19", "could-not-observe"), ("0.5.20", "fixed")], unserved=["0.5.12"])
-    assert sweep_exports.osv_ranges(r) == [
+    assert sweep_exports.osv_ranges(SweepReceipt.from_json(r)) == [
         {"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"last_affected": "0.5.18"}]}
     ]
     opts = ExportOptions(issued="2026-12-01T00:00:00Z", osv_id="GHSA-xxxx-xxxx-xxxx")
@@ -243,7 +243,10 @@ def listed_too(r, *versions):
 def test_osv_of_a_list_of_releases_claims_no_fixed_event():
     r = receipt([("0.5.19", "affected"), ("0.5.23", "fixed")], spec="0.5.19,0.5.23")
     listed_too(r, "0.5.20", "0.5.21", "0.5.22")
-    assert sweep_exports.osv_ranges(r)[0]["events"] == [{"introduced": "0"}, {"last_affected": "0.5.19"}]
+    assert sweep_exports.osv_ranges(SweepReceipt.from_json(r))[0]["events"] == [
+        {"introduced": "0"},
+        {"last_affected": "0.5.19"},
+    ]
 
 
 def test_osv_is_refused_for_a_fix_that_is_not_the_security_fix():
