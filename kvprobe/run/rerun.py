@@ -207,7 +207,8 @@ def _rerun_releases(
     is a finding and is not run; the others are swept and compared with the published ones."""
     from kvprobe.run.sweep import SweepOptions, sweep_experiment
 
-    published = SweepReceipt.from_json(bundle.accepted_receipt)  # accepted by step 2's schema check
+    published = rerunnable(bundle)
+    assert isinstance(published, SweepReceipt), "rerun() sends only sweep bundles here"
     try:
         moved, listing_notes = rerun_sweep.listing_findings(published, work / "listing")
         notes += listing_notes

@@ -204,3 +204,19 @@ def test_the_check_finds_dict_reads_of_a_receipt(tmp_path):
 
 def test_no_module_outside_the_model_reads_a_receipt_as_a_dict():
     assert receipt_reads(ROOT) == []
+
+
+def test_a_rerun_names_a_changed_class_by_its_value_not_the_enums_repr():
+    from kvprobe.model.sweep_receipt import Classification
+    from kvprobe.run.rerun_sweep import diff_sweeps
+
+    sweep = load(json.loads(next(p for p in COMMITTED if "-sweep-" in str(p)).read_bytes()))
+    assert isinstance(sweep, sweep_receipt.SweepReceipt)
+    release = sweep.releases[-1]
+    mixed = Classification(release.classification.algorithm, SweepClass.MIXED, (), release.classification.cases)
+    rerun = dataclasses.replace(
+        sweep, releases=(*sweep.releases[:-1], dataclasses.replace(release, classification=mixed))
+    )
+    docs = {r.version: {} for r in sweep.releases}
+    found = [d.detail for d in diff_sweeps(sweep, rerun, [release.version], docs, docs)]
+    assert f"release {release.version}: published '{release.classification.overall}', rerun 'mixed'" in found
