@@ -7,42 +7,7 @@ Run from a checkout with the interpreter kvprobe is installed in::
     python bench/bench.py --quick    # fewer repetitions (~4 min)
     python bench/bench.py --only startup,verify --json > figures.json
 
-Sections (each figure: min / median / max over repetitions, and the ratio to its floor):
-
-  warm     `kvprobe run experiment-a` with sources and env cached, --jobs 2 and --jobs 1,
-           against floors: the same probes (and tests) run directly with the env's python,
-           sides in parallel (jobs 2) or in turn (jobs 1), a fresh interpreter each. Goal 1:
-           <= 0.6x of today's floor (trees as #15 found them: source, no bytecode). Goal 3:
-           <= 1.05x (jobs 2) / 1.1x (jobs 1) of the floor on the run's own byte-compiled
-           trees; --no-preload is reported against that floor too (<= 1.3x).
-           Then the peak memory of one such run with --jobs 2, its whole process tree (summed
-           PSS, sampled from /proc; the largest single process exact, from wait4), vs the floor's.
-  sweep    goal 4: the marginal cost of one more release in a warm `kvprobe sweep`
-           (N+1 releases minus N) vs one release's probes run directly / cores.
-  cold     bytes a shallow pin fetch stores vs a full clone of a fake upstream with a long
-           history and large files that left it; a second env ensure() and wheel fetch are
-           cache hits (and both experiments share one env).
-  startup  `kvprobe --help`, `list` and `-V` vs `python -c pass`, with kvprobe's bytecode
-           written (as pip installs it). Target < 150 ms. Also, without target, from source
-           (PYTHONDONTWRITEBYTECODE=1: every kvprobe module compiled at each start).
-  verify   sha256 throughput of kvprobe.files.sha256_file on a 1 GiB file vs `sha256sum`
-           (target within 1.2x); `kvprobe verify` of a normal bundle (target < 0.3 s) and of
-           that bundle with the 1 GiB file added.
-  memory   peak RSS of a child hashing, and of `kvprobe verify`, as the file grows (flat).
-  env      a cold env build with uv against the same lock built with pip (the floor), each
-           into an empty temp cache: the small pytest-minimal lock (pairs, pip then uv, 3 with
-           --quick, else 5; medians compared), and with --full the sglang-cpu lock (~6 GB,
-           one pair). Target <= 0.5x. Each build's CPU seconds are noted (what it costs
-           when every core is busy; wall time moves with other load). Also: a rebuild whose
-           downloads are in uv's cache (what another profile's lock sharing those files
-           pays), and whether both installers gave the same package set and versions.
-  hostile  peak RSS of `kvprobe verify` and `kvprobe report` on hostile bundles built by
-           tests/forge.py (documents just under the old caps, a 1 GiB archive header): each
-           refused or read within tens of MiB (issue #11). Needs nothing cached.
-
-The warm and verify sections need the sglang-cpu env in the kvprobe cache (a first
-`kvprobe run experiment-a` builds it); the cold section needs only git. Scratch data goes
-to a temporary directory (--workdir to choose it), removed at the end.
+Sections, goals, floors and how memory is measured: docs/design/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -70,7 +35,7 @@ if str(REPO) not in sys.path:
 MiB = 1 << 20
 GiB = 1 << 30
 EXPERIMENT = "experiment-a"
-SECTIONS = ("startup", "verify", "memory", "hostile", "cold", "warm", "sweep", "env")
+SECTIONS = ("startup", "verify", "memory", "hostile", "cold", "warm", "sweep", "several", "env")
 SWEEP_N, SWEEP_N1 = "0.5.22,0.5.23", "0.5.21,0.5.22,0.5.23"  # N and N+1 releases, all served
 
 
@@ -166,11 +131,8 @@ def wall(argv: list[str], *, ok: tuple[int, ...] = (0,), **kwargs: Any) -> float
 
 
 def peak_rss_mib(argv: list[str], *, ok: tuple[int, ...] = (0,)) -> float:
-    """Peak RSS of one child process, in MiB, from its rusage (wait4) taken in a tiny launcher.
-
-    Not from this process: Linux keeps ru_maxrss across exec, so a child forked from this
-    (large) interpreter would report at least our own RSS. /usr/bin/time forks from a small
-    process; without it, a minimal ``python -S`` launcher does (its ~9 MiB is then the floor).
+    """Peak RSS of one child, in MiB, from wait4 in a tiny launcher: Linux keeps ru_maxrss
+    across exec, so a child of this large interpreter would report at least our own RSS.
     """
     if Path("/usr/bin/time").is_file():
         with tempfile.NamedTemporaryFile("r") as out:
@@ -194,13 +156,8 @@ def peak_rss_mib(argv: list[str], *, ok: tuple[int, ...] = (0,)) -> float:
 
 
 class TreeMemory:
-    """Peak memory of a process tree, sampled from /proc every ``interval_s`` in a thread.
-
-    ``peak_mib``: the largest sum over the tree (the root and every descendant) of each
-    process's PSS (proportional set size: a page shared by N processes counts 1/N in each, so
-    pages a preloading parent shares with its forked children are not counted twice; RSS
-    where smaps_rollup cannot be read). ``largest_mib``: the largest RSS of one process.
-    Sampling can miss a spike shorter than the interval.
+    """Peak memory of a process tree, sampled from /proc every ``interval_s`` in a thread: summed
+    PSS, so pages a preloading parent shares with its children count once (docs/design/benchmarks.md).
     """
 
     def __init__(self, root_pid: int, *, include_root: bool = True, interval_s: float = 0.1) -> None:
@@ -858,15 +815,7 @@ def kvprobe_run(work: Path, jobs: int, keep: list[Path], *flags: str) -> float:
 
 
 def bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
-    """Goals 1 and 3 of #15, each against its own floor (fresh interpreters, sides as --jobs):
-
-    - goal 1, ``today's floor``: the trees as every run had them when #15 was filed, source
-      without bytecode (PYTHONDONTWRITEBYTECODE=1): a preloaded run at <= 0.6x of it, with
-      the run's own fork server and with one kept between runs (``--keep-server``: the
-      server a first, unmeasured run left up; the bench's own runtime dir, stopped at the end);
-    - goal 3, the floor with the same caches as the run (byte-compiled trees): <= 1.05x with
-      --jobs 2, <= 1.1x with --jobs 1; --no-preload is reported against it too (<= 1.3x).
-    """
+    """Goals 1 and 3 of #15, each against its own floor (docs/design/benchmarks.md)."""
     runtime = Path(tempfile.mkdtemp(prefix="kvb-"))  # short: a socket path has 107 bytes
     saved = os.environ.get("XDG_RUNTIME_DIR")
     os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # the kept servers are the bench's own
@@ -931,14 +880,7 @@ def _bench_warm(figs: Figures, work: Path, reps: int) -> Path | None:
 
 
 def bench_run_memory(figs: Figures, work: Path, floor: Callable[[], float], bundles: list[Path]) -> None:
-    """Peak memory of one warm `kvprobe run --jobs 2` (its whole process tree) and of the floor.
-
-    The run is started under /usr/bin/time, whose wait4 rusage gives the exact peak RSS of
-    the largest single process in the tree (Linux folds reaped descendants' ru_maxrss into
-    their parent's); the tree's summed PSS is sampled (TreeMemory). The floor (the probes
-    and tests run directly, sides in parallel) is sampled the same way, as this process's
-    descendants.
-    """
+    """Peak memory of one warm `kvprobe run --jobs 2` (its whole process tree) and of the floor."""
     out = Path(tempfile.mkdtemp(dir=work, prefix="run-mem-")) / "bundle"
     argv = [*kvprobe_argv(), "run", EXPERIMENT, "--jobs", "2", "--out", str(out)]
     with tempfile.NamedTemporaryFile("r") as maxrss:
@@ -980,11 +922,8 @@ def kvprobe_sweep(work: Path, releases: str) -> tuple[float, Path, dict]:
 
 
 def bench_sweep(figs: Figures, work: Path, reps: int) -> None:
-    """Goal 4: one more release in a warm sweep costs at most the per-release floor / cores.
-
-    Marginal: a sweep of N+1 releases minus one of N (whole commands, interleaved). Floor:
-    one release's probes run directly with the env's python on its unpacked wheel
-    (bench/sweep.py's floor_once), divided by the cores.
+    """Goal 4: one more release in a warm sweep costs at most the per-release floor / cores
+    (a sweep of N+1 releases minus one of N, against bench/sweep.py's floor_once).
     """
     from sweep import floor_once  # bench/sweep.py, beside this script
 
@@ -1024,6 +963,35 @@ def bench_sweep(figs: Figures, work: Path, reps: int) -> None:
         floor=floors,
         note="the sweep's release phase per release (excludes start-up and env check)",
     )
+
+
+SEVERAL = ("experiment-c", "experiment-d", "experiment-e")
+SEVERAL_RELEASES = "0.5.20,0.5.21"
+
+
+def bench_several(figs: Figures, work: Path) -> None:
+    """Several experiments in one invocation against the same ones one after the other, warm:
+    `run C D E` and `sweep C D E --releases 0.5.20,0.5.21` (one sample each: minutes)."""
+    for command, extra in (("run", []), ("sweep", ["--releases", SEVERAL_RELEASES])):
+        if command == "run":  # the sweeps' releases are the runs' pins: warmed here too
+            _log(f"warming: one `kvprobe {command} {' '.join(SEVERAL)}` (fetches what is missing)")
+            wall([*kvprobe_argv(), command, *SEVERAL, *extra, "--out", tempfile.mkdtemp(dir=work)], ok=(0, 1, 3))
+        apart, waits = [], []
+        for exp in SEVERAL:
+            out = Path(tempfile.mkdtemp(dir=work)) / "bundle"
+            apart.append(wall([*kvprobe_argv(), command, exp, *extra, "--out", str(out)], ok=(0, 1, 3)))
+            waits.append(json.loads((out / "receipt.json").read_text())["timings"].get("preload_s", 0.0))
+        out = Path(tempfile.mkdtemp(dir=work))
+        together = wall([*kvprobe_argv(), command, *SEVERAL, *extra, "--out", str(out)], ok=(0, 1, 3))
+        shown = f"{command} {' '.join(SEVERAL)}{' --releases ' + SEVERAL_RELEASES if extra else ''}"
+        figs.add(
+            "several",
+            f"kvprobe {shown}: one command vs the {command}s one after the other",
+            [together],
+            floor=[sum(apart)],
+            note=f"apart: {', '.join(f'{x:.1f}' for x in apart)} s"
+            + (f"; preload waits apart: {', '.join(f'{x:.1f}' for x in waits)} s" if command == "run" else ""),
+        )
 
 
 # --- main --------------------------------------------------------------------------------
@@ -1070,6 +1038,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_reuse(figs, work, reps["fast"])
         if "sweep" in only:
             bench_sweep(figs, work, 1 if args.quick else 2)
+        if "several" in only:
+            bench_several(figs, work)
         if "env" in only:
             bench_env(figs, work, args.full, reps["env"])
     finally:

@@ -3,17 +3,8 @@
 
     python bench/sweep.py BUNDLE [--reps 2] [--json]
 
-BUNDLE is a sweep bundle made warm (env and wheels in the kvprobe cache). Its receipt gives
-the sweep's wall time for its N releases at --jobs J. The floor is measured here: the
-experiment's probes run directly with the env's python on one release's unpacked wheel
-(the newest the sweep ran), exactly as kvprobe runs them, with nothing else of kvprobe
-around them. Figures:
-
-  marginal   the sweep's wall time per release (units_s / N)
-  floor      one release's probes run directly (min over --reps)
-  ratio      units_s / (N x floor / J): 1.0 is a sweep that costs only its probes
-
-Run it alone: it runs SGLang code, and other load on the cores inflates both sides.
+BUNDLE is a sweep bundle made warm (env and wheels cached). Run it alone: other load on the
+cores inflates both sides. The figures and the floor: docs/design/benchmarks.md.
 """
 
 from __future__ import annotations

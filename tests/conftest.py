@@ -5,15 +5,15 @@ Tiers are markers that mean what they say, applied here by folder so no test can
 (tests/integration: real git repositories, real virtualenvs, real pytest runs), ``attack``
 (tests/attacks: hostile bundles through the CLI). ``slow`` (minutes: real SGLang code) and
 ``network`` (needs PyPI) are set by the tests that need them, on top of their tier.
+
+Fixtures live in the conftest.py of the folder whose tests use them (the fake upstream in
+tests/integration/, the attack sandbox in tests/attacks/); the helpers they wrap stay
+importable from every folder as ``tests.<module>`` (tests/forge.py, tests/fakeupstream.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
-
-from tests.fakeupstream import FakeUpstream, build_fake_upstream
 
 _TESTS = Path(__file__).resolve().parent
 _TIERS = {"unit": "unit", "integration": "integration", "attacks": "attack"}
@@ -25,9 +25,3 @@ def pytest_collection_modifyitems(config, items):
         tier = _TIERS.get(folder)
         if tier is not None:
             item.add_marker(tier)
-
-
-@pytest.fixture(scope="session")
-def fake_upstream(tmp_path_factory) -> FakeUpstream:
-    """One fake upstream for the session; tests that change it build their own."""
-    return build_fake_upstream(tmp_path_factory.mktemp("fake-upstream"))

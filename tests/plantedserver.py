@@ -1,5 +1,5 @@
 """A process planted on a kept fork server's socket: what code that ran earlier as the same
-user can leave behind (docs/architecture.md). Stdlib only; run as a script:
+user can leave behind (docs/design/kept-server.md). Stdlib only; run as a script:
 
     python tests/plantedserver.py HOME MODE [LIFETIME_S]
 

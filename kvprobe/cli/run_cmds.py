@@ -319,6 +319,15 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
     "still kept there). By default a unit the cache holds for the same experiment, wheel, env, "
     "kvprobe and settings is checked as a fresh one is and reused.",
 )
+@click.option(
+    "--repeat",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="N",
+    help="Run each release's probes N times (a sweep runs no upstream tests); a release with a case "
+    "whose observations differ between runs is could-not-observe (unstable), never affected or fixed.",
+)
 @json_summary
 @guarded
 def sweep_cmd(
@@ -335,6 +344,7 @@ def sweep_cmd(
     no_reuse: bool,
     as_json: bool,
     every: bool = False,
+    repeat: int = 1,
 ) -> int:
     """Classify each release in a range as affected, fixed, mixed, could not observe or not
     present, into one sweep bundle per experiment (exit 0 every release observed, 3 some could
@@ -360,6 +370,7 @@ def sweep_cmd(
             unit_timeout_s=unit_timeout,
             preload=not no_preload,
             reuse=not no_reuse,
+            repeat=repeat,
         )
         if jobs is not None:
             opts.jobs = jobs

@@ -232,6 +232,14 @@ def render_readme(receipt: SweepReceipt) -> str:
         "Each release's raw probe outputs are under `raw/<version>/probes/`; the classification",
         f"(`{receipt.algorithm}`), the range and this file are recomputed by `kvprobe verify <this directory>`.",
         "",
+    ]
+    if receipt.repeats:  # sweep --repeat N
+        lines += [
+            f"Each release's probes ran {receipt.repeats} times (runs 2..N: `<probe>.repeat-<run>.json`); a "
+            "release with an expected case that differed between runs is could-not-observe (unstable).",
+            "",
+        ]
+    lines += [
         "What this shows: " + _cell(receipt.evidence.shows),
         "",
         "What it does not show:",

@@ -174,7 +174,8 @@ class ProbeRecord(Part):
 
 @dataclass(frozen=True)
 class RunProbeRecord(ProbeRecord):
-    """A run receipt's probe record: a sweep's, and runs 2..N when the run repeated (``run --repeat N``)."""
+    """A probe record of a run receipt or a sweep release, with runs 2..N when it repeated
+    (``run --repeat N``, ``sweep --repeat N``)."""
 
     repeats: tuple[ProbeRepeat, ...] | None = field(default=None, metadata=OPTIONAL)
 

@@ -21,8 +21,8 @@ from kvprobe.model.receipt import (
     Json,
     Part,
     Preloaded,
-    ProbeRecord,
     ReceiptHead,
+    RunProbeRecord,
     ScopeRecord,
 )
 from kvprobe.model.records import Fix, SweepClass, Vulnerability
@@ -108,6 +108,9 @@ class Classification(Part):
     overall: SweepClass
     reasons: tuple[str, ...]
     cases: Mapping[str, Mapping[str, Any]]
+    # sweep --repeat N: each case that differed between the release's runs, with how (empty:
+    # every case agreed); absent when the probes ran once
+    unstable: Mapping[str, str] | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ class ReleaseRecord(Part):
     version: str
     wheel: WheelRecord | None
     problem: str | None
-    probes: tuple[ProbeRecord, ...]
+    probes: tuple[RunProbeRecord, ...]  # with runs 2..N of sweep --repeat N
     classification: Classification
     duration_s: float
     execution: ReleaseExecution | None = field(default=None, metadata=OPTIONAL)  # absent before the fork server
@@ -159,6 +162,7 @@ class SweepReceipt(ReceiptHead):
     observed: ObservedRange
     evidence: ScopeRecord
     timings: Mapping[str, float]
+    repeats: int | None = field(default=None, metadata=OPTIONAL)  # sweep --repeat N, N > 1; absent: one run
 
     def to_json(self) -> Json:
         doc = super().to_json()

@@ -427,20 +427,27 @@ def unstable_cases(
 ) -> dict[str, dict[str, str]]:
     """``{side: {probe/case: why}}`` for each case whose table entry differs between the first run
     and a repeat: a status, the observation state, or an observation (the first one named)."""
-    found: dict[str, dict[str, str]] = {side: {} for side in SIDES}
-    for side in SIDES:
-        for name, docs in sorted(repeats.get(side, {}).items()):
-            first = {k: v for k, v in tables[side].items() if k.startswith(f"{name}/")}
-            for run, doc in enumerate(docs, start=2):
-                if doc is None:
-                    continue  # a problem: the verdict is error before stability matters
-                again = case_table({name: doc}, observation=observation)
-                for key in sorted(set(first) | set(again)):
-                    if key not in found[side]:
-                        why = _difference(first.get(key), again.get(key), run)
-                        if why is not None:
-                            found[side][key] = f"unstable across repeats: {why}"
-    return {side: dict(sorted(found[side].items())) for side in SIDES}
+    return {side: unstable_in(tables[side], repeats.get(side, {}), observation=observation) for side in SIDES}
+
+
+def unstable_in(
+    table: Mapping[str, Any], repeats: Mapping[str, Sequence[Mapping[str, Any] | None]], *, observation: bool = True
+) -> dict[str, str]:
+    """``{probe/case: why}`` over one side's (or one sweep release's) case ``table`` of the first
+    run and ``repeats``, per probe the outputs of runs 2..N (None: that run had a problem)."""
+    found: dict[str, str] = {}
+    for name, docs in sorted(repeats.items()):
+        first = {k: v for k, v in table.items() if k.startswith(f"{name}/")}
+        for run, doc in enumerate(docs, start=2):
+            if doc is None:
+                continue  # a problem: the verdict is error before stability matters
+            again = case_table({name: doc}, observation=observation)
+            for key in sorted(set(first) | set(again)):
+                if key not in found:
+                    why = _difference(first.get(key), again.get(key), run)
+                    if why is not None:
+                        found[key] = f"unstable across repeats: {why}"
+    return dict(sorted(found.items()))
 
 
 def _difference(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, run: int) -> str | None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvprobe.model.receipt import ProbeRecord
+from kvprobe.model.receipt import ProbeRecord, RunProbeRecord
 from kvprobe.model.records import SweepClass
 from kvprobe.model.sweep_receipt import ReleaseRecord
-from kvprobe.rules.compare import case_table
+from kvprobe.rules.compare import case_table, repeat_problems, unstable_in
 
 # Names what classify() computes; change it whenever its output for the same inputs changes.
 ALGORITHM = "kvprobe.sweep/1"
@@ -72,14 +72,23 @@ def classify_release(
     expect: Mapping[str, Mapping[str, Any]],
     probe_docs: Mapping[str, Mapping[str, Any]],
     probe_problems: Mapping[str, str],
+    repeats: Mapping[str, Sequence[Mapping[str, Any] | None]] | None = None,
 ) -> dict[str, Any]:
-    """``{"algorithm", "overall", "reasons", "cases"}`` for one release.
+    """``{"algorithm", "overall", "reasons", "cases"}`` for one release, and ``unstable`` when
+    its probes ran more than once.
 
     Only cases with expectations count. A release is affected (fixed) when every case whose
     base and head expectations differ behaves as base (head) and every control holds;
-    could-not-observe when a probe failed or an expected case did not reach its decision
-    point; not-present when every discriminating case's code is missing; mixed otherwise."""
+    could-not-observe when a probe failed, an expected case did not reach its decision
+    point or differed between repeats; not-present when every discriminating case's code is
+    missing; mixed otherwise.
+
+    ``repeats`` (``sweep --repeat N``, N > 1): per probe, its outputs of runs 2..N (None where
+    that run had a problem, which ``probe_problems`` names). A case whose entry differs between
+    runs is unstable (``unstable`` names every such case, expected or not); an expected one is
+    could-not-observe, never affected or fixed. None: one run, and no ``unstable`` key."""
     table = case_table(probe_docs)
+    unstable = unstable_in(table, repeats) if repeats is not None else {}
     base, head = expect.get("base", {}), expect.get("head", {})
     keys = sorted(set(base) | set(head))
     cases = {}
@@ -88,12 +97,15 @@ def classify_release(
         raw = _raw_case(probe_docs, key) if entry is not None else None
         observations = entry["observations"] if entry is not None else {}
         cases[key] = classify_case(raw, observations, base.get(key, {}), head.get(key, {}))
+        if key in unstable:
+            cases[key] = {"class": UNOBSERVED, "reason": unstable[key]}
         if key.split("/", 1)[0] in probe_problems:
             cases[key] = {"class": UNOBSERVED, "reason": probe_problems[key.split("/", 1)[0]]}
     overall, reasons = _overall(cases, {k for k in keys if base.get(k, {}) != head.get(k, {})}, probe_problems)
     # a JSON document (verify compares it with the receipt's, types included): classes as plain strings
     cases = {k: {**c, "class": str(c["class"])} for k, c in cases.items()}
-    return {"algorithm": ALGORITHM, "overall": str(overall), "reasons": reasons, "cases": cases}
+    found = {"algorithm": ALGORITHM, "overall": str(overall), "reasons": reasons, "cases": cases}
+    return found if repeats is None else {**found, "unstable": unstable}
 
 
 def _raw_case(probe_docs: Mapping[str, Mapping[str, Any]], key: str) -> Mapping[str, Any] | None:
@@ -137,10 +149,22 @@ def summary(releases: Sequence[ReleaseRecord]) -> dict[str, list[str]]:
     return found
 
 
+def release_repeats(probes: Sequence[RunProbeRecord], read: Any) -> dict[str, list[Mapping[str, Any] | None]] | None:
+    """Per probe of a release, the documents of runs 2..N its receipt entry cites (``read(path)``
+    gives one); None for a release of a sweep that ran its probes once."""
+    if not any(p.repeats for p in probes):
+        return None
+    return {p.name: [read(r.raw.path) if r.raw else None for r in p.repeats or ()] for p in probes}
+
+
 def release_problems(problem: str | None, probes: Sequence[ProbeRecord]) -> dict[str, str]:
     """Why (part of) a release could not run, from its receipt entry: the wheel's ``problem``
-    and each probe that left no valid document."""
+    and each probe that left no valid document, in any of its runs (``name#run`` for runs
+    2..N of ``sweep --repeat N``)."""
     found = {p.name: p.problem or "no output" for p in probes if p.problem is not None or p.raw is None}
+    for p in probes:
+        again = (p.repeats or ()) if isinstance(p, RunProbeRecord) else ()
+        found |= repeat_problems({p.name: [None if r.raw is not None else r.problem or "no output" for r in again]})
     if problem:
         found["(release)"] = problem
     return found

@@ -227,6 +227,7 @@ def _rerun_releases(
             torch_index=opts.torch_index,
             timeout_s=opts.timeout_s,
             reuse=False,  # a rerun observes again: a unit from the cache would only repeat the published one
+            repeat=published.repeats or 1,  # as often as the published sweep: stability is compared too
         )
         if opts.cache_root is not None:
             sweep_opts.cache_root = opts.cache_root

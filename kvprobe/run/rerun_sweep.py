@@ -9,7 +9,7 @@ would say nothing about the published ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +144,9 @@ def diff_sweeps(
             continue
         raw = {p.name: p.raw.path for p in a.probes if p.raw}
         found += _problem_diffs(version, a, b, raw)
-        found += _case_diffs(version, was.get(version, {}), now.get(version, {}), raw)
+        # a case unstable in either sweep (--repeat N) has no one value: its class is compared below
+        shaky = set(a.classification.unstable or {}) | set(b.classification.unstable or {})
+        found += _case_diffs(version, was.get(version, {}), now.get(version, {}), raw, shaky)
         found += _class_diffs(version, a.classification, b.classification)
     return found
 
@@ -166,12 +168,17 @@ def _problem_diffs(version: str, a: ReleaseRecord, b: ReleaseRecord, raw: dict[s
 
 
 def _case_diffs(
-    version: str, was: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]], raw: dict[str, str]
+    version: str,
+    was: dict[str, dict[str, Any]],
+    now: dict[str, dict[str, Any]],
+    raw: dict[str, str],
+    shaky: Set[str] = frozenset(),
 ) -> list[RerunDiffers]:
-    """Observations value by value (the type too: True is not 1), then how far each case got."""
+    """Observations value by value (the type too: True is not 1), then how far each case got;
+    cases in ``shaky`` (unstable across repeats) are skipped."""
     before, after = case_table(was), case_table(now)
     found = []
-    for key in sorted(set(before) | set(after)):
+    for key in sorted((set(before) | set(after)) - shaky):
         where = raw.get(key.split("/", 1)[0], RECEIPT)
         a, b = before.get(key), after.get(key)
         names = set((a or {}).get("observations", {})) | set((b or {}).get("observations", {}))

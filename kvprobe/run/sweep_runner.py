@@ -68,6 +68,7 @@ class SweepOptions:
     unit_timeout_s: float | None = None  # a Ray unit's limit; None: every probe's limit + 10 min
     preload: bool = True  # local units' probes fork from one preloaded interpreter; False: fresh ones
     reuse: bool = True  # take units the kvprobe cache holds (run/unit_cache); False: observe all again
+    repeat: int = 1  # --repeat N: each release's probes run N times; a case that differs is unstable
 
 
 class SweepShare:
@@ -123,7 +124,7 @@ class SweepShare:
             work = self._work / f"server-{len(self._sessions)}"
             work.mkdir()
             session = self._held.enter_context(open_session(exp, _session_settings(opts), reporter))
-            session.start(work, opts.timeout_s * self._probes * releases_n + 600)
+            session.start(work, opts.timeout_s * self._probes * releases_n * opts.repeat + 600)
             self._sessions[key] = session
         return self._sessions[key]
 
@@ -174,7 +175,7 @@ def sweep_experiment(
             )
         elif executor is None:  # threads sharing the env the driver builds, and its fork server
             session = held.enter_context(open_session(exp, _session_settings(opts), reporter))
-            session.start(work, opts.timeout_s * len(exp.probes) * len(served) + 600)
+            session.start(work, opts.timeout_s * len(exp.probes) * len(served) * opts.repeat + 600)
             executor = LocalExecutor(exp, session, opts.jobs, reporter)
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
         staging = workspace.stage(beside=True)
@@ -201,7 +202,7 @@ def sweep_experiment(
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
         kept = _unit_cache(exp, dict(profile.env), opts, executor, reporter)
         requests = [
-            UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root)
+            UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root, opts.repeat)
             for pin in pins.values()
             if not isinstance(pin, str)
         ]
@@ -224,7 +225,10 @@ def sweep_experiment(
         ordered = tuple(units[v] for v in served)
         host = sweep_host(opts.jobs, executor.name)
         receipt = sweep_receipt(
-            exp, SweepRun(opts.releases, listing, started, expected.env, ordered, tuple(unserved), timings, host)
+            exp,
+            SweepRun(
+                opts.releases, listing, started, expected.env, ordered, tuple(unserved), timings, host, opts.repeat
+            ),
         )
         doc, readme = staged_sweep(receipt, staging)
         return workspace.seal(receipt, doc, SWEEP_RECEIPT_SCHEMA, readme, VerifyOptions())
@@ -295,7 +299,7 @@ def _cluster_executor(exp: Experiment, opts: SweepOptions, held: contextlib.Exit
         raise UsageError("--executor ray needs --address HOST:PORT of the Ray cluster")
     from kvprobe.run.ray_executor import RayExecutor
 
-    unit_timeout = opts.unit_timeout_s or opts.timeout_s * len(exp.probes) + 600.0
+    unit_timeout = opts.unit_timeout_s or opts.timeout_s * len(exp.probes) * opts.repeat + 600.0
     return held.enter_context(RayExecutor(opts.address, unit_timeout))
 
 
@@ -304,7 +308,7 @@ def _unit_cache(
 ) -> SweepUnits:
     """The driver's unit cache for this sweep (its own cache, whatever the executor)."""
     forked = isinstance(executor, LocalExecutor) and executor.session.server is not None
-    repeat = getattr(opts, "repeat", 1)  # `sweep --repeat N` records N runs: another unit
+    repeat = opts.repeat  # `sweep --repeat N` records N runs: another unit
     return SweepUnits(
         exp,
         opts.cache_root,

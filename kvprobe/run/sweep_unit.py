@@ -38,7 +38,7 @@ from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.experiments import experiment
 from kvprobe.files import write_atomic
 from kvprobe.model.load import load
-from kvprobe.model.receipt import CheckMode, EnvRecord, ProbeRecord, ScopeRecord, Tool
+from kvprobe.model.receipt import CheckMode, EnvRecord, ProbeRepeat, RunProbeRecord, ScopeRecord, Tool
 from kvprobe.model.records import Experiment, PinSet, ProbeCheck, SourceKind, WheelPin
 from kvprobe.model.sweep_receipt import (
     Classification,
@@ -71,6 +71,7 @@ class UnitRequest:
     timeout_s: float  # per probe
     torch_index: str | None = None
     cache_root: Path | None = None  # None: the worker node's own cache (KVPROBE_CACHE_DIR or default)
+    repeat: int = 1  # sweep --repeat N: each probe runs N times; a case that differs is unstable
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ def produce_unit(
             (),
             {},
             sweep_host(1, "unit"),
+            request.repeat,
         )
         receipt = sweep_receipt(exp, ran)
         seal_sweep(receipt, staging, work / "bundle")
@@ -183,7 +185,8 @@ def run_unit(
     except (FetchError, DigestMismatch, CheckoutError) as exc:
         problem = f"wheel: {exc}"
     docs: dict[str, dict[str, Any]] = {}
-    records: list[ProbeRecord] = []
+    records: list[RunProbeRecord] = []
+    repeat_docs: dict[str, list[dict[str, Any] | None]] = {}  # runs 2..N per probe (sweep --repeat N)
     execution: ReleaseExecution | None = None
     if problem is None:
         server = session.ready()
@@ -191,6 +194,16 @@ def run_unit(
         for check in exp.probes:
             reporter.update(f"{version}: probe {check.name}")
             record, run = _probe(exp, session, request, staging, scratch, check, server)
+            again = []
+            for nth in range(2, request.repeat + 1):  # sweep --repeat N: the same probe, same server, again
+                reporter.update(f"{version}: probe {check.name} (run {nth} of {request.repeat})")
+                again.append(_probe(exp, session, request, staging, scratch, check, server, nth))
+            if again:
+                repeats = tuple(ProbeRepeat(r.raw, r.exit_code, r.problem) for r, _ in again)
+                record = RunProbeRecord(
+                    record.name, record.source, record.raw, record.exit_code, record.problem, repeats
+                )
+                repeat_docs[check.name] = [r.output if r.ok else None for _, r in again]
             records.append(record)
             ran.append(run)
             if run.ok:
@@ -199,7 +212,9 @@ def run_unit(
         execution = _execution(server, session.fresh_reason, ran)
     held.close()  # the lease: `cache prune` may remove the tree again
     problems = classify.release_problems(problem, records)
-    classification = Classification.from_json(classify.classify_release(_expect(exp), docs, problems))
+    classification = Classification.from_json(
+        classify.classify_release(_expect(exp), docs, problems, repeat_docs or None)
+    )
     duration = round(time.monotonic() - clock, 3)
     return ReleaseRecord(version, wheel, problem, tuple(records), classification, duration, execution)
 
@@ -225,14 +240,17 @@ def _probe(
     scratch: Path,
     check: ProbeCheck,
     server: ForkServer | None,
-) -> tuple[ProbeRecord, probes.ProbeRun]:
+    nth: int = 1,
+) -> tuple[RunProbeRecord, probes.ProbeRun]:
+    """One run of a probe on one release; runs 2..N (``sweep --repeat``) write
+    ``<name>.repeat-<run>.json`` and log under ``repeat-<run>/``."""
     name, path = check.name, check.path
     version = request.pin.version
     raw_dir = staging / RAW_DIR / version / "probes"
-    log_dir = staging / LOGS_DIR / version / "probes"
+    log_dir = staging / LOGS_DIR / version / "probes" / (f"repeat-{nth}" if nth > 1 else "")
     raw_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
-    out = raw_dir / f"{name}.json"
+    out = raw_dir / (f"{name}.json" if nth == 1 else f"{name}.repeat-{nth}.json")
     home = scratch / "home"
     home.mkdir(exist_ok=True)
     run = probes.run_probe(
@@ -250,7 +268,7 @@ def _probe(
     if not run.ok and out.exists():
         out.rename(out.with_suffix(".invalid.json"))
     source = cite(staging / PROBES_DIR / exp.id / path, staging)
-    return ProbeRecord(name, source, cite(out, staging) if run.ok else None, run.exit_code, run.problem), run
+    return RunProbeRecord(name, source, cite(out, staging) if run.ok else None, run.exit_code, run.problem), run
 
 
 # --- the receipt and the bundle (a unit's and the sweep's) -----------------------------------
@@ -285,6 +303,7 @@ class SweepRun:
     unserved: tuple[str, ...]
     timings: dict[str, float]
     host: dict[str, Any]
+    repeats: int = 1  # sweep --repeat N: each release's probes ran N times
 
 
 def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
@@ -329,6 +348,7 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
             ),
         ),
         timings={k: round(v, 3) for k, v in timings.items()},
+        repeats=ran.repeats if ran.repeats > 1 else None,
     )
 
 
@@ -407,6 +427,8 @@ def _check_unit(root: Path, request: UnitRequest, expected: Expected) -> SweepRe
         return f"experiment sha256 {receipt.experiment.sha256} is not the driver's"
     if [r.version for r in receipt.releases] != [request.pin.version]:
         return f"releases {[r.version for r in receipt.releases]}, asked for {request.pin.version}"
+    if (receipt.repeats or 1) != request.repeat:
+        return f"ran its probes {receipt.repeats or 1} time(s), asked for {request.repeat}"
     return _entry_problem(receipt.releases[0], request, expected) or _env_problem(receipt.env, expected) or receipt
 
 

@@ -115,16 +115,16 @@ def placement_defects(receipt: Receipt) -> list[BundleDefect]:
         found += duplicates([t.path for t in block.tests], f"sides.{side}.tests")
         for probe in block.probes:
             found += _probe_placement(side, exp_id, probe)
-            found += _repeat_placement(side, probe, 1 if receipt.repeats is None else receipt.repeats)
+            found += repeat_placement(f"raw/{side}", side, probe, 1 if receipt.repeats is None else receipt.repeats)
         for test in block.tests:
             found += _test_placement(side, test)
     found += _sides_share_probes(receipt)
     return found
 
 
-def _repeat_placement(side: str, probe: RunProbeRecord, repeats: int) -> list[BundleDefect]:
-    """A receipt of ``run --repeat N`` records runs 2..N of every probe, each at its own path;
-    one of a single run records none."""
+def repeat_placement(raw: str, side: str, probe: RunProbeRecord, repeats: int) -> list[BundleDefect]:
+    """A receipt of ``run --repeat N`` (``sweep --repeat N``) records runs 2..N of every probe,
+    each at its own path under ``raw`` (raw/<side> or raw/<release>); one of a single run records none."""
     name, again = probe.name, probe.repeats or ()
     if len(again) != repeats - 1:
         return [
@@ -135,7 +135,7 @@ def _repeat_placement(side: str, probe: RunProbeRecord, repeats: int) -> list[Bu
         ]
     found: list[BundleDefect] = []
     for run, rec in enumerate(again, start=2):
-        want = f"raw/{side}/probes/{name}.repeat-{run}.json"
+        want = f"{raw}/probes/{name}.repeat-{run}.json"
         if rec.raw and rec.raw.path != want:
             found.append(CitationMisplaced(rec.raw.path, f"{side} probe {name!r} run {run}: expected {want}"))
         if rec.raw is None and not (isinstance(rec.problem, str) and rec.problem):

@@ -33,7 +33,7 @@ from kvprobe.evidence.reader import Bundle, parse_json, read_bytes, read_json, r
 from kvprobe.evidence.safetree import Limits, Tree
 from kvprobe.model.gates_receipt import GateProbeRecord, GatesReceipt
 from kvprobe.model.load import AnyReceipt, load
-from kvprobe.model.receipt import ProbeRecord, Receipt
+from kvprobe.model.receipt import ProbeRecord, ProbeRepeat, Receipt
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import MANIFEST, PROBES_DIR, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 from kvprobe.verify.anchor import Anchor, compare_experiment, compare_installed
@@ -303,7 +303,9 @@ def step_documents(bundle: Bundle) -> tuple[StepResult, Accepted | None]:
         count += _read_cited(bundle, receipt, defects)
         _read_experiment(bundle, receipt.experiment.file, defects)
     elif isinstance(receipt, SweepReceipt):
-        count += _read_probe_outputs(bundle, [p for r in receipt.releases for p in r.probes], defects)
+        probes = [p for r in receipt.releases for p in r.probes]
+        again = [r for p in probes for r in getattr(p, "repeats", None) or ()]  # sweep --repeat N
+        count += _read_probe_outputs(bundle, [*probes, *again], defects)
         _read_experiment(bundle, receipt.experiment.file, defects)
     elif isinstance(receipt, GatesReceipt):
         count += _read_probe_outputs(bundle, receipt.probes, defects)
@@ -368,7 +370,7 @@ def _read_cited(bundle: Bundle, receipt: Receipt, defects: list[BundleDefect]) -
 
 
 def _read_probe_outputs(
-    bundle: Bundle, probes: Sequence[ProbeRecord | GateProbeRecord], defects: list[BundleDefect]
+    bundle: Bundle, probes: Sequence[ProbeRecord | ProbeRepeat | GateProbeRecord], defects: list[BundleDefect]
 ) -> int:
     """The probe outputs a sweep or gates receipt cites (``probes[].raw``), schema-checked."""
     count = 0

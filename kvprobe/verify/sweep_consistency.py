@@ -36,6 +36,7 @@ from kvprobe.verify.consistency import (
     summary,
 )
 from kvprobe.verify.result import StepResult, step_result
+from kvprobe.verify.run_consistency import repeat_placement
 from kvprobe.verify.sweep_reused import reused_defects
 from kvprobe.verify.sweep_set import range_defects, release_set_defects, rendered_defects
 
@@ -84,6 +85,9 @@ def sweep_placement_defects(receipt: SweepReceipt) -> list[BundleDefect]:
             expected = f"raw/{release.version}/probes/{probe.name}.json"
             if probe.raw is not None and probe.raw.path != expected:
                 found.append(CitationMisplaced(probe.raw.path, f"release {release.version}: expected {expected}"))
+            found += repeat_placement(
+                f"raw/{release.version}", f"release {release.version}", probe, receipt.repeats or 1
+            )
     return found
 
 
@@ -96,9 +100,15 @@ def sweep_recompute_defects(bundle: Bundle, receipt: SweepReceipt) -> list[Bundl
                 return [RecomputeFailed(RECEIPT, f"{probe.raw.path} is unusable (step 2): not recomputed")]
             if probe.raw is not None:
                 docs[probe.name] = bundle.raw_docs[probe.raw.path]
+        repeats = None
+        if receipt.repeats:  # sweep --repeat N: runs 2..N, read as step 2 accepted them
+            usable = [r.raw.path for p in release.probes for r in p.repeats or () if r.raw]
+            if any(rel not in bundle.raw_docs for rel in usable):
+                return [RecomputeFailed(RECEIPT, f"a repeat of release {release.version} is unusable (step 2)")]
+            repeats = sweep.release_repeats(release.probes, bundle.raw_docs.__getitem__)
         try:
             problems = sweep.release_problems(release.problem, release.probes)
-            got = sweep.classify_release(dict(receipt.expectations), docs, problems)
+            got = sweep.classify_release(dict(receipt.expectations), docs, problems, repeats)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             return [RecomputeFailed(RECEIPT, f"raw outputs cannot be classified: {type(exc).__name__}: {exc}")]
         stated = release.classification

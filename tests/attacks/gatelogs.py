@@ -2,7 +2,7 @@
 
 The formats (logging prefix, scheduler line, KV allocation line, ``server_args=`` and
 ``install_canary:``) are the ones kvprobe's serverlog module documents for SGLang
-0.5.13-0.5.23; tests/unit/test_gates_deployments.py renders the per-release variants from
+0.5.13-0.5.23; tests/unit/gates/test_gates_deployments.py renders the per-release variants from
 the wheels' format strings.
 """
 

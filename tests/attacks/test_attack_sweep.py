@@ -346,3 +346,93 @@ def test_rerun_of_a_truncated_range_finds_the_release_the_listing_left_out(sandb
     # pip asks `rustc --version` for its user agent; a rustup shim then writes its settings in HOME
     result = sandbox.run("verify", anchored_sweep, "--rerun", env=env, timeout=120, allow=(sandbox.home / ".rustup",))
     assert_outcome(sandbox, result, 1, "listing-changed", f"the index lists {RELEASE}", "does not hold it")
+
+
+# --- sweep --repeat N: stability is evidence too ---------------------------------------------
+
+
+def _repeated(bundle: Path, flip: str | None = None) -> None:
+    """``bundle`` as `sweep --repeat 2` writes it: each probe's run 2 beside its run 1, cited
+    and classified with it. ``flip``: the release whose run 2 saw ``enqueued`` the other way on
+    prefill.rejected_new (unstable: could-not-observe)."""
+    from kvprobe.model.sweep_receipt import ReleaseRecord
+    from kvprobe.rules.sweep_classification import classify_release, release_problems
+
+    def change(receipt):
+        receipt["repeats"] = 2
+        for release in receipt["releases"]:
+            again = {}
+            for probe in release["probes"]:
+                doc = forge.load(bundle, probe["raw"]["path"])
+                if release["version"] == flip:
+                    case = next(c for c in doc["cases"] if c["name"] == "prefill.rejected_new")
+                    case["observations"]["enqueued"] = not case["observations"]["enqueued"]
+                rel = f"raw/{release['version']}/probes/{probe['name']}.repeat-2.json"
+                (bundle / rel).write_bytes(forge.dumps(doc))
+                probe["repeats"] = [
+                    {"raw": {"path": rel, "sha256": forge.sha(forge.dumps(doc))}, "exit_code": 0, "problem": None}
+                ]
+                again[probe["name"]] = [doc]
+            docs = {p["name"]: forge.load(bundle, p["raw"]["path"]) for p in release["probes"]}
+            typed = ReleaseRecord.from_json(release)
+            problems = release_problems(typed.problem, typed.probes)
+            release["classification"] = classify_release(receipt["expectations"], docs, problems, again)
+
+    _rederive(bundle, change)
+
+
+def test_a_repeated_sweep_verifies_and_its_unstable_release_is_could_not_observe(sandbox, anchored_sweep):
+    """The tampers below start from a genuine `sweep --repeat 2` bundle that passes steps 1-5."""
+    _repeated(anchored_sweep, flip=RELEASE)
+    receipt = forge.load(anchored_sweep, "receipt.json")
+    classification = _release(receipt, RELEASE)["classification"]
+    assert classification["overall"] == "could-not-observe"
+    assert list(classification["unstable"]) == ["admission_doors/prefill.rejected_new"]
+    assert RELEASE in receipt["summary"]["could-not-observe"]
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 0)
+
+
+def test_a_sweep_claiming_its_repeats_agreed_is_refused(sandbox, anchored_sweep):
+    """Attack: run 2 of 0.5.20 differs; the resealed receipt says it agreed and calls the release
+    affected, as its first run alone would."""
+    _repeated(anchored_sweep, flip=RELEASE)
+
+    def claim_stable(receipt):
+        classification = _release(receipt, RELEASE)["classification"]
+        classification.update(overall="affected", reasons=[], unstable={})
+        for key in classification["cases"]:
+            if classification["cases"][key]["class"] == "could-not-observe":
+                classification["cases"][key] = {"class": "affected"}
+
+    _rederive(anchored_sweep, claim_stable)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "forged-verdict", f"release {RELEASE} is stated 'affected'")
+
+
+@pytest.mark.parametrize("drop", ["the-run", "the-count"])
+def test_a_sweep_that_drops_the_repeat_that_differed_is_refused(sandbox, anchored_sweep, drop):
+    """Attack: run 2 of 0.5.20 (the one that differed) dropped from its release entry, file and
+    all, and the release reclassified from run 1 alone; or the receipt's count dropped, so the
+    sweep reads as one run."""
+    from kvprobe.rules.sweep_classification import classify_release
+
+    _repeated(anchored_sweep, flip=RELEASE)
+
+    def drop_run(receipt):
+        release = _release(receipt, RELEASE)
+        for probe in release["probes"]:
+            (anchored_sweep / probe.pop("repeats")[0]["raw"]["path"]).unlink()
+        docs = {p["name"]: forge.load(anchored_sweep, p["raw"]["path"]) for p in release["probes"]}
+        release["classification"] = classify_release(receipt["expectations"], docs, {})
+
+    def drop_count(receipt):
+        receipt.pop("repeats")
+        for release in receipt["releases"]:
+            release["classification"].pop("unstable")
+            docs = {p["name"]: forge.load(anchored_sweep, p["raw"]["path"]) for p in release["probes"]}
+            release["classification"] = classify_release(receipt["expectations"], docs, {})
+
+    _rederive(anchored_sweep, drop_run if drop == "the-run" else drop_count)
+    result = sandbox.run("verify", anchored_sweep)
+    assert_outcome(sandbox, result, 1, "record-mismatch", "the receipt records")

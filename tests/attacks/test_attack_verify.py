@@ -1,6 +1,6 @@
 """`verify` through the CLI: what it already refuses (regression guards), and what it lets by.
 
-tests/unit/test_verify.py has the full forge suite in process; these few cases run as a
+tests/unit/verify/test_verify.py has the full forge suite in process; these few cases run as a
 user runs them (subprocess, private HOME and temp dir) so the tier's harness checks them
 for writes, code, memory and hangs too.
 """

@@ -25,9 +25,7 @@ from kvprobe.evidence import manifest
 from kvprobe.files import json_bytes
 from kvprobe.model.gates_receipt import GatesReceipt
 from kvprobe.model.receipt import EnvRecord
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_gates_logs import GLM_CONTEXT, RAISED_POOL, fake_tree, startup_log
+from tests.unit.gates.test_gates_logs import GLM_CONTEXT, RAISED_POOL, fake_tree, startup_log
 
 _WORK_DIR = re.compile(r"kvprobe-gates-[A-Za-z0-9_]+")
 PROBES = [  # (gate, probe) in the order a gates run runs them

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,9 +23,7 @@ from click.testing import CliRunner
 from kvprobe.cli import main
 from kvprobe.files import json_bytes
 from kvprobe.model.gates_receipt import GatesReceipt
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_gates_logs import GLM_CONTEXT, RAISED_POOL, server_args_dict, startup_log
+from tests.unit.gates.test_gates_logs import GLM_CONTEXT, RAISED_POOL, server_args_dict, startup_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 

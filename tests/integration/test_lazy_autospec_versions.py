@@ -1,6 +1,6 @@
 """The whole lazy-autospec comparison, on every CPython 3.10+ the machine has.
 
-``tests/unit/test_lazy_autospec.py`` compares a sample in the unit tier; run as a script it
+``tests/unit/probe_api/test_lazy_autospec.py`` compares a sample in the unit tier; run as a script it
 compares every spec both ways. ``unittest.mock`` changes between CPython versions and a probe
 runs under whatever interpreter the SGLang env was built with, so the script runs under this
 test's interpreter (always) and under each other CPython 3.10-3.13 found on PATH or in pyenv.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "unit" / "test_lazy_autospec.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "unit" / "probe_api" / "test_lazy_autospec.py"
 VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 
 

@@ -37,6 +37,7 @@ def test_wheel_carries_data(wheel):
         "kvprobe/_data/probes/experiment-b/prefill_result_cleanup.py",
         "kvprobe/_data/probes/profiles/sglang-cpu.txt",
         "kvprobe/probe_api/kvprobe_probe.py",
+        "kvprobe/probe_api/kvprobe_autospec.py",
         "kvprobe/probe_api/kvprobe_pytest_report.py",
     ):
         assert required in names, required

@@ -64,6 +64,8 @@ def test_driver_merges_a_unit_it_asked_for_and_refuses_one_it_did_not(world, swe
     cases = [
         (accept(UnitOutcome(other, archive)), "releases ['1.1'], asked for 2.0"),
         (accept(UnitOutcome(wrong_sha, archive)), f"asked for {request.pin.filename} sha256 {'0' * 64}"),
+        # a unit must run its probes as often as asked (sweep --repeat): one run hides instability
+        (accept(UnitOutcome(dataclasses.replace(request, repeat=2), archive)), "1 time(s), asked for 2"),
         (
             accept(UnitOutcome(request, archive), exp=dataclasses.replace(exp, file_sha256="0" * 64)),
             "experiment sha256",
