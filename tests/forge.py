@@ -22,6 +22,7 @@ from typing import Any
 from kvprobe import schema
 from kvprobe.evidence import manifest
 from kvprobe.evidence.bundle_readme import render_readme
+from kvprobe.model.receipt import Receipt
 from kvprobe.names import MANIFEST, SUMS
 from kvprobe.rules import compare
 
@@ -197,7 +198,7 @@ def build(root: Path, algorithm: str = compare.ALGORITHM) -> Path:
     receipt["evidence"].update(compare.probe_records(docs))
     schema.validate(receipt, "kvprobe.receipt/1", source="forge receipt")
     _write(root, "receipt.json", dumps(receipt))
-    _write(root, "README.md", render_readme(receipt).encode("utf-8"))
+    _write(root, "README.md", render_readme(Receipt.from_json(receipt)).encode("utf-8"))
     manifest.write(root)
     return root
 
@@ -277,7 +278,7 @@ def edit_receipt(root: Path, change: Callable[[dict], None]) -> None:
 
 def _rendered(receipt: dict) -> bytes | None:
     try:
-        return render_readme(receipt).encode("utf-8")
+        return render_readme(Receipt.from_json(receipt)).encode("utf-8")
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):
         return None  # a tamper that breaks the receipt's shape
 
@@ -393,5 +394,5 @@ def add_repeats(root: Path, again: dict[str, list[dict[str, Any]]]) -> None:
     receipt.update(comparison=comparison, verdict=comparison["verdict"], repeats=1 + len(again["base"]))
     schema.validate(receipt, "kvprobe.receipt/1", source="forge receipt")
     (root / "receipt.json").write_bytes(dumps(receipt))
-    (root / "README.md").write_bytes(render_readme(receipt).encode("utf-8"))
+    (root / "README.md").write_bytes(render_readme(Receipt.from_json(receipt)).encode("utf-8"))
     rehash(root)

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
+from kvprobe.model.sweep_receipt import SweepReceipt
 from tests import forge
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,8 +40,9 @@ def relabelled_sweep(dst: Path, *, vuln_id: str = CVE, title: str | None = None)
         receipt["experiment"]["title"] = title
     receipt["experiment"]["sha256"] = forge.sha(toml.read_bytes())
     (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
-    (bundle / "README.md").write_text(render_readme(receipt), encoding="utf-8")
-    (bundle / TIMELINE).write_text(timeline_svg(receipt), encoding="utf-8")
+    typed = SweepReceipt.from_json(receipt)
+    (bundle / "README.md").write_text(render_readme(typed), encoding="utf-8")
+    (bundle / TIMELINE).write_text(timeline_svg(typed), encoding="utf-8")
     forge.rehash(bundle)
     forge.recite(bundle, rel)
     return bundle

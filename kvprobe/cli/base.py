@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,25 +21,50 @@ from kvprobe.text import for_terminal
 if TYPE_CHECKING:
     from kvprobe.cli.console import Output
     from kvprobe.evidence.safetree import Limits
+    from kvprobe.model.records import GateStatus, Verdict
+    from kvprobe.verify.result import VerifyOutcome
 
 EXIT_OK, EXIT_FAIL, EXIT_UNOBSERVED = 0, 1, 3  # 2 (usage) comes from UsageError.exit_code
 EXIT_INTERNAL = 4  # a bug in kvprobe: never to be read as "the verdict does not hold" (1)
-VERDICT_EXIT = {
-    "reproduced": EXIT_OK,
-    "not-reproduced": EXIT_FAIL,
-    "no-expectations": EXIT_FAIL,
-    "could-not-observe": EXIT_UNOBSERVED,
-    "error": EXIT_UNOBSERVED,
-}
-GATES_EXIT = {"pass": EXIT_OK, "fail": EXIT_FAIL, "unknown": EXIT_UNOBSERVED}
+
+
+# The exit tables, keyed by the enums they map; built on use: `--help` imports no model.
+def verdict_exit(verdict: Verdict) -> int:
+    from kvprobe.model.records import Verdict
+
+    return {
+        Verdict.REPRODUCED: EXIT_OK,
+        Verdict.NOT_REPRODUCED: EXIT_FAIL,
+        Verdict.NO_EXPECTATIONS: EXIT_FAIL,
+        Verdict.COULD_NOT_OBSERVE: EXIT_UNOBSERVED,
+        Verdict.ERROR: EXIT_UNOBSERVED,
+    }[verdict]
+
+
+def gates_exit(status: GateStatus) -> int:
+    from kvprobe.model.records import GateStatus
+
+    return {GateStatus.PASS: EXIT_OK, GateStatus.FAIL: EXIT_FAIL, GateStatus.UNKNOWN: EXIT_UNOBSERVED}[status]
+
+
+def sweep_exit(summary: Mapping[str, list[str]]) -> int:
+    """3 when a release could not be observed or lacked the probed code, else 0."""
+    from kvprobe.model.records import SweepClass
+
+    return EXIT_UNOBSERVED if {SweepClass.UNOBSERVED, SweepClass.NOT_PRESENT} & set(summary) else EXIT_OK
+
+
 # self-consistent exits 0: exit 1 means "defects found", and a bundle that was just written is
 # only ever self-consistent; a gate that must know who published it passes --require-anchor.
-VERIFY_EXIT = {
-    "verified": EXIT_OK,
-    "self-consistent": EXIT_OK,
-    "failed": EXIT_FAIL,
-    "could-not-rerun": EXIT_UNOBSERVED,
-}
+def verify_exit(outcome: VerifyOutcome) -> int:
+    from kvprobe.verify.result import VerifyOutcome
+
+    return {
+        VerifyOutcome.VERIFIED: EXIT_OK,
+        VerifyOutcome.SELF_CONSISTENT: EXIT_OK,
+        VerifyOutcome.FAILED: EXIT_FAIL,
+        VerifyOutcome.COULD_NOT_RERUN: EXIT_UNOBSERVED,
+    }[outcome]
 
 
 def _fail(exc: KvprobeError, debug: bool) -> None:

@@ -23,19 +23,23 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvprobe.model.records import Experiment
+from kvprobe.model.records import Experiment, GateStatus, Verdict
 from kvprobe.progress import Reporter
 from kvprobe.text import for_terminal
 
 if TYPE_CHECKING:
     from rich.status import Status  # Console.status() imports it: a spinner on a terminal only
 
+    from kvprobe.model.gates_receipt import GatesReceipt
+    from kvprobe.model.receipt import Receipt
+    from kvprobe.model.sweep_receipt import SweepReceipt
+
 _VERDICT_STYLE = {
-    "reproduced": "bold green",
-    "not-reproduced": "bold red",
-    "no-expectations": "bold yellow",
-    "could-not-observe": "bold magenta",
-    "error": "bold magenta",
+    Verdict.REPRODUCED: "bold green",
+    Verdict.NOT_REPRODUCED: "bold red",
+    Verdict.NO_EXPECTATIONS: "bold yellow",
+    Verdict.COULD_NOT_OBSERVE: "bold magenta",
+    Verdict.ERROR: "bold magenta",
 }
 _PLAIN_WIDTH = 1_000_000  # a line on a pipe is as long as its record
 HEARTBEAT_S = 15.0  # a long step on a pipe says it is alive this often
@@ -317,7 +321,7 @@ def _pin_text(identity: dict[str, Any]) -> str:
     return data(", ".join(f"{k}={v}" for k, v in identity["switches"].items()))
 
 
-def observation_headline(c: dict[str, Any]) -> str:
+def observation_headline(c: Mapping[str, Any]) -> str:
     """What was checked, kind by kind: the fix's flips apart from the controls that must hold
     (compare/5 counts them apart; an older receipt has only the totals)."""
     if "flips_expected" not in c:
@@ -336,14 +340,14 @@ def observation_headline(c: dict[str, Any]) -> str:
     return "observations: " + ", ".join(parts)
 
 
-def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str, verbosity: int) -> None:
+def print_run_summary(console: Console, receipt: Receipt, bundle: str, digest: str, verbosity: int) -> None:
     """The verdict, its reasons, the bundle and its digest. The observation rows that matter
     (did not match, or changed unchecked), every row with -v. On a pipe one table, one line a
     row; on a terminal one table per case under its id, so that no id is folded."""
-    comp = receipt["comparison"]
+    comp = receipt.comparison
     full = verbosity > 0
     rows: list[tuple[str, str, str, str, str, str]] = []
-    for row in comp["observations"]:
+    for row in comp.observations:
         checked = row["expected_base_declared"] or row["expected_head_declared"]
         if not (checked or row["changed"]):
             continue
@@ -373,40 +377,40 @@ def print_run_summary(console: Console, receipt: dict[str, Any], bundle: str, di
                 if cells[0] == case:
                     table.add_row(*cells[1:])
             emit(console, table)
-    console.print(observation_headline(comp["counts"]))
-    for path, summary in comp["test_summary"].items():
+    console.print(observation_headline(comp.counts))
+    for path, summary in comp.test_summary.items():
         console.print(
             f"upstream {data(path)}: {data(summary['transitions'])}; "
             f"base failure kinds {data(summary['base']['failure_kinds'])}"
         )
-    style = _VERDICT_STYLE.get(receipt["verdict"], "bold")
-    console.print(f"verdict: [{style}]{data(receipt['verdict'])}[/]")
+    style = _VERDICT_STYLE.get(receipt.verdict, "bold")
+    console.print(f"verdict: [{style}]{data(receipt.verdict)}[/]")
     limit = None if verbosity > 0 else 20
-    for reason in comp["reasons"][:limit]:
+    for reason in comp.reasons[:limit]:
         console.print(f"  - {data(reason)}")
     whole_line(console, f"bundle: {data(bundle)}")
     whole_line(console, f"manifest sha256: {digest}")
 
 
-def print_sweep_summary(console: Console, receipt: dict[str, Any], bundle: str, digest: str) -> None:
+def print_sweep_summary(console: Console, receipt: SweepReceipt, bundle: str, digest: str) -> None:
     """One line per release in version order (its class, and why when it is not affected or
     fixed), the bundle and its digest: `kvprobe sweep`'s results on stdout."""
     from kvprobe.rules.sweep_listing import ascending
 
-    by_version = {r["version"]: r for r in receipt["releases"]}
+    by_version = {r.version: r for r in receipt.releases}
     for version in ascending(list(by_version)):
-        cls = by_version[version]["classification"]
-        why = f"  {data('; '.join(cls['reasons'][:2]))}" if cls["reasons"] else ""
-        reused = by_version[version].get("reused")
-        why += f"  (reused from {data(reused['observed_utc'])})" if reused else ""
-        console.print(f"{data(version)}  {data(cls['overall'])}{why}", highlight=False)
+        cls = by_version[version].classification
+        why = f"  {data('; '.join(cls.reasons[:2]))}" if cls.reasons else ""
+        reused = by_version[version].reused
+        why += f"  (reused from {data(reused.observed_utc)})" if reused else ""
+        console.print(f"{data(version)}  {data(cls.overall)}{why}", highlight=False)
     console.print(f"bundle: {data(bundle)}", highlight=False)
     console.print(f"manifest sha256: {digest}", highlight=False)
 
 
-def print_run_diagnostics(console: Console, receipt: dict[str, Any]) -> None:
+def print_run_diagnostics(console: Console, receipt: Receipt) -> None:
     """On stderr: every upstream test file a side could not collect, and why."""
-    for summary in receipt["comparison"]["test_summary"].values():
+    for summary in receipt.comparison.test_summary.values():
         for side in ("base", "head"):
             for error in summary[side].get("collection_errors", []):
                 console.print(
@@ -482,47 +486,50 @@ def print_verify_diagnostics(console: Console, report: Any, max_defects: int | N
         console.print(f"  … {shown - max_defects} more defects (use -v or --json for all)")
 
 
-_GATE_STYLE = {"pass": "bold green", "fail": "bold red", "unknown": "bold magenta", "info": "dim"}
+_GATE_STYLE = {
+    GateStatus.PASS: "bold green",
+    GateStatus.FAIL: "bold red",
+    GateStatus.UNKNOWN: "bold magenta",
+    GateStatus.INFO: "dim",
+}
 
 
-def print_gates(console: Console, receipt: dict[str, Any], bundle: str, digest: str) -> None:
+def print_gates(console: Console, receipt: GatesReceipt, bundle: str, digest: str) -> None:
     """One table per gate: status, detail and the evidence that decided each check."""
-    for gate in receipt["gates"]:
-        style = _GATE_STYLE[gate["status"]]
+    for gate in receipt.gates:
+        style = _GATE_STYLE[gate.status]
         table = Table(
-            title=f"gate {gate['number']}: [{style}]{gate['status']}[/] — {data(gate['title'])}",
+            title=f"gate {gate.number}: [{style}]{gate.status}[/] — {data(gate.title)}",
             title_justify="left",
         )
         for col in ("check", "status", "detail", "evidence"):
             table.add_column(col, overflow="fold")
-        for check in gate["checks"]:
-            status = check["status"] if check["decides"] else f"{check['status']} (info)"
+        for check in gate.checks:
+            status = check.status if check.decides else f"{check.status} (info)"
             table.add_row(
-                data(check["name"]),
-                f"[{_GATE_STYLE[check['status']]}]{status}[/]",
-                data(check["detail"]),
-                data(check["evidence"]),
+                data(check.name),
+                f"[{_GATE_STYLE[check.status]}]{status}[/]",
+                data(check.detail),
+                data(check.evidence),
             )
         emit(console, table)
-    console.print(f"overall: [{_GATE_STYLE[receipt['overall']]}]{receipt['overall']}[/]")
+    console.print(f"overall: [{_GATE_STYLE[receipt.overall]}]{receipt.overall}[/]")
     console.print(f"bundle: {data(bundle)}")
     console.print(f"manifest sha256: {digest}")
 
 
-def print_gate_diagnostics(console: Console, receipt: dict[str, Any]) -> None:
+def print_gate_diagnostics(console: Console, receipt: GatesReceipt) -> None:
     """On stderr, per gate that did not pass: one line with the gate's status, then one line per
     deciding check that did not pass with that check's own status (a gate that fails can hold
     an unknown check: it is not printed under the gate's "fail")."""
-    for gate in receipt["gates"]:
-        if gate["status"] == "pass":
+    for gate in receipt.gates:
+        if gate.status is GateStatus.PASS:
             continue
-        style = _GATE_STYLE[gate["status"]]
-        console.print(f"gate {gate['number']}: [{style}]{gate['status']}[/] — {data(gate['title'])}")
-        for check in (c for c in gate["checks"] if c["decides"] and c["status"] != "pass"):
-            own = _GATE_STYLE[check["status"]]
-            console.print(
-                f"gate {gate['number']}, {data(check['name'])}: [{own}]{check['status']}[/] — {data(check['detail'])}"
-            )
+        style = _GATE_STYLE[gate.status]
+        console.print(f"gate {gate.number}: [{style}]{gate.status}[/] — {data(gate.title)}")
+        for check in (c for c in gate.checks if c.decides and c.status is not GateStatus.PASS):
+            own = _GATE_STYLE[check.status]
+            console.print(f"gate {gate.number}, {data(check.name)}: [{own}]{check.status}[/] — {data(check.detail)}")
 
 
 def _age(seconds: float) -> str:

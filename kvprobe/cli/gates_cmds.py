@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 
 from kvprobe.cli.base import (
-    GATES_EXIT,
     bundle_out,
     emit_json,
+    gates_exit,
     guarded,
     json_document,
     main,
@@ -88,17 +88,18 @@ def gates_cmd(
         print_gate_diagnostics(streams.err, result.receipt)
     if streams.results:
         print_gates(streams.out, result.receipt, str(result.bundle), result.manifest_sha256)
-    code = GATES_EXIT[result.receipt["overall"]]
+    receipt = result.receipt
+    code = gates_exit(receipt.overall)
     if as_json:
         emit_json(
             {
-                "overall": result.receipt["overall"],
+                "overall": receipt.overall.value,
                 "exit_code": code,
                 "bundle": str(result.bundle),
                 "manifest_sha256": result.manifest_sha256,
-                "gates": result.receipt["gates"],
-                "workers": result.receipt["workers"],
-                "target": result.receipt["target"],
+                "gates": [g.to_json() for g in receipt.gates],
+                "workers": list(receipt.workers),
+                "target": None if receipt.target is None else receipt.target.to_json(),
             }
         )
     return code

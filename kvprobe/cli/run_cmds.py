@@ -13,13 +13,14 @@ from kvprobe.cli.base import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_UNOBSERVED,
-    VERDICT_EXIT,
     emit_json,
     guarded,
     json_summary,
     main,
     streams_for,
+    sweep_exit,
     torch_index_option,
+    verdict_exit,
 )
 from kvprobe.cli.experiment_cmds import warn_shadowing
 from kvprobe.errors import KvprobeError
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kvprobe.cli.console import Output
+    from kvprobe.model.receipt import Receipt
     from kvprobe.model.records import Experiment
     from kvprobe.model.sweep_receipt import SweepReceipt
     from kvprobe.run.runner import RunOptions
@@ -211,7 +213,7 @@ def run_cmd(
         emit_json(run_summary(result))
     if record:
         return _record_expectations(exp, result.receipt, streams.err, yes)
-    return VERDICT_EXIT[result.receipt["verdict"]]
+    return verdict_exit(result.receipt.verdict)
 
 
 def _several_error(experiment_id: str, exc: KvprobeError, streams: Output) -> dict[str, Any]:
@@ -266,14 +268,14 @@ def _run_several(ids: list[str], opts: list[RunOptions], as_json: bool) -> int:
     from kvprobe.cli.console import print_run_diagnostics, print_run_summary
     from kvprobe.run.runner import check_run, run_experiments
 
-    def report(streams: Output, _exp_id: str, result: SealedBundle[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    def report(streams: Output, _exp_id: str, result: SealedBundle[Receipt]) -> tuple[int, dict[str, Any]]:
         if streams.verbosity > -2:
             print_run_diagnostics(streams.err, result.receipt)
         if streams.results:
             print_run_summary(
                 streams.out, result.receipt, str(result.bundle), result.manifest_sha256, streams.verbosity
             )
-        return VERDICT_EXIT[result.receipt["verdict"]], run_summary(result)
+        return verdict_exit(result.receipt.verdict), run_summary(result)
 
     return _several(ids, opts, as_json, kind="runs", check=check_run, outcomes_of=run_experiments, report=report)
 
@@ -383,11 +385,10 @@ def sweep_cmd(
     result = sweep_experiment(exp, opts, streams.reporter())
     receipt = result.receipt
     if streams.results:
-        print_sweep_summary(streams.out, receipt.to_json(), str(result.bundle), result.manifest_sha256)
+        print_sweep_summary(streams.out, receipt, str(result.bundle), result.manifest_sha256)
     if as_json:
         emit_json({"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": receipt.summary})
-    unobserved = {"could-not-observe", "not-present"} & set(receipt.summary)
-    return EXIT_UNOBSERVED if unobserved else EXIT_OK
+    return sweep_exit(receipt.summary)
 
 
 def _sweep_summary(result: SealedBundle[SweepReceipt]) -> dict[str, Any]:
@@ -395,8 +396,7 @@ def _sweep_summary(result: SealedBundle[SweepReceipt]) -> dict[str, Any]:
 
 
 def _sweep_exit(result: SealedBundle[SweepReceipt]) -> int:
-    unobserved = {"could-not-observe", "not-present"} & set(result.receipt.summary)
-    return EXIT_UNOBSERVED if unobserved else EXIT_OK
+    return sweep_exit(result.receipt.summary)
 
 
 def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> int:
@@ -406,28 +406,29 @@ def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> i
 
     def report(streams: Output, exp_id: str, result: SealedBundle[SweepReceipt]) -> tuple[int, dict[str, Any]]:
         if streams.results:
-            print_sweep_summary(streams.out, result.receipt.to_json(), str(result.bundle), result.manifest_sha256)
+            print_sweep_summary(streams.out, result.receipt, str(result.bundle), result.manifest_sha256)
         return _sweep_exit(result), {"experiment": exp_id, **_sweep_summary(result)}
 
     return _several(ids, opts, as_json, kind="sweeps", check=check_sweep, outcomes_of=sweep_experiments, report=report)
 
 
-def run_summary(result: SealedBundle[dict[str, Any]]) -> dict[str, Any]:
+def run_summary(result: SealedBundle[Receipt]) -> dict[str, Any]:
     receipt = result.receipt
+    comparison = receipt.comparison
     return {
-        "verdict": receipt["verdict"],
+        "verdict": receipt.verdict,
         "bundle": str(result.bundle),
         "manifest_sha256": result.manifest_sha256,
-        "experiment": receipt["experiment"]["id"],
-        "pin_set": receipt["pin_set"]["name"],
-        "reasons": receipt["comparison"]["reasons"],
-        "observations": receipt["comparison"]["observations"],
-        "tests": receipt["comparison"]["tests"],
-        "test_summary": receipt["comparison"]["test_summary"],
+        "experiment": receipt.experiment.id,
+        "pin_set": receipt.pin_set.name,
+        "reasons": list(comparison.reasons),
+        "observations": comparison.observations,
+        "tests": comparison.tests,
+        "test_summary": comparison.test_summary,
     }
 
 
-def _record_expectations(exp: Experiment, receipt: dict[str, Any], console: Console, yes: bool) -> int:
+def _record_expectations(exp: Experiment, receipt: Receipt, console: Console, yes: bool) -> int:
     """Show what the run observed, confirm, write it as the experiment's expectations."""
     from kvprobe.cli.console import data, print_recording
     from kvprobe.experiments import expectations

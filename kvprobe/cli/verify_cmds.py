@@ -12,7 +12,6 @@ import click
 from kvprobe.cli.base import (
     EXIT_FAIL,
     EXIT_OK,
-    VERIFY_EXIT,
     bundle_limits,
     emit_json,
     guarded,
@@ -21,6 +20,7 @@ from kvprobe.cli.base import (
     main,
     streams_for,
     torch_index_option,
+    verify_exit,
 )
 from kvprobe.text import for_terminal
 
@@ -109,6 +109,7 @@ def verify_cmd(
     from kvprobe.env.venv import check_index_url
     from kvprobe.errors import UsageError
     from kvprobe.run.rerun import RerunOptions, rerun_step
+    from kvprobe.verify.result import VerifyOutcome
     from kvprobe.verify.steps import Anchoring, VerifyOptions, parse_digest, verify
 
     if rerun:  # only a rerun uses the index: a plain verify never refuses over it
@@ -152,10 +153,10 @@ def verify_cmd(
         print_verify_report(streams.out, report)
     if as_json:
         emit_json({**report.to_json(), **({"attestation": signed.to_json()} if signed else {})})
-    if require_anchor and report.outcome == "self-consistent":
+    if require_anchor and report.outcome is VerifyOutcome.SELF_CONSISTENT:
         streams.diagnostic("--require-anchor: the bundle is only self-consistent; nothing anchors it (exit 1)")
         return EXIT_FAIL
-    return VERIFY_EXIT[report.outcome]
+    return verify_exit(report.outcome)
 
 
 def checked_attestation(attestation: Path | None, key: Path | None, expected: str | None) -> SignedStatement | None:

@@ -14,7 +14,6 @@ from typing import Any
 
 from kvprobe.defects import BundleDefect, TomlMalformed, Unreadable
 from kvprobe.evidence.safetree import Limits, NotRegularFile, Scan, Tree, path_problem
-from kvprobe.names import SIDES
 from kvprobe.strict_json import depth, value_bound
 from kvprobe.strict_json import loads as strict_loads
 
@@ -120,19 +119,3 @@ def read_toml(bundle: Bundle, rel: str, defects: list[BundleDefect]) -> tuple[by
         defects.append(TomlMalformed(rel, f"nested deeper than {bundle.limits.max_json_depth}"))
         return data, None
     return data, doc
-
-
-def cited_raw(receipt: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """(side, kind 'probe'|'test', raw path, record) for every raw JSON the receipt cites."""
-    found = []
-    for side in SIDES:
-        block = receipt["sides"][side]
-        found += [(side, "probe", p["raw"]["path"], p) for p in block["probes"] if p["raw"]]
-        found += [
-            (side, "probe", r["raw"]["path"], {**r, "name": p["name"]})  # runs 2..N (run --repeat)
-            for p in block["probes"]
-            for r in p.get("repeats") or []
-            if r["raw"]
-        ]
-        found += [(side, "test", t["raw"]["path"], t) for t in block["tests"]]
-    return found

@@ -29,7 +29,8 @@ from kvprobe.errors import CheckRunError, ExperimentError, UsageError
 from kvprobe.experiments import tomltext
 from kvprobe.experiments.experiment import load_file
 from kvprobe.files import write_atomic
-from kvprobe.model.records import Experiment
+from kvprobe.model.receipt import Receipt
+from kvprobe.model.records import Experiment, Verdict
 from kvprobe.names import NOT_PRESENT, SIDES
 from kvprobe.rules.pytest_results import failure_label
 
@@ -65,24 +66,25 @@ class Recording:
         )
 
 
-def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
+def plan(exp: Experiment, receipt: Receipt) -> Recording:
     """The expectations a finished run observed.
 
     Raises CheckRunError (exit 3) when the run ended in error (nothing honest to record)
     and UsageError when the probe still declares the template's mocks, a head test does
     not pass, a test file has no test that went to pass, or nothing was observed.
     """
-    if receipt["verdict"] == "error":
-        reasons = "; ".join(receipt["comparison"]["reasons"][:3])
+    comparison = receipt.comparison
+    if receipt.verdict is Verdict.ERROR:
+        reasons = "; ".join(comparison.reasons[:3])
         raise CheckRunError(f"not recording expectations: the run ended in error ({reasons})")
     _refuse_template(receipt)
     values: dict[str, dict[str, dict[str, Any]]] = {}
     skipped: list[str] = []
     for side in SIDES:
-        for key, case in sorted(receipt["comparison"]["cases"][side].items()):
+        for key, case in sorted(comparison.cases[side].items()):
             if _not_observed(side, key, case, skipped):
                 continue
-            shaky = receipt["comparison"].get("unstable", {}).get(side, {})  # run --repeat
+            shaky = comparison.other.get("unstable", {}).get(side, {})  # run --repeat
             if key in shaky:
                 skipped.append(f"{side}: {key}: {shaky[key]}: not recorded")
                 continue
@@ -93,11 +95,11 @@ def plan(exp: Experiment, receipt: Mapping[str, Any]) -> Recording:
                 kept = _recordable(side, key, case["observations"], skipped)
             if kept:
                 values.setdefault(side, {})[key] = kept
-    tests = observed_test_sets(receipt["comparison"]["tests"])
+    tests = observed_test_sets(comparison.tests)
     if not values and not tests:
         raise UsageError(f"{exp.id}: no probe case recorded an observation and no upstream test ran: nothing to record")
     return Recording(
-        exp.id, exp.directory / "experiment.toml", exp.file_sha256, receipt["run_id"], values, tuple(skipped), tests
+        exp.id, exp.directory / "experiment.toml", exp.file_sha256, receipt.run_id, values, tuple(skipped), tests
     )
 
 
@@ -133,10 +135,10 @@ def observed_test_sets(rows: list[Mapping[str, Any]]) -> dict[str, dict[str, Any
     return sets
 
 
-def _refuse_template(receipt: Mapping[str, Any]) -> None:
+def _refuse_template(receipt: Receipt) -> None:
     from kvprobe.experiments.scaffold import TEMPLATE_MOCKS
 
-    for probe, mocks in receipt["evidence"]["mocks"].items():
+    for probe, mocks in receipt.evidence.mocks.items():
         if set(TEMPLATE_MOCKS) & set(mocks):
             raise UsageError(
                 f"probe {probe} still declares the template's mocks {mocks!r}: write the probe "

@@ -19,22 +19,15 @@ from urllib.parse import quote, urlsplit
 from kvprobe import __version__
 from kvprobe.errors import SchemaError, UsageError
 from kvprobe.evidence.safetree import Limits
-from kvprobe.names import (
-    GATES_RECEIPT_SCHEMA,
-    GATES_RECEIPT_SCHEMA_1,
-    GATES_RECEIPT_SCHEMA_2,
-    GATES_RECEIPT_SCHEMA_3,
-    RECEIPT,
-    RECEIPT_SCHEMA,
-    SIDES,
-    SWEEP_RECEIPT_SCHEMA,
-)
+from kvprobe.model import load as model
+from kvprobe.model.gates_receipt import GatesReceipt
+from kvprobe.model.receipt import Receipt
+from kvprobe.model.sweep_receipt import SweepReceipt
+from kvprobe.names import RECEIPT, SIDES
 from kvprobe.text import for_shell
 from kvprobe.verify.anchor import installed_experiment
 from kvprobe.verify.steps import VerifyOptions, verified
 
-# every gates receipt version verify reads (its exports read the checks, not the version's extras)
-GATES_SCHEMAS = (GATES_RECEIPT_SCHEMA, GATES_RECEIPT_SCHEMA_3, GATES_RECEIPT_SCHEMA_2, GATES_RECEIPT_SCHEMA_1)
 _GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
 
 
@@ -89,7 +82,7 @@ class BundleView:
     ``provenance`` what anchored it (the default, for renderer tests, claims both anchors).
     """
 
-    receipt: Mapping[str, Any]
+    receipt: model.AnyReceipt
     manifest: Mapping[str, Any]
     manifest_sha256: str
     name: str = "BUNDLE"
@@ -98,10 +91,26 @@ class BundleView:
     @property
     def kind(self) -> str:
         """run, sweep or gates: which receipt the bundle holds."""
-        schema = self.receipt.get("schema")
-        if schema == SWEEP_RECEIPT_SCHEMA:
+        if isinstance(self.receipt, SweepReceipt):
             return "sweep"
-        return "gates" if schema in GATES_SCHEMAS else "run"
+        return "gates" if isinstance(self.receipt, GatesReceipt) else "run"
+
+    # The receipt as the renderer of its kind reads it (render dispatches on ``kind``).
+
+    @property
+    def run(self) -> Receipt:
+        assert isinstance(self.receipt, Receipt), f"a {self.kind} bundle, not a run bundle"
+        return self.receipt
+
+    @property
+    def sweep(self) -> SweepReceipt:
+        assert isinstance(self.receipt, SweepReceipt), f"a {self.kind} bundle, not a sweep bundle"
+        return self.receipt
+
+    @property
+    def gates(self) -> GatesReceipt:
+        assert isinstance(self.receipt, GatesReceipt), f"a {self.kind} bundle, not a gates bundle"
+        return self.receipt
 
     @property
     def receipt_sha256(self) -> str:
@@ -131,55 +140,49 @@ def load(
     opts = VerifyOptions(limits=limits or Limits(), expect_manifest_sha256=expect_manifest_sha256)
     report = verified(Path(bundle), opts)
     assert report.receipt is not None and report.manifest is not None, "a verified bundle's step 2 accepted both"
-    found = report.receipt.get("schema")
-    known = found if found in (SWEEP_RECEIPT_SCHEMA, *GATES_SCHEMAS) else RECEIPT_SCHEMA
-    _check_version(report.receipt, known, f"{bundle}/{RECEIPT}")
+    try:
+        receipt = model.load(report.receipt)
+    except SchemaError as exc:
+        raise SchemaError(
+            f"{bundle}/{RECEIPT}: {exc.message}", hints=["upgrade kvprobe if the bundle is newer"]
+        ) from None
     name = Path(report.archive).name if report.archive else Path(report.bundle).resolve().name
     step5 = next(s for s in report.steps if s.number == 5)
     anchored = step5.status == "pass" and expect_manifest_sha256 is not None
     label = (anchor or "manifest sha256 matches the digest given (--expect-manifest-sha256)") if anchored else None
-    provenance = _provenance(report.receipt, label)
-    return BundleView(report.receipt, report.manifest, report.manifest_sha256 or "", name, provenance)
+    provenance = _provenance(receipt, label)
+    return BundleView(receipt, report.manifest, report.manifest_sha256 or "", name, provenance)
 
 
-def _provenance(receipt: Mapping[str, Any], anchor: str | None) -> Provenance:
+def _provenance(receipt: model.AnyReceipt, anchor: str | None) -> Provenance:
     """Step 5 passed (the bundle verified), so an experiment kvprobe ships is its installed copy;
     a gates receipt repeats no experiment's vulnerability claim (its behavioural gates' experiments were
     held to the installed copies by step 5)."""
-    if receipt.get("schema") in GATES_SCHEMAS:
+    if isinstance(receipt, GatesReceipt):
         return Provenance(anchor, None, True)
-    exp_id = receipt["experiment"]["id"]
+    exp_id = receipt.experiment.id
     return Provenance(anchor, exp_id, installed_experiment(exp_id) is not None)
 
 
-def _check_version(doc: Any, version: str, source: str) -> None:
-    found = doc.get("schema") if isinstance(doc, dict) else None
-    if found != version:
-        raise SchemaError(
-            f"{source}: schema {found!r} is not {version!r}, the version this kvprobe reads",
-            hints=["upgrade kvprobe if the bundle is newer"],
-        )
-
-
-def project(receipt: Mapping[str, Any]) -> str | None:
+def project(receipt: Receipt) -> str | None:
     for side in SIDES:
-        pin = receipt["sides"][side]["pin"]
+        pin = receipt.sides[side].pin
         if pin.get("kind") == "wheel":
             return pin["package"]
-    upstream = receipt["experiment"].get("upstream")
+    upstream = receipt.experiment.upstream
     if upstream:
         return urlsplit(upstream).path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or None
     return None
 
 
-def pr_url(receipt: Mapping[str, Any], number: int) -> str | None:
-    upstream = receipt["experiment"].get("upstream") or ""
+def pr_url(receipt: Receipt | SweepReceipt, number: int) -> str | None:
+    upstream = receipt.experiment.upstream or ""
     return f"{upstream.rstrip('/').removesuffix('.git')}/pull/{number}" if _GITHUB.match(upstream) else None
 
 
-def prs_text(receipt: Mapping[str, Any], *, links: bool) -> str:
+def prs_text(receipt: Receipt | SweepReceipt, *, links: bool) -> str:
     parts = []
-    for n in receipt["experiment"]["fix"]["prs"]:
+    for n in receipt.experiment.fix.prs:
         url = pr_url(receipt, n)
         parts.append(f"[#{n}]({url})" if links and url else f"#{n}" + (f" ({url})" if url else ""))
     return ", ".join(parts) or "no PR recorded"
@@ -191,14 +194,14 @@ def wheel_purl(package: str, version: str | None = None) -> str:
     return f"pkg:pypi/{name}" + (f"@{quote(version, safe='.-_~')}" if version else "")
 
 
-def purl(receipt: Mapping[str, Any], side: str) -> str:
+def purl(receipt: Receipt, side: str) -> str:
     """The package URL of one side's pin; UsageError for a synthetic pin or an unnamed repo."""
-    pin = receipt["sides"][side]["pin"]
+    pin = receipt.sides[side].pin
     if pin["kind"] == "wheel":
         name = re.sub(r"[-_.]+", "-", pin["package"]).lower()
         return f"pkg:pypi/{name}@{quote(pin['version'], safe='.-_~')}"
     if pin["kind"] == "git":
-        upstream = receipt["experiment"].get("upstream") or ""
+        upstream = receipt.experiment.upstream or ""
         match = _GITHUB.match(upstream)
         if match:
             return f"pkg:github/{match.group(1).lower()}/{match.group(2).lower()}@{pin['commit']}"
@@ -216,8 +219,8 @@ def purl(receipt: Mapping[str, Any], side: str) -> str:
     )
 
 
-def pin_text(receipt: Mapping[str, Any], side: str) -> str:
-    pin = receipt["sides"][side]["pin"]
+def pin_text(receipt: Receipt, side: str) -> str:
+    pin = receipt.sides[side].pin
     if pin["kind"] == "wheel":
         return f"{pin['filename']} (sha256 {pin['sha256']})"
     if pin["kind"] == "git":
@@ -225,8 +228,8 @@ def pin_text(receipt: Mapping[str, Any], side: str) -> str:
     return f"synthetic model switches {json.dumps(pin.get('switches'), sort_keys=True)}"
 
 
-def counts_text(receipt: Mapping[str, Any]) -> str:
-    c = receipt["comparison"]["counts"]
+def counts_text(receipt: Receipt) -> str:
+    c = receipt.comparison.counts
     return (
         f"{c['observations_matched']}/{c['observations_expected']} expected observations matched, "
         f"{c['observations_changed']} observations changed from base to head, "

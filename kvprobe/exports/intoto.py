@@ -5,8 +5,6 @@ signed is the signature's business (cosign, DSSE)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,8 @@ from kvprobe.errors import UsageError
 from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.safetree import Limits
 from kvprobe.exports.bundle_view import BundleView, project, purl, wheel_purl
+from kvprobe.model.receipt import Receipt
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import INTOTO_PREDICATE_TYPE, MANIFEST, SIDES
 
 INTOTO_SCHEMA = "in-toto/statement-v1"  # a key of kvprobe.schema.KNOWN
@@ -50,23 +50,23 @@ def intoto(view: BundleView, *, archive: Path | None = None) -> dict[str, Any]:
     subjects.append({"name": MANIFEST, "digest": {"sha256": view.manifest_sha256}})
     if archive is not None:
         subjects.append(archive_subject(view, archive))
-    if view.kind == "run":
+    if isinstance(r, Receipt):
         subjects += _pin_subjects(r)
-    elif view.kind == "sweep":
+    elif isinstance(r, SweepReceipt):
         subjects += _release_subjects(r)
     return {
         "_type": INTOTO_STATEMENT_TYPE,
         "subject": subjects,
         "predicateType": PREDICATE_TYPE,
-        "predicate": json.loads(json.dumps(r)),
+        "predicate": r.to_json(),  # the verified receipt.json's document (the model writes it back whole)
     }
 
 
-def _pin_subjects(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _pin_subjects(r: Receipt) -> list[dict[str, Any]]:
     found = []
-    upstream = (r["experiment"].get("upstream") or "").rstrip("/")
+    upstream = (r.experiment.upstream or "").rstrip("/")
     for side in SIDES:
-        pin = r["sides"][side]["pin"]
+        pin = r.sides[side].pin
         if pin["kind"] == "git":
             subject = {"name": f"{project(r) or 'upstream'}@{pin['commit']}", "digest": {"gitCommit": pin["commit"]}}
             if upstream:
@@ -80,21 +80,21 @@ def _pin_subjects(r: Mapping[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def _release_subjects(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _release_subjects(r: SweepReceipt) -> list[dict[str, Any]]:
     """Each release wheel the sweep ran, with the class it was given (unresolved ones have none)."""
     found = []
-    for release in r["releases"]:
-        wheel = release.get("wheel")
+    for release in r.releases:
+        wheel = release.wheel
         if not wheel:
             continue
         found.append(
             {
-                "name": wheel["file"],
-                "uri": wheel_purl(wheel["package"], wheel["version"]),
-                "digest": {"sha256": wheel["sha256"]},
+                "name": wheel.file,
+                "uri": wheel_purl(wheel.package, wheel.version),
+                "digest": {"sha256": wheel.sha256},
                 "annotations": {
-                    "kvprobeRelease": release["version"],
-                    "kvprobeClass": release["classification"]["overall"],
+                    "kvprobeRelease": release.version,
+                    "kvprobeClass": release.classification.overall.value,
                 },
             }
         )

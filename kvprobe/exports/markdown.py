@@ -21,6 +21,7 @@ from kvprobe.exports.bundle_view import (
     prs_text,
     verify_command,
 )
+from kvprobe.model.receipt import Comparison, EvidenceScope, Receipt, ScopeRecord
 from kvprobe.names import SIDES
 from kvprobe.text import for_markdown, for_terminal
 
@@ -37,16 +38,16 @@ def code_span(text: Any) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def scope_lines(ev: Mapping[str, Any]) -> list[str]:
+def scope_lines(ev: ScopeRecord) -> list[str]:
     """The Scope section every bundle kind's Markdown states: what the evidence shows and does not."""
     return [
         "### Scope",
         "",
-        f"**What this shows:** {for_markdown(ev['shows'])}",
+        f"**What this shows:** {for_markdown(ev.shows)}",
         "",
         "**What this does not show:**",
         "",
-        *(f"- {for_markdown(item)}" for item in ev["does_not_show"]),
+        *(f"- {for_markdown(item)}" for item in ev.does_not_show),
         "",
     ]
 
@@ -149,46 +150,42 @@ def _test_outcome(row: Mapping[str, Any], side: str) -> str:
 def markdown(view: BundleView, author: str | None = None) -> str:
     """A block to paste into a security review; tables hold any value without breaking.
     ``author`` (report --author), when given, is named as who reported it."""
-    r = view.receipt
-    exp, comp, ev = r["experiment"], r["comparison"], r["evidence"]
-    fix = exp["fix"]
-    env, host = r.get("env") or {}, r.get("host") or {}
-    out = [f"## kvprobe evidence: {for_markdown(exp['id'])}: {for_markdown(exp['title'])}", ""]
+    r = view.run
+    exp, comp, ev = r.experiment, r.comparison, r.evidence
+    fix = exp.fix
+    env, host = r.env, r.host
+    out = [f"## kvprobe evidence: {for_markdown(exp.id)}: {for_markdown(exp.title)}", ""]
     out += provenance_lines(view, author)
-    release = f", first released in {for_markdown(fix['release'])}" if fix.get("release") else ""
+    release = f", first released in {for_markdown(fix.release)}" if fix.release else ""
     out += [
-        f"- **Verdict:** **{for_markdown(r['verdict'])}**: {for_markdown(counts_text(r))}",
-        f"- **Evidence layer:** {code_span(ev['layer'])}",
-        f"- **Fix:** {prs_text(r, links=True)}{release}. {for_markdown(fix['summary'])}",
-        f"- **Upstream:** {for_markdown(exp.get('upstream') or 'not recorded')}",
-        f"- **Experiment:** {code_span(exp['id'])} ({code_span(exp['file'])}, sha256 {code_span(exp['sha256'])})",
-        f"- **Run:** {code_span(r['run_id'])} at {for_markdown(r['created_utc'])} by kvprobe "
-        f"{for_markdown(r['tool']['version'])}; pin set {code_span(r['pin_set']['name'])} "
-        f"({for_markdown(r['pin_set']['kind'])})",
+        f"- **Verdict:** **{for_markdown(r.verdict)}**: {for_markdown(counts_text(r))}",
+        f"- **Evidence layer:** {code_span(ev.layer)}",
+        f"- **Fix:** {prs_text(r, links=True)}{release}. {for_markdown(fix.summary)}",
+        f"- **Upstream:** {for_markdown(exp.upstream or 'not recorded')}",
+        f"- **Experiment:** {code_span(exp.id)} ({code_span(exp.file)}, sha256 {code_span(exp.sha256)})",
+        f"- **Run:** {code_span(r.run_id)} at {for_markdown(r.created_utc)} by kvprobe "
+        f"{for_markdown(r.tool.version)}; pin set {code_span(r.pin_set.name)} ({for_markdown(r.pin_set.kind)})",
     ]
-    if env:
-        torch = env.get("torch") or {}
-        torch_text = (
-            f", torch {for_markdown(torch.get('version'))} from {for_markdown(env.get('torch_index'))}" if torch else ""
-        )
-        out.append(
-            f"- **Environment:** Python {for_markdown(env.get('python'))} on {for_markdown(host.get('system', '?'))} "
-            f"{for_markdown(host.get('machine', '?'))}, profile {code_span(env.get('profile', '?'))}, lock "
-            f"{code_span(env.get('lock_name') or '-')} sha256 {code_span(env.get('lock_sha256') or '-')}{torch_text}"
-        )
+    torch = env.torch or {}
+    torch_text = f", torch {for_markdown(torch.get('version'))} from {for_markdown(env.torch_index)}" if torch else ""
+    out.append(
+        f"- **Environment:** Python {for_markdown(env.python)} on {for_markdown(host.get('system', '?'))} "
+        f"{for_markdown(host.get('machine', '?'))}, profile {code_span(env.profile)}, lock "
+        f"{code_span(env.lock_name or '-')} sha256 {code_span(env.lock_sha256 or '-')}{torch_text}"
+    )
     out += ["", "### Pins", ""]
     out += _table(["side", "kind", "pin", "digest"], [_pin_row(r, side) for side in SIDES])
 
-    if comp["reasons"]:
-        out += [f"### Why the verdict is {for_markdown(r['verdict'])}", ""]
-        out += [f"- {for_markdown(reason)}" for reason in comp["reasons"]] + [""]
+    if comp.reasons:
+        out += [f"### Why the verdict is {for_markdown(r.verdict)}", ""]
+        out += [f"- {for_markdown(reason)}" for reason in comp.reasons] + [""]
 
-    out += _cases_section(r)
-    out += _tests_section(r)
+    out += _cases_section(comp)
+    out += _tests_section(comp)
     out += _mocks_section(ev)
     out += scope_lines(ev)
-    if ev.get("limits"):
-        out += ["**Limits:**", ""] + [f"- {for_markdown(item)}" for item in ev["limits"]] + [""]
+    if ev.limits:
+        out += ["**Limits:**", ""] + [f"- {for_markdown(item)}" for item in ev.limits] + [""]
     out += [
         "### Integrity",
         "",
@@ -205,8 +202,8 @@ def markdown(view: BundleView, author: str | None = None) -> str:
     return "\n".join(out)
 
 
-def _pin_row(r: Mapping[str, Any], side: str) -> list[str]:
-    pin = r["sides"][side]["pin"]
+def _pin_row(r: Receipt, side: str) -> list[str]:
+    pin = r.sides[side].pin
     if pin["kind"] == "wheel":
         return [
             side,
@@ -216,18 +213,17 @@ def _pin_row(r: Mapping[str, Any], side: str) -> list[str]:
         ]
     if pin["kind"] == "git":
         note = ""
-        if side == "head" and r["pin_set"].get("pr"):
-            note = f" (PR head, fetch via refs/pull/{r['pin_set']['pr']}/head)"
+        if side == "head" and r.pin_set.pr:
+            note = f" (PR head, fetch via refs/pull/{r.pin_set.pr}/head)"
         return [side, "git", f"commit {code_cell(pin['commit'])}{note}", f"gitCommit {code_cell(pin['commit'])}"]
     switches = json.dumps(pin.get("switches"), sort_keys=True)
     return [side, cell(pin["kind"]), f"model switches {code_cell(switches)}", "—"]
 
 
-def _cases_section(r: Mapping[str, Any]) -> list[str]:
-    comp = r["comparison"]
-    cases = comp["cases"]
+def _cases_section(comp: Comparison) -> list[str]:
+    cases = comp.cases
     by_case: dict[str, list[dict]] = {}
-    for row in comp["observations"]:
+    for row in comp.observations:
         by_case.setdefault(row["case"], []).append(row)
     keys = sorted(set(by_case) | set(cases.get("base", {})) | set(cases.get("head", {})))
     if not keys:
@@ -287,17 +283,16 @@ def _cases_section(r: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _tests_section(r: Mapping[str, Any]) -> list[str]:
-    comp = r["comparison"]
+def _tests_section(comp: Comparison) -> list[str]:
     out = ["### Upstream tests", ""]
-    if not comp["test_summary"]:
+    if not comp.test_summary:
         return [*out, "No upstream test ran on these pins (see the limits below).", ""]
     rows = []
-    for path, s in sorted(comp["test_summary"].items()):
+    for path, s in sorted(comp.test_summary.items()):
         moves = ", ".join(f"{n} {t}" for t, n in sorted(s.get("transitions", {}).items())) or "none"
         rows.append([code_cell(path), cell(moves), cell(_side_tests(s["base"])), cell(_side_tests(s["head"]))])
     out += _table(["file", "transitions", "base", "head"], rows)
-    if comp["tests"]:
+    if comp.tests:
         out += _table(
             ["test", "base", "head", "transition"],
             [
@@ -307,20 +302,20 @@ def _tests_section(r: Mapping[str, Any]) -> list[str]:
                     cell(_test_outcome(t, "head")),
                     cell(t["transition"]),
                 ]
-                for t in comp["tests"]
+                for t in comp.tests
             ],
         )
     return out
 
 
-def _mocks_section(ev: Mapping[str, Any]) -> list[str]:
+def _mocks_section(ev: EvidenceScope) -> list[str]:
     out = ["### Mock boundary", ""]
-    if not ev.get("mocks"):
+    if not ev.mocks:
         return [*out, "No probe declared mocks.", ""]
     out += ["What each probe replaced, as the probe declares it (receipt.evidence.mocks).", ""]
     rows = [
         [code_cell(probe), code_cell(target), cell(what)]
-        for probe, mocks in sorted(ev["mocks"].items())
+        for probe, mocks in sorted(ev.mocks.items())
         for target, what in sorted(mocks.items())
     ]
     return out + _table(["probe", "replaced", "with"], rows)

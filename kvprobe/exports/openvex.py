@@ -8,20 +8,22 @@ when its evidence was observed (the receipt's ``created_utc``, the run).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from kvprobe import __version__
 from kvprobe.errors import UsageError
 from kvprobe.exports.bundle_view import BundleView, counts_text, oneline, pin_text, prs_text, purl
+from kvprobe.model.receipt import Receipt
+from kvprobe.model.records import FixKind, Verdict
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import SIDES
 
 OPENVEX_CONTEXT = "https://openvex.dev/ns/v0.2.0"
 OPENVEX_SCHEMA = "openvex/0.2.0"  # a key of kvprobe.schema.KNOWN
 
 
-def _product(r: Mapping[str, Any], side: str) -> dict[str, Any]:
-    pin = r["sides"][side]["pin"]
+def _product(r: Receipt, side: str) -> dict[str, Any]:
+    pin = r.sides[side].pin
     ident = purl(r, side)
     product: dict[str, Any] = {"@id": ident, "identifiers": {"purl": ident}}
     if pin["kind"] == "wheel":
@@ -32,69 +34,68 @@ def _product(r: Mapping[str, Any], side: str) -> dict[str, Any]:
 
 
 def _evidence_note(view: BundleView, side: str) -> str:
-    r = view.receipt
-    ev = r["evidence"]
+    r = view.run
+    ev = r.evidence
     parts = [
         *view.provenance.caveats(),
         f"Determined by kvprobe from receipt sha256 {view.receipt_sha256} (receipt.json of the bundle "
         f"whose manifest.json sha256 is {view.manifest_sha256}; check it with `kvprobe verify BUNDLE "
-        f"--expect-manifest-sha256 {view.manifest_sha256}`), experiment {r['experiment']['id']}, "
-        f"run {r['run_id']}.",
-        f"Verdict {r['verdict']}: {counts_text(r)}.",
+        f"--expect-manifest-sha256 {view.manifest_sha256}`), experiment {r.experiment.id}, "
+        f"run {r.run_id}.",
+        f"Verdict {r.verdict}: {counts_text(r)}.",
         f"Tested {side}: {pin_text(r, side)}.",
-        f"Evidence layer {ev['layer']}: {oneline(ev['shows'])}",
-        "It does not show: " + "; ".join(oneline(x) for x in ev["does_not_show"]) + ".",
+        f"Evidence layer {ev.layer}: {oneline(ev.shows)}",
+        "It does not show: " + "; ".join(oneline(x) for x in ev.does_not_show) + ".",
     ]
-    if ev.get("limits"):
-        parts.append("Limits: " + "; ".join(oneline(x) for x in ev["limits"]) + ".")
+    if ev.limits:
+        parts.append("Limits: " + "; ".join(oneline(x) for x in ev.limits) + ".")
     return " ".join(parts)
 
 
-def _action(r: Mapping[str, Any]) -> str:
-    fix = r["experiment"]["fix"]
-    head = r["sides"]["head"]["pin"]
+def _action(r: Receipt) -> str:
+    fix = r.experiment.fix
+    head = r.sides["head"].pin
     prs = prs_text(r, links=False)
     if head["kind"] == "wheel":
         tested = "the release kvprobe tested as fixed"
-        if fix.get("release") and fix["release"] != head["version"]:
-            tested += f"; {fix['release']} is the first release with the fix"
+        if fix.release and fix.release != head["version"]:
+            tested += f"; {fix.release} is the first release with the fix"
         return f"Upgrade {head['package']} to {head['version']} or later ({tested}), or backport {prs}."
-    release = f" (first released in {fix['release']})" if fix.get("release") else ""
+    release = f" (first released in {fix.release})" if fix.release else ""
     return (
         f"Backport {prs} or move to a version that contains it{release}; kvprobe tested "
         f"commit {head['commit']} as fixed."
     )
 
 
-def vulnerability(r: Mapping[str, Any], fmt: str = "OpenVEX") -> dict[str, Any]:
+def vulnerability(r: Receipt | SweepReceipt, fmt: str = "OpenVEX") -> dict[str, Any]:
     """The vulnerability the receipt records, exactly as its experiment declares it, in
     OpenVEX's shape (``fmt`` names the export asked for, OpenVEX or OSV, in the message).
     UsageError when it records none, or the fix tested is not a security fix: affected/fixed
     (an OSV range) would then claim that this fix closes the vulnerability."""
-    exp = r["experiment"]
-    declared = exp.get("vulnerability")
+    exp = r.experiment
+    declared = exp.vulnerability
     what = "an OSV record" if fmt == "OSV" else "an OpenVEX statement"
     if declared is None:
         raise UsageError(
-            f"the receipt of {exp['id']} records no vulnerability id (its experiment declares no "
+            f"the receipt of {exp.id} records no vulnerability id (its experiment declares no "
             f"[vulnerability] table, or kvprobe predates it): nothing to name in {what}"
         )
-    if declared["fix_kind"] != "security":
+    if declared.fix_kind is not FixKind.SECURITY:
         raise UsageError(
-            f"{exp['id']} tests a {declared['fix_kind']} fix, not the security fix of {declared['id']}: "
+            f"{exp.id} tests a {declared.fix_kind} fix, not the security fix of {declared.id}: "
             f"no {fmt} {'record' if fmt == 'OSV' else 'statement'} is exported for it "
             "(docs/vulnerability-ids.md; --format markdown and intoto state only what the receipt says)"
         )
-    release = f", first released in {exp['fix']['release']}" if exp["fix"].get("release") else ""
+    release = f", first released in {exp.fix.release}" if exp.fix.release else ""
     named: dict[str, Any] = {
-        "name": declared["id"],
+        "name": declared.id,
         "description": (
-            f"{oneline(exp['title'])}. Fixed upstream by {prs_text(r, links=False)}{release}. "
-            f"{oneline(exp['fix']['summary'])}"
+            f"{oneline(exp.title)}. Fixed upstream by {prs_text(r, links=False)}{release}. {oneline(exp.fix.summary)}"
         ),
     }
-    if declared["aliases"]:
-        named["aliases"] = list(declared["aliases"])
+    if declared.aliases:
+        named["aliases"] = list(declared.aliases)
     return named
 
 
@@ -104,12 +105,12 @@ def openvex(view: BundleView, *, author: str, issued: str, role: str | None = No
     ``reproduced``; otherwise both sides are ``under_investigation``.
     Raises UsageError for a synthetic-model receipt (it names no product), a receipt with no
     vulnerability, or a fix that is not a security fix (see :func:`vulnerability`)."""
-    r = view.receipt
-    exp = r["experiment"]
+    r = view.run
+    exp = r.experiment
     products = {side: _product(r, side) for side in SIDES}
     vuln = vulnerability(r)
-    stamp = r["created_utc"]
-    if r["verdict"] == "reproduced":
+    stamp = r.created_utc
+    if r.verdict is Verdict.REPRODUCED:
         statements = [
             {
                 "vulnerability": vuln,
@@ -128,9 +129,9 @@ def openvex(view: BundleView, *, author: str, issued: str, role: str | None = No
             },
         ]
     else:
-        reasons = r["comparison"]["reasons"]
+        reasons = r.comparison.reasons
         why = (
-            f"The receipt's verdict is {r['verdict']!r}, not 'reproduced', so kvprobe claims neither "
+            f"The receipt's verdict is {r.verdict.value!r}, not 'reproduced', so kvprobe claims neither "
             f"affected nor fixed for this product."
         )
         if reasons:
@@ -147,8 +148,8 @@ def openvex(view: BundleView, *, author: str, issued: str, role: str | None = No
             for side in SIDES
         ]
     return document(
-        f"{exp['id']}:{view.manifest_sha256}",
-        f"a kvprobe {r['tool']['version']} receipt",
+        f"{exp.id}:{view.manifest_sha256}",
+        f"a kvprobe {r.tool.version} receipt",
         statements,
         author,
         issued,

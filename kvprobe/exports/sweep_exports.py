@@ -21,28 +21,21 @@ from kvprobe.evidence.sweep_view import TIMELINE
 from kvprobe.exports.bundle_view import BundleView, oneline, pr_url, prs_text, verify_command, wheel_purl
 from kvprobe.exports.markdown import cell, code_cell, code_span, provenance_lines
 from kvprobe.exports.openvex import document, vulnerability
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.rules.sweep_classification import AFFECTED, FIXED, MIXED, NOT_PRESENT
 from kvprobe.text import for_markdown
 
 OSV_SCHEMA = "osv"  # a key of kvprobe.schema.KNOWN
 OSV_SCHEMA_VERSION = "1.7.5"  # schemas/vendor/README.md: the revision vendored
-_RANGE = re.compile(r"^\s*[^,<>=!~]+\.\.[^,<>=!~]+\s*$")
 # A release observed unaffected right before a run of affected ones is an observed boundary.
 _UNAFFECTED = (NOT_PRESENT, FIXED)
 
 
-def _package(r: Mapping[str, Any]) -> str:
-    releases = [x for x in r["releases"] if x["wheel"]]
-    if not releases:
+def _package(r: SweepReceipt) -> str:
+    wheels = [x.wheel for x in r.releases if x.wheel]
+    if not wheels:
         raise UsageError("the sweep resolved no release wheel: there is no package to name")
-    return releases[0]["wheel"]["package"]
-
-
-def contiguous(r: Mapping[str, Any]) -> bool:
-    """Consecutive releases in the receipt are consecutive on the index: the sweep ran every
-    served release (no SPEC) or one ``A..B`` range. Only then may a first fixed release
-    follow a last affected one as a ``fixed`` event."""
-    return r["spec"] is None or bool(_RANGE.match(r["spec"]))
+    return wheels[0].package
 
 
 def _key(version: str) -> tuple[int, Any]:
@@ -57,23 +50,20 @@ class Observations:
     """What a sweep observed, the one input OSV's ranges are drawn from.
 
     ``classes``: (version, class) of every release entry, oldest first by PEP 440 order
-    (whatever the receipt's order). ``listing``: every version the index served in the swept
-    range, oldest first, when it is known; None when it is not (then no two releases are
-    known to be neighbours on the index, and no boundary is claimed). ``unserved``: versions
-    in the range the profile does not serve (nothing ran on them).
-
-    A receipt records its index listing; :func:`observations` takes that (an older receipt's
-    release entries and ``unserved`` of a contiguous sweep stand in for it).
+    (whatever the receipt's order). ``listing``: every version the index listed (the
+    receipt's ``listing.versions``, which verify's step 4 holds the release set to), oldest
+    first: two releases are neighbours only there, never by the --releases text.
+    ``unserved``: versions in the range the profile does not serve (nothing ran on them).
     """
 
     classes: tuple[tuple[str, str], ...]
-    listing: tuple[str, ...] | None
+    listing: tuple[str, ...]
     unserved: tuple[str, ...]
     swept: str
 
     def neighbours(self, older: str, newer: str) -> bool:
         """``newer`` comes right after ``older`` on the index."""
-        if self.listing is None or older not in self.listing or newer not in self.listing:
+        if older not in self.listing or newer not in self.listing:
             return False
         return self.listing.index(newer) == self.listing.index(older) + 1
 
@@ -81,28 +71,21 @@ class Observations:
         """Versions of the listing older than ``version`` that were not classified affected,
         fixed or not-present (unserved, could not observe, mixed)."""
         seen = {v for v, c in self.classes if c in (AFFECTED, FIXED, NOT_PRESENT)}
-        older = [v for v in (self.listing or ()) if _key(v) < _key(version)]
+        older = [v for v in self.listing if _key(v) < _key(version)]
         return [v for v in older if v not in seen]
 
 
-def observations(r: Mapping[str, Any]) -> Observations:
+def observations(r: SweepReceipt) -> Observations:
     """The sweep receipt's observations. Reads ``releases[].version``,
-    ``releases[].classification.overall``, ``unserved``, ``spec`` and the index ``listing``
-    (``listing.versions``, which verify's step 4 holds the release set to), nothing else. A
-    receipt without a listing (written before sweeps recorded one) falls back to its release
-    entries and ``unserved`` for a contiguous sweep."""
-    classes = tuple(
-        sorted(((x["version"], x["classification"]["overall"]) for x in r["releases"]), key=lambda t: _key(t[0]))
-    )
-    unserved = tuple(sorted(r["unserved"], key=_key))
-    if isinstance(r.get("listing"), Mapping):
-        listing: tuple[str, ...] | None = tuple(sorted(r["listing"]["versions"], key=_key))
-    else:
-        listing = tuple(sorted({v for v, _ in classes} | set(unserved), key=_key)) if contiguous(r) else None
-    return Observations(classes, listing, unserved, r["spec"] or "every release on the index the profile serves")
+    ``releases[].classification.overall``, ``unserved``, ``spec`` (as text to show, never
+    parsed) and the index ``listing.versions``, nothing else."""
+    classes = tuple(sorted(((x.version, str(x.classification.overall)) for x in r.releases), key=lambda t: _key(t[0])))
+    unserved = tuple(sorted(r.unserved, key=_key))
+    listing = tuple(sorted(r.listing.versions, key=_key))
+    return Observations(classes, listing, unserved, r.spec or "every release on the index the profile serves")
 
 
-def osv_ranges(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+def osv_ranges(r: SweepReceipt) -> list[dict[str, Any]]:
     """ECOSYSTEM ranges of the receipt's observations (:func:`ranges_of`)."""
     return ranges_of(observations(r))
 
@@ -168,12 +151,12 @@ def introduced_text(obs: Observations, ranges: Sequence[Mapping[str, Any]]) -> s
     )
 
 
-def _unobserved(r: Mapping[str, Any]) -> dict[str, str]:
+def _unobserved(r: SweepReceipt) -> dict[str, str]:
     found = {}
-    for release in r["releases"]:
-        cls = release["classification"]
-        if cls["overall"] not in (AFFECTED, FIXED):
-            found[release["version"]] = f"{cls['overall']}: " + "; ".join(oneline(x) for x in cls["reasons"][:3])
+    for release in r.releases:
+        cls = release.classification
+        if cls.overall not in (AFFECTED, FIXED):
+            found[release.version] = f"{cls.overall}: " + "; ".join(oneline(x) for x in cls.reasons[:3])
     return found
 
 
@@ -207,9 +190,9 @@ def osv_id(vuln: Mapping[str, Any], given: str | None = None) -> tuple[str, list
     return chosen, [x for x in declared if x != chosen]
 
 
-def references(r: Mapping[str, Any], package: str) -> list[dict[str, str]]:
+def references(r: SweepReceipt, package: str) -> list[dict[str, str]]:
     """The fix PRs (FIX) and the package's index page (PACKAGE)."""
-    found = [{"type": "FIX", "url": url} for n in r["experiment"]["fix"]["prs"] if (url := pr_url(r, n))]
+    found = [{"type": "FIX", "url": url} for n in r.experiment.fix.prs if (url := pr_url(r, n))]
     name = re.sub(r"[-_.]+", "-", package).lower()
     found.append({"type": "PACKAGE", "url": f"https://pypi.org/project/{quote(name)}/"})
     return found
@@ -220,7 +203,7 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
     tested fix is its security fix), ``modified`` at the export time. Its text passes the
     Markdown neutraliser (OSV viewers render ``details`` as Markdown); where the bundle is not
     anchored, the record says so in ``details`` and ``database_specific``."""
-    r = view.receipt
+    r = view.sweep
     vuln = vulnerability(r, fmt="OSV")
     record_id, aliases = osv_id(vuln, osv_id_given)
     package = _package(r)
@@ -228,14 +211,14 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
     ranges = ranges_of(obs)
     observed = dict(obs.classes)
     affected_versions = [v for v, cls in obs.classes if cls == AFFECTED]
-    exp = r["experiment"]
+    exp = r.experiment
     caveats = view.provenance.caveats()
     details = " ".join(
         [
             *(for_markdown(x) for x in caveats),
-            f"{for_markdown(oneline(exp['title']))}. Fixed upstream by {prs_text(r, links=True)}.",
-            for_markdown(oneline(exp["fix"]["summary"])),
-            f"Ranges and versions come only from releases kvprobe observed (sweep run {code_span(r['run_id'])});",
+            f"{for_markdown(oneline(exp.title))}. Fixed upstream by {prs_text(r, links=True)}.",
+            for_markdown(oneline(exp.fix.summary)),
+            f"Ranges and versions come only from releases kvprobe observed (sweep run {code_span(r.run_id)});",
             f"introduced: {for_markdown(introduced_text(obs, ranges))}.",
             f"Check the evidence with {code_span(verify_command(view))}.",
         ]
@@ -245,7 +228,7 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
         "schema_version": OSV_SCHEMA_VERSION,
         "id": record_id,
         "modified": modified,
-        "summary": for_markdown(oneline(exp["title"])),
+        "summary": for_markdown(oneline(exp.title)),
         "details": details,
         "references": references(r, package),
         "affected": [
@@ -276,10 +259,10 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
         "database_specific": {
             "kvprobe": {
                 "tool": f"kvprobe {__version__}",
-                "run_id": r["run_id"],
+                "run_id": r.run_id,
                 "manifest_sha256": view.manifest_sha256,
                 "receipt_sha256": view.receipt_sha256,
-                "classification": r["algorithm"],
+                "classification": r.algorithm,
                 "provenance": view.provenance.to_json(),
             }
         },
@@ -292,41 +275,41 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
 def openvex(view: BundleView, *, author: str, issued: str, role: str | None = None) -> dict[str, Any]:
     """One statement per observed release: affected, fixed, or (mixed) under_investigation;
     each one's notes carry the bundle's caveats (see :class:`~kvprobe.exports.bundle_view.Provenance`)."""
-    r = view.receipt
+    r = view.sweep
     vuln = vulnerability(r)
     caveats = " ".join(view.provenance.caveats())
     statements = []
-    for release in sorted(r["releases"], key=lambda x: _key(x["version"])):
-        cls = release["classification"]
-        if cls["overall"] not in (AFFECTED, FIXED, MIXED) or release["wheel"] is None:
+    for release in sorted(r.releases, key=lambda x: _key(x.version)):
+        cls = release.classification
+        if cls.overall not in (AFFECTED, FIXED, MIXED) or release.wheel is None:
             continue
-        wheel = release["wheel"]
-        ident = wheel_purl(wheel["package"], wheel["version"])
-        status = {AFFECTED: "affected", FIXED: "fixed", MIXED: "under_investigation"}[cls["overall"]]
+        wheel = release.wheel
+        ident = wheel_purl(wheel.package, wheel.version)
+        status = {AFFECTED: "affected", FIXED: "fixed", MIXED: "under_investigation"}[cls.overall]
         statement: dict[str, Any] = {
             "vulnerability": vuln,
-            "products": [{"@id": ident, "identifiers": {"purl": ident}, "hashes": {"sha-256": wheel["sha256"]}}],
+            "products": [{"@id": ident, "identifiers": {"purl": ident}, "hashes": {"sha-256": wheel.sha256}}],
             "status": status,
-            "timestamp": r["created_utc"],
+            "timestamp": r.created_utc,
             "status_notes": (
                 (caveats + " " if caveats else "")
-                + f"kvprobe sweep {r['run_id']} classified {wheel['file']} (sha256 {wheel['sha256']}) "
-                f"{cls['overall']} from its raw probe outputs; check with `{verify_command(view)}`."
-                + (" " + "; ".join(oneline(x) for x in cls["reasons"][:3]) if cls["reasons"] else "")
+                + f"kvprobe sweep {r.run_id} classified {wheel.file} (sha256 {wheel.sha256}) "
+                f"{cls.overall} from its raw probe outputs; check with `{verify_command(view)}`."
+                + (" " + "; ".join(oneline(x) for x in cls.reasons[:3]) if cls.reasons else "")
             ),
         }
         if status == "affected":
-            fixed = [x["version"] for x in r["releases"] if x["classification"]["overall"] == FIXED]
+            fixed = [x.version for x in r.releases if x.classification.overall is FIXED]
             statement["action_statement"] = (
-                f"Upgrade {wheel['package']} to a release kvprobe observed fixed ({', '.join(fixed)})"
+                f"Upgrade {wheel.package} to a release kvprobe observed fixed ({', '.join(fixed)})"
                 if fixed
                 else f"No release kvprobe observed is fixed; backport {prs_text(r, links=False)}"
             )
         statements.append(statement)
     if not statements:
         raise UsageError("the sweep observed no release: there is nothing to state in OpenVEX")
-    name = f"{r['experiment']['id']}:sweep:{view.manifest_sha256}"
-    return document(name, f"a kvprobe {r['tool']['version']} sweep", statements, author, issued, role)
+    name = f"{r.experiment.id}:sweep:{view.manifest_sha256}"
+    return document(name, f"a kvprobe {r.tool.version} sweep", statements, author, issued, role)
 
 
 def _timeline_digest(view: BundleView) -> str | None:
@@ -340,17 +323,17 @@ def markdown(view: BundleView, author: str | None = None) -> str:
     """The release table and the timeline, for a security review. The timeline is an image
     link to the bundle's timeline.svg (GitHub strips inline ``<svg>``), relative to where the
     bundle sits, as the verify command names it."""
-    r = view.receipt
-    exp = r["experiment"]
-    profile = r["profile"]
+    r = view.sweep
+    exp = r.experiment
+    profile = r.profile
     out = [
-        f"## kvprobe sweep: {cell(exp['id'])}: {cell(oneline(exp['title']))}",
+        f"## kvprobe sweep: {cell(exp.id)}: {cell(oneline(exp.title))}",
         "",
         *provenance_lines(view, author),
-        f"- **Releases:** {cell(r['spec'] or 'every release on the index the profile serves')}; profile "
-        f"{code_span(profile['name'])} serves {code_span(profile['serves'] or 'every release')}",
+        f"- **Releases:** {cell(r.spec or 'every release on the index the profile serves')}; profile "
+        f"{code_span(profile.name)} serves {code_span(profile.serves or 'every release')}",
         f"- **Fix:** {prs_text(r, links=True)}",
-        f"- **Run:** {code_span(r['run_id'])} at {cell(r['created_utc'])} by kvprobe {cell(r['tool']['version'])}",
+        f"- **Run:** {code_span(r.run_id)} at {cell(r.created_utc)} by kvprobe {cell(r.tool.version)}",
         f"- **Check it:** {code_span(verify_command(view))}",
         "",
     ]
@@ -358,24 +341,22 @@ def markdown(view: BundleView, author: str | None = None) -> str:
     if digest:
         link = quote(f"{view.name}/{TIMELINE}", safe="/._-~")
         out += [
-            f"![releases of {cell(exp['id'])} by classification, oldest left]({link})",
+            f"![releases of {cell(exp.id)} by classification, oldest left]({link})",
             "",
             f"The timeline is {code_span(TIMELINE)} in the bundle (sha256 {code_span(digest)}).",
             "",
         ]
     out += [*_release_table(r), ""]
-    if r["unserved"]:
-        shown = ", ".join(sorted(r["unserved"], key=_key))
+    if r.unserved:
+        shown = ", ".join(sorted(r.unserved, key=_key))
         out += [
-            f"Not run: {len(r['unserved'])} selected releases that profile {code_span(profile['name'])} does not "
+            f"Not run: {len(r.unserved)} selected releases that profile {code_span(profile.name)} does not "
             f"serve: {cell(shown)}.",
             "",
         ]
     obs = observations(r)
     if obs.classes:
-        floor = (
-            f"; profile {code_span(profile['name'])} serves {code_span(profile['serves'])}" if profile["serves"] else ""
-        )
+        floor = f"; profile {code_span(profile.name)} serves {code_span(profile.serves)}" if profile.serves else ""
         out += [
             f"Oldest release observed: {cell(obs.classes[0][0])}. Releases older than it were not observed: "
             f"the sweep selected {cell(obs.swept)}{floor}. An OSV record's `introduced` is therefore an "
@@ -385,21 +366,19 @@ def markdown(view: BundleView, author: str | None = None) -> str:
     return "\n".join(out)
 
 
-def _release_table(r: Mapping[str, Any]) -> list[str]:
+def _release_table(r: SweepReceipt) -> list[str]:
     """One row per release, oldest first: class, case counts, the wheel's sha256, and why;
     every value escaped (reasons quote probe outputs)."""
     lines = ["| release | classification | cases | wheel sha256 | why |", "| --- | --- | --- | --- | --- |"]
-    for release in sorted(r["releases"], key=lambda x: _key(x["version"])):
-        cls = release["classification"]
+    for release in sorted(r.releases, key=lambda x: _key(x.version)):
+        cls = release.classification
         counts: dict[str, int] = {}
-        for case in cls["cases"].values():
+        for case in cls.cases.values():
             counts[case["class"]] = counts.get(case["class"], 0) + 1
-        wheel = release["wheel"]
-        digest = code_cell(wheel["sha256"][:16] + "…") if wheel else "none"
-        reasons = cls["reasons"]
+        wheel = release.wheel
+        digest = code_cell(wheel.sha256[:16] + "…") if wheel else "none"
+        reasons = cls.reasons
         why = "; ".join(reasons[:3]) + (f" (+{len(reasons) - 3} more)" if len(reasons) > 3 else "")
         shown = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
-        lines.append(
-            f"| {cell(release['version'])} | {cell(cls['overall'])} | {cell(shown)} | {digest} | {cell(why)} |"
-        )
+        lines.append(f"| {cell(release.version)} | {cell(cls.overall)} | {cell(shown)} | {digest} | {cell(why)} |")
     return lines

@@ -121,7 +121,7 @@ def run_behaviour(
     rules = [gate_probes.RULES[n] for n in gate_probes.BEHAVIOURAL]
     if target is None:
         gates = {
-            r.gate: ProbeGate(r.gate, (gate_probes.NO_TARGET,), [], BehaviourBasis(r.gate, r.algorithm, ()))
+            r.gate: ProbeGate(r.gate, (gate_probes.NO_TARGET,), [], BehaviourBasis(r.algorithm, (), r.gate))
             for r in rules
         }
         return BehaviourRun(gates, None)
@@ -158,7 +158,7 @@ def run_behaviour(
             r.gate,
             tuple(found[r.gate][0]),
             found[r.gate][1],
-            BehaviourBasis(r.gate, r.algorithm, tuple(found[r.gate][2])),
+            BehaviourBasis(r.algorithm, tuple(found[r.gate][2]), r.gate),
         )
         for r in rules
     }

@@ -21,7 +21,7 @@ class Gate:
         return combine(c.status for c in self.checks if c.decides)
 
     def record(self) -> GateRecord:
-        return GateRecord(self.number, self.title, self.status.value, tuple(c.record() for c in self.checks))
+        return GateRecord(self.number, self.title, self.status, tuple(c.record() for c in self.checks))
 
 
 @dataclass

@@ -37,7 +37,9 @@ class InputFile:
 
     def record(self, role: str | None, redacted: frozenset[str] | set[str]) -> InputRecord:
         """Name and digest only: the operator's directory layout is not the bundle's business."""
-        return InputRecord(self.path.name, self.role_flag, role, self.sha256, self.size, tuple(sorted(redacted)))
+        return InputRecord(
+            self.role_flag, role, self.sha256, self.size, name=self.path.name, redacted_keys=tuple(sorted(redacted))
+        )
 
 
 def _input(role: str | None, path: Path) -> InputFile:

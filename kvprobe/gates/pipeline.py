@@ -81,7 +81,7 @@ class GatesRun:
     gate4: dict[str, Any] = field(default_factory=dict)  # what gate 4's deferred checks were decided from
 
 
-def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> SealedBundle[dict[str, Any]]:
+def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> SealedBundle[GatesReceipt]:
     """Decide all four gates and write the bundle; raises only on bad input or a broken env."""
     reporter = reporter or Reporter()
     if not (opts.logs or opts.server_args or opts.sglang or opts.env):
@@ -124,8 +124,7 @@ def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> SealedBund
             GateInputs(logs, files, target, code, envs),
             GatesRun(started, gates, findings, behaviour, timings, gate4_basis),
         )
-        receipt = record.to_json()
-        return workspace.seal(receipt, receipt, GATES_RECEIPT_SCHEMA, render_readme(record))
+        return workspace.seal(record, record.to_json(), GATES_RECEIPT_SCHEMA, render_readme(record))
     finally:
         held.close()
         workspace.close()
@@ -157,7 +156,7 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
         run_id=f"gates-{started.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}",
         created_utc=started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         layer="deployment",
-        overall=verdict.value,
+        overall=verdict,
         exit_code=RECORDED_EXIT_CODE[verdict],
         gates=tuple(g.record() for g in run.gates),
         inputs=Inputs(

@@ -2,12 +2,13 @@
 dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as the run
 receipt, so ``GatesReceipt.from_json(doc).to_json() == doc``.
 
-Statuses stay strings ("pass", "fail", "unknown", "info"): their enum and how they combine
-live in ``rules.gate_status``, above this layer. It reads the receipts of every version
-verify accepts, each part as written (None: absent, so the round trip holds): /1 receipts
-(inputs first by absolute path, no ``gate2`` basis), /2 receipts (no ``--env`` inputs, no ``gate4``
-basis) and /3 receipts (gate 2 the only behavioural gate, its basis ``gate2``, probes without
-``gate``); /4 receipts have ``behaviour`` and ``gate4`` and no ``gate2``.
+Statuses are :class:`~kvprobe.model.records.GateStatus`; how they combine lives in
+``rules.gate_status``, above this layer. The model reads the receipts of every version verify
+accepts, each part as written (an OPTIONAL field's None: absent, so the round trip holds): /1
+(inputs first by absolute path, no ``gate2`` basis), /2 (no ``--env`` inputs, no ``gate4``
+basis) and /3 (gate 2 the only behavioural gate, its basis ``gate2``, probes without
+``gate``); /4 receipts have ``behaviour`` and ``gate4`` and no ``gate2``. Which keys a version
+must have is its schema's rule (verify's step 2), not the model's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvprobe.model.receipt import OPTIONAL, EnvRecord, ExecutionRecord, FileRef, Part, ReceiptHead, ScopeRecord
+from kvprobe.model.records import GateStatus
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class CheckRecord(Part):
     """One check of a gate; only checks that ``decides`` count towards the gate's status."""
 
     name: str
-    status: str
+    status: GateStatus
     detail: str
     evidence: str
     decides: bool
@@ -34,7 +36,7 @@ class CheckRecord(Part):
 class GateRecord(Part):
     number: int
     title: str
-    status: str
+    status: GateStatus
     checks: tuple[CheckRecord, ...]
 
 
@@ -43,21 +45,22 @@ class InputRecord(Part):
     """An operator's file by name and digest (never its path or its bytes), and the secret
     keys whose values were masked before anything was stored."""
 
-    name: str | None = field(metadata=OPTIONAL)  # None: a /1 receipt's first shape (``path``)
     role_flag: str | None
     role: str | None
     sha256: str
     size: int
-    redacted_keys: tuple[str, ...] | None = field(metadata=OPTIONAL)  # None: the first /1 shape
-    path: str | None = field(default=None, metadata=OPTIONAL)  # the first /1 shape: the file by path
+    # absent in the first kvprobe.gates-receipt/1 shape, which named the file by its path
+    name: str | None = field(default=None, metadata=OPTIONAL)
+    redacted_keys: tuple[str, ...] | None = field(default=None, metadata=OPTIONAL)
+    path: str | None = field(default=None, metadata=OPTIONAL)  # that first /1 shape only
 
 
 @dataclass(frozen=True)
 class Inputs(Part):
     logs: tuple[InputRecord, ...]
     server_args: tuple[InputRecord, ...]
-    # the workers' environments (--env): what no log shows (None: absent before /3)
-    env: tuple[InputRecord, ...] | None = field(metadata=OPTIONAL)
+    # the workers' environments (--env): what no log shows; absent before /3
+    env: tuple[InputRecord, ...] | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,6 @@ class TargetRecord(Part):
 class GateProbeRecord(Part):
     """One probe of a behavioural gate (2, 3 or 4) run against the target's code."""
 
-    gate: int | None = field(metadata=OPTIONAL)  # None: before /4, where only gate 2 ran probes
     experiment: str
     name: str
     source: FileRef
@@ -96,6 +98,7 @@ class GateProbeRecord(Part):
     exit_code: int | None
     problem: str | None
     duration_s: float
+    gate: int | None = field(default=None, metadata=OPTIONAL)  # absent before /4: gate 2's
     # the probe output's own lists; absent in receipts written before probes recorded them
     configuration: list[Any] | None = field(default=None, metadata=OPTIONAL)
     absorbed: list[Any] | None = field(default=None, metadata=OPTIONAL)
@@ -112,22 +115,19 @@ class GateExperimentRecord(Part):
 
 
 @dataclass(frozen=True)
-class BehaviourBasis(Part):
-    """What a behavioural gate's probe checks were decided from, besides the probe outputs: the
-    rule (``rules.gate_probes``) and the experiments."""
+class Gate2Basis(Part):
+    """Gate 2's basis as /2 and /3 receipts recorded it (``gate2``): its rule and experiments."""
 
-    gate: int
     algorithm: str
     experiments: tuple[GateExperimentRecord, ...]
 
 
 @dataclass(frozen=True)
-class Gate2Basis(Part):
-    """Gate 2's basis as /2 and /3 receipts record it (``gate2``): /4 records it as the
-    :class:`BehaviourBasis` of gate 2."""
+class BehaviourBasis(Gate2Basis):
+    """What a behavioural gate's probe checks were decided from, besides the probe outputs: the
+    rule (``rules.gate_probes``) and the experiments."""
 
-    algorithm: str
-    experiments: tuple[GateExperimentRecord, ...]
+    gate: int
 
 
 @dataclass(frozen=True)
@@ -140,23 +140,23 @@ class GatesReceipt(ReceiptHead):
     """One deployment against the four acceptance gates."""
 
     layer: str
-    overall: str
+    overall: GateStatus
     exit_code: int
     gates: tuple[GateRecord, ...]
     inputs: Inputs
     workers: tuple[Mapping[str, Any], ...]  # what each worker's startup log showed, as parsed
     target: TargetRecord | None
     probes: tuple[GateProbeRecord, ...]  # every behavioural gate's, each naming its gate
-    # one per behavioural gate (2, 3, 4); None: before /4 (gate 2's basis is ``gate2``)
-    behaviour: tuple[BehaviourBasis, ...] | None = field(metadata=OPTIONAL)
-    # what gate 4's deferred-release checks were decided from (rules/gate4 recomputes them);
-    # None: before /3
-    gate4: Mapping[str, Any] | None = field(metadata=OPTIONAL)
     env: EnvRecord | None
     host: Mapping[str, Any]
     evidence: DeploymentScope
     timings: Mapping[str, float]
+    # one per behavioural gate (2, 3, 4); absent before /4
+    behaviour: tuple[BehaviourBasis, ...] | None = field(default=None, metadata=OPTIONAL)
+    # what gate 4's deferred-release checks were decided from (rules/gate4 recomputes them);
+    # absent before /3
+    gate4: Mapping[str, Any] | None = field(default=None, metadata=OPTIONAL)
+    gate2: Gate2Basis | None = field(default=None, metadata=OPTIONAL)  # /2 and /3 only
     # how the behavioural gates' probes ran (the run receipt's part; names are "<experiment>/<probe>"):
     # absent when no probe ran, and in receipts written before gate 2 forked its probes
     execution: ExecutionRecord | None = field(default=None, metadata=OPTIONAL)
-    gate2: Gate2Basis | None = field(default=None, metadata=OPTIONAL)  # /2 and /3 only

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +19,18 @@ VULN_ID_RE = re.compile(
 )
 
 
-class Side(str, Enum):
+class Side(StrEnum):
     BASE = "base"
     HEAD = "head"
 
 
-class SourceKind(str, Enum):
+class SourceKind(StrEnum):
     GIT = "git"
     WHEEL = "wheel"
     SYNTHETIC = "synthetic"
 
 
-class Layer(str, Enum):
+class Layer(StrEnum):
     """Which evidence layer a receipt belongs to (the README's "What the evidence shows": three layers)."""
 
     SYNTHETIC = "synthetic-model"
@@ -38,7 +38,7 @@ class Layer(str, Enum):
     DIFF_PROBE = "diff-probe"
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     PASSED = "passed"
     FAILED = "failed"
     ERROR = "error"
@@ -47,7 +47,7 @@ class Outcome(str, Enum):
     XPASSED = "xpassed"
 
 
-class FailureKind(str, Enum):
+class FailureKind(StrEnum):
     """Why a test did not pass: an assertion is not the same as a stub fall-through."""
 
     ASSERTION = "assertion"
@@ -57,7 +57,7 @@ class FailureKind(str, Enum):
     INFRASTRUCTURE = "infrastructure"
 
 
-class Transition(str, Enum):
+class Transition(StrEnum):
     FAIL_TO_PASS = "FAIL_TO_PASS"
     # base could not even collect the test (e.g. ImportError of the fixed module), head
     # passes it: a fail-to-pass by exception, never an assertion
@@ -69,12 +69,34 @@ class Transition(str, Enum):
     ERROR = "ERROR"
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     REPRODUCED = "reproduced"
     NOT_REPRODUCED = "not-reproduced"
     NO_EXPECTATIONS = "no-expectations"
     COULD_NOT_OBSERVE = "could-not-observe"  # a case with expectations never reached its decision point
     ERROR = "error"
+
+
+class GateStatus(StrEnum):
+    """A gate's or a gate check's status (how they combine: ``rules.gate_status``)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+    INFO = "info"  # reported, does not decide the gate
+
+
+class SweepClass(StrEnum):
+    """A swept release's class, or one of its cases' (how: ``rules.sweep_classification``)."""
+
+    AFFECTED = "affected"
+    FIXED = "fixed"
+    MIXED = "mixed"
+    UNOBSERVED = "could-not-observe"
+    NOT_PRESENT = "not-present"
+    CONTROL = "control"  # a case only: behaves as both sides expect
+    NEITHER = "neither"  # a case only: behaves as no side expects
+    NOT_SERVED = "not-served"  # a release no profile of the experiment can import: nothing ran
 
 
 @dataclass(frozen=True)

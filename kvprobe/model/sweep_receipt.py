@@ -3,8 +3,8 @@ dataclasses: the same :class:`~kvprobe.model.receipt.Part` writer and reader as 
 receipt, and its parts where a sweep records the same thing (the tool, cited files, a probe's
 record, the env), so ``SweepReceipt.from_json(doc).to_json() == doc``.
 
-Classes stay strings ("affected", "fixed", ...): their names and how a release is classified
-live in ``rules.sweep_classification``, above this layer. A case's classification stays the mapping
+A release's class is a :class:`~kvprobe.model.records.SweepClass`; how a release is classified
+lives in ``rules.sweep_classification``, above this layer. A case's classification stays the mapping
 ``rules.sweep_classification`` wrote (its key ``class`` is no field name), as do host and settings.
 """
 
@@ -25,7 +25,7 @@ from kvprobe.model.receipt import (
     RunProbeRecord,
     ScopeRecord,
 )
-from kvprobe.model.records import Fix, Vulnerability
+from kvprobe.model.records import Fix, SweepClass, Vulnerability
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class Classification(Part):
     """rules/sweep_classification's classification of one release, as it wrote it."""
 
     algorithm: str
-    overall: str
+    overall: SweepClass
     reasons: tuple[str, ...]
     cases: Mapping[str, Mapping[str, Any]]
     # sweep --repeat N: each case that differed between the release's runs, with how (empty:

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
 
 from kvprobe.model.gates_receipt import CheckRecord
+from kvprobe.model.records import GateStatus
 
-
-class Status(str, Enum):
-    PASS = "pass"
-    FAIL = "fail"
-    UNKNOWN = "unknown"
-    INFO = "info"  # reported, does not decide the gate
+# The enum lives with the receipt model (a gates receipt's statuses are typed by it).
+Status = GateStatus
 
 
 # The ``exit_code`` a gates receipt records for its overall status: the CLI's exit codes
@@ -46,4 +42,4 @@ class Check:
     decides: bool = True
 
     def record(self) -> CheckRecord:
-        return CheckRecord(self.name, self.status.value, self.detail, self.evidence, self.decides)
+        return CheckRecord(self.name, self.status, self.detail, self.evidence, self.decides)

@@ -11,17 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvprobe.model.receipt import ProbeRecord, RunProbeRecord
+from kvprobe.model.records import SweepClass
+from kvprobe.model.sweep_receipt import ReleaseRecord
 from kvprobe.rules.compare import case_table, repeat_problems, unstable_in
 
 # Names what classify() computes; change it whenever its output for the same inputs changes.
 ALGORITHM = "kvprobe.sweep/1"
 
-AFFECTED, FIXED, MIXED = "affected", "fixed", "mixed"
-UNOBSERVED, NOT_PRESENT = "could-not-observe", "not-present"
-# Case classes only: a control case behaves as both sides expect; "neither" as no side does.
-CONTROL, NEITHER = "control", "neither"
-# A release no profile of the experiment can import: nothing ran (receipt only).
-NOT_SERVED = "not-served"
+AFFECTED, FIXED, MIXED = SweepClass.AFFECTED, SweepClass.FIXED, SweepClass.MIXED
+UNOBSERVED, NOT_PRESENT = SweepClass.UNOBSERVED, SweepClass.NOT_PRESENT
+CONTROL, NEITHER = SweepClass.CONTROL, SweepClass.NEITHER  # case classes only
+NOT_SERVED = SweepClass.NOT_SERVED  # a release no profile can import: nothing ran (receipt only)
 OBSERVED_CLASSES = (AFFECTED, FIXED, MIXED)
 
 
@@ -101,7 +102,9 @@ def classify_release(
         if key.split("/", 1)[0] in probe_problems:
             cases[key] = {"class": UNOBSERVED, "reason": probe_problems[key.split("/", 1)[0]]}
     overall, reasons = _overall(cases, {k for k in keys if base.get(k, {}) != head.get(k, {})}, probe_problems)
-    found = {"algorithm": ALGORITHM, "overall": overall, "reasons": reasons, "cases": cases}
+    # a JSON document (verify compares it with the receipt's, types included): classes as plain strings
+    cases = {k: {**c, "class": str(c["class"])} for k, c in cases.items()}
+    found = {"algorithm": ALGORITHM, "overall": str(overall), "reasons": reasons, "cases": cases}
     return found if repeats is None else {**found, "unstable": unstable}
 
 
@@ -138,36 +141,30 @@ def _overall(
     return classes.pop(), []
 
 
-def summary(releases: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+def summary(releases: Sequence[ReleaseRecord]) -> dict[str, list[str]]:
     """Versions per overall class, in the receipt's (ascending) order."""
     found: dict[str, list[str]] = {}
     for release in releases:
-        found.setdefault(release["classification"]["overall"], []).append(release["version"])
+        found.setdefault(release.classification.overall, []).append(release.version)
     return found
 
 
-def release_repeats(release: Mapping[str, Any], read: Any) -> dict[str, list[Mapping[str, Any] | None]] | None:
-    """Per probe, the documents of runs 2..N its receipt entry cites (``read(path)`` gives
-    one); None for a release of a sweep that ran its probes once."""
-    if not any(p.get("repeats") for p in release["probes"]):
+def release_repeats(probes: Sequence[RunProbeRecord], read: Any) -> dict[str, list[Mapping[str, Any] | None]] | None:
+    """Per probe of a release, the documents of runs 2..N its receipt entry cites (``read(path)``
+    gives one); None for a release of a sweep that ran its probes once."""
+    if not any(p.repeats for p in probes):
         return None
-    return {
-        p["name"]: [read(r["raw"]["path"]) if r["raw"] else None for r in p.get("repeats") or []]
-        for p in release["probes"]
-    }
+    return {p.name: [read(r.raw.path) if r.raw else None for r in p.repeats or ()] for p in probes}
 
 
-def release_problems(release: Mapping[str, Any]) -> dict[str, str]:
-    """Why (part of) a release could not run, from its receipt entry: the wheel's problem
+def release_problems(problem: str | None, probes: Sequence[ProbeRecord]) -> dict[str, str]:
+    """Why (part of) a release could not run, from its receipt entry: the wheel's ``problem``
     and each probe that left no valid document, in any of its runs (``name#run`` for runs
     2..N of ``sweep --repeat N``)."""
-    found = {p["name"]: p["problem"] for p in release["probes"] if p["problem"] is not None or p["raw"] is None}
-    found = {name: problem or "no output" for name, problem in found.items()}
-    for p in release["probes"]:
-        again = p.get("repeats") or []
-        found |= repeat_problems(
-            {p["name"]: [None if r["raw"] is not None else r["problem"] or "no output" for r in again]}
-        )
-    if release.get("problem"):
-        found["(release)"] = release["problem"]
+    found = {p.name: p.problem or "no output" for p in probes if p.problem is not None or p.raw is None}
+    for p in probes:
+        again = (p.repeats or ()) if isinstance(p, RunProbeRecord) else ()
+        found |= repeat_problems({p.name: [None if r.raw is not None else r.problem or "no output" for r in again]})
+    if problem:
+        found["(release)"] = problem
     return found

@@ -9,12 +9,12 @@ boundaries only from what verify recomputed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from kvprobe.model.sweep_receipt import Listing, ObservedRange, ProfileRef, ReleaseRecord
 from kvprobe.rules.sweep_classification import AFFECTED, FIXED, MIXED, NOT_PRESENT
 
 # Names what observed_range() computes; change it whenever its output for the same inputs changes.
@@ -50,9 +50,11 @@ def unserved_reason(profile: str, serves: str | None, version: str) -> str | Non
     return f"outside what profile {profile} serves ({serves})"
 
 
-def observed_range(receipt: Mapping[str, Any]) -> dict[str, Any]:
+def observed_range(
+    releases: Sequence[ReleaseRecord], listing: Listing, profile: ProfileRef, spec: str | None
+) -> ObservedRange:
     """What the sweep observed of the range, from its releases (whatever order they are stored
-    in), its listing and its profile:
+    in), its listing, its profile and its --releases ``spec``:
 
     - ``oldest``: the oldest release observed (affected, fixed, mixed or not-present), or None;
     - ``introduced``: the oldest affected release when the release before it was observed
@@ -62,10 +64,7 @@ def observed_range(receipt: Mapping[str, Any]) -> dict[str, Any]:
     - ``not_observed``: every version the index listed that is older than ``oldest`` (all of
       them when nothing was observed), ascending;
     - ``not_observed_reason``: why the newest of those was not observed (None: there is none)."""
-    rows = sorted(
-        ((r["version"], r["classification"]["overall"]) for r in receipt["releases"]),
-        key=lambda row: _order(row[0]),
-    )
+    rows = sorted(((r.version, r.classification.overall) for r in releases), key=lambda row: _order(row[0]))
     seen = [(v, cls) for v, cls in rows if cls in SEEN]
     oldest = seen[0][0] if seen else None
     introduced = None
@@ -74,28 +73,20 @@ def observed_range(receipt: Mapping[str, Any]) -> dict[str, Any]:
         introduced = rows[first_affected][0]
     last_affected = max((i for i, (_, cls) in enumerate(rows) if cls == AFFECTED), default=-1)
     first_fixed = next((v for v, cls in rows[last_affected + 1 :] if cls == FIXED), None)
-    listed = receipt["listing"]["versions"]
     floor = _order(oldest) if oldest is not None else None
-    not_observed = [v for v in sorted(listed, key=_order) if floor is None or _order(v) < floor]
-    return {
-        "algorithm": RANGE_ALGORITHM,
-        "oldest": oldest,
-        "introduced": introduced,
-        "first_fixed": first_fixed,
-        "not_observed": not_observed,
-        "not_observed_reason": _why_not(receipt, not_observed[-1]) if not_observed else None,
-    }
+    not_observed = [v for v in sorted(listing.versions, key=_order) if floor is None or _order(v) < floor]
+    reason = _why_not(listing, profile, spec, not_observed[-1]) if not_observed else None
+    return ObservedRange(RANGE_ALGORITHM, oldest, introduced, first_fixed, tuple(not_observed), reason)
 
 
-def _why_not(receipt: Mapping[str, Any], version: str) -> str:
+def _why_not(listing: Listing, profile: ProfileRef, spec: str | None, version: str) -> str:
     """Why ``version`` (a listed one older than anything observed) was not observed."""
-    selected = {e["version"]: e for e in receipt["listing"]["selected"]}
+    selected = {e.version: e for e in listing.selected}
     if version not in selected:
-        profile = receipt["profile"]
-        floor = unserved_reason(profile["name"], profile["serves"], version)
-        return f"outside --releases {receipt['spec']}" + (f"; {floor}" if floor else "")
-    if selected[version]["not_run"] is not None:
-        return str(selected[version]["not_run"])
+        floor = unserved_reason(profile.name, profile.serves, version)
+        return f"outside --releases {spec}" + (f"; {floor}" if floor else "")
+    if selected[version].not_run is not None:
+        return str(selected[version].not_run)
     return f"{version} ran but could not be observed (see its release entry)"
 
 

@@ -31,6 +31,9 @@ from kvprobe import __version__
 from kvprobe.defects import RerunDiffers
 from kvprobe.errors import ExperimentError, ObserveError, UsageError
 from kvprobe.evidence.reader import Bundle
+from kvprobe.model.gates_receipt import GatesReceipt
+from kvprobe.model.load import load
+from kvprobe.model.receipt import EnvRecord, Receipt
 from kvprobe.model.records import Experiment, GitPin, Side, WheelPin
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import PROBES_DIR, RECEIPT, SIDES
@@ -65,9 +68,17 @@ def rerun_step(opts: RerunOptions, reporter: Reporter | None = None) -> Callable
     return functools.partial(rerun, opts=opts, reporter=reporter)
 
 
+def rerunnable(bundle: Bundle) -> Receipt | SweepReceipt:
+    """The typed receipt of a run or sweep bundle, which step 2 accepted (verify re-runs no
+    gates bundle: its step 6 says so before calling here)."""
+    accepted = load(bundle.accepted_receipt)
+    assert not isinstance(accepted, GatesReceipt), "verify's step 6 re-runs no gates bundle"
+    return accepted
+
+
 def bundle_code(bundle: Bundle) -> list[tuple[str, str]]:
     """(path, sha256) of every file under probes/<id>/: what a rerun of the bundle's copy runs."""
-    prefix = f"{PROBES_DIR}/{bundle.accepted_receipt['experiment']['id']}/"
+    prefix = f"{PROBES_DIR}/{rerunnable(bundle).experiment.id}/"
     return [(rel, e["sha256"]) for rel, e in sorted(bundle.listed().items()) if rel.startswith(prefix)]
 
 
@@ -76,11 +87,9 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
     sweep = bundle.receipt_family == rerun_sweep.FAMILY
     if opts.releases is not None and not sweep:
         raise UsageError("--release applies to sweep bundles: a run bundle is re-run whole")
-    # step 2 held the receipt to the sweep receipt schema: the typed model reads it
-    chosen = (
-        rerun_sweep.chosen_releases(SweepReceipt.from_json(bundle.accepted_receipt), opts.releases) if sweep else []
-    )
-    exp_id = bundle.accepted_receipt["experiment"]["id"]
+    accepted = rerunnable(bundle)
+    chosen = rerun_sweep.chosen_releases(accepted, opts.releases) if isinstance(accepted, SweepReceipt) else []
+    exp_id = accepted.experiment.id
     installed = installed_experiment(exp_id)
     notes: list[str] = []
     refused = StepResult(
@@ -106,29 +115,26 @@ def rerun(bundle: Bundle, opts: RerunOptions, reporter: Reporter | None = None) 
                     6,
                     "fail",
                     "the experiment cannot be loaded",
-                    [RerunDiffers(bundle.accepted_receipt["experiment"]["file"], exc.message)],
+                    [RerunDiffers(accepted.experiment.file, exc.message)],
                 )
             if installed is None:
                 assert opts.consent is not None, "returned above"
                 if not opts.consent(what_runs(bundle, exp, chosen, opts)):
                     return refused
                 notes.append(f"re-ran the bundle's own code for {exp_id} ({TRUST_FLAG})")
-            if sweep:
+            if isinstance(accepted, SweepReceipt):
                 return _rerun_releases(bundle, exp, chosen, opts, work, notes, reporter)
+            published = accepted
             try:
-                published = bundle.accepted_receipt
-                fresh = _run(exp, published["pin_set"]["name"], opts, work, reporter, published.get("repeats", 1))
+                fresh = _run(exp, published.pin_set.name, opts, work, reporter, published.repeats or 1)
             except (ObserveError, UsageError) as exc:
                 return StepResult(6, "could-not-run", f"could not re-run: {exc.message}", notes=exc.hints)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    defects = diff_runs(bundle.accepted_receipt, fresh)
-    notes += env_notes(bundle.accepted_receipt, fresh)
+    defects = diff_runs(published, fresh)
+    notes += env_notes(published, fresh)
     return step_result(
-        6,
-        defects,
-        f"re-ran {exp.id} ({bundle.accepted_receipt['pin_set']['name']}): verdict {fresh['verdict']!r}",
-        notes,
+        6, defects, f"re-ran {exp.id} ({published.pin_set.name}): verdict {fresh.verdict.value!r}", notes
     )
 
 
@@ -141,7 +147,7 @@ def _load(installed: Path | None, bundle: Bundle, work: Path) -> Experiment:
 
     if installed is not None:
         return load_file(installed / "experiment.toml")
-    exp_id = bundle.accepted_receipt["experiment"]["id"]
+    exp_id = rerunnable(bundle).experiment.id
     for rel, digest in bundle_code(bundle):
         data = bundle.tree.read_bytes(rel, bundle.limits.max_file_bytes)
         if hashlib.sha256(data).hexdigest() != digest:
@@ -160,15 +166,15 @@ def what_runs(bundle: Bundle, exp: Experiment, releases: list[str], opts: RerunO
     whose test files and conftest.py pytest imports (by commit, from --repo or the upstream
     the experiment names)."""
     shown = [(rel, f"sha256 {digest}") for rel, digest in bundle_code(bundle)]
-    if bundle.receipt_family == rerun_sweep.FAMILY:
-        published = SweepReceipt.from_json(bundle.accepted_receipt)
+    published = rerunnable(bundle)
+    if isinstance(published, SweepReceipt):
         for release in published.releases:
             if release.version in releases and release.wheel is not None:
                 wheel = release.wheel
                 what = f"{wheel.package} {wheel.version} from the package index, by version ({wheel.file})"
                 shown.append((what, f"sha256 {wheel.sha256}"))
         return shown
-    pin_set = exp.pin_sets.get(bundle.accepted_receipt["pin_set"]["name"])
+    pin_set = exp.pin_sets.get(published.pin_set.name)
     if pin_set is None:  # the rerun will say the pin set is gone
         return shown
     url = opts.repo or exp.upstream or "(no upstream named)"
@@ -201,7 +207,8 @@ def _rerun_releases(
     is a finding and is not run; the others are swept and compared with the published ones."""
     from kvprobe.run.sweep_runner import SweepOptions, sweep_experiment
 
-    published = SweepReceipt.from_json(bundle.accepted_receipt)  # accepted by step 2's schema check
+    published = rerunnable(bundle)
+    assert isinstance(published, SweepReceipt), "rerun() sends only sweep bundles here"
     try:
         moved, listing_notes = rerun_sweep.listing_findings(published, work / "listing")
         notes += listing_notes
@@ -236,13 +243,13 @@ def _rerun_releases(
         6,
         defects,
         f"re-ran {exp.id} on {len(same)} of {len(versions)} releases: {classes}",
-        notes + env_notes(bundle.accepted_receipt, fresh.to_json()),
+        notes + env_notes(published, fresh),
     )
 
 
 def _run(
     exp: Experiment, pin_set: str, opts: RerunOptions, work: Path, reporter: Reporter | None, repeat: int = 1
-) -> dict[str, Any]:
+) -> Receipt:
     """A fresh run as the published one ran: its pin set, and as many runs of each probe."""
     from kvprobe.run.runner import RunOptions, run_experiment
 
@@ -259,46 +266,43 @@ def _run(
     return run_experiment(exp, run_opts, reporter).receipt
 
 
-def diff_runs(published: dict[str, Any], fresh: dict[str, Any]) -> list[RerunDiffers]:
+def diff_runs(published: Receipt, fresh: Receipt) -> list[RerunDiffers]:
     """Every observation, case outcome, test outcome and the verdict that differ."""
     raw = _raw_paths(published)
     found = _problem_diffs(published, fresh, raw)  # the cause first: a probe that did not run
     found += _observation_diffs(published, fresh, raw) + _case_diffs(published, fresh, raw)
     found += _test_diffs(published, fresh, raw)
-    if published["verdict"] != fresh["verdict"]:
-        found.append(RerunDiffers(RECEIPT, f"verdict: published {published['verdict']!r}, rerun {fresh['verdict']!r}"))
+    if published.verdict != fresh.verdict:
+        was, now = published.verdict.value, fresh.verdict.value
+        found.append(RerunDiffers(RECEIPT, f"verdict: published {was!r}, rerun {now!r}"))
     return found
 
 
-def _problem_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths) -> list[RerunDiffers]:
+def _checks(receipt: Receipt, side: str) -> dict[str, str | None]:
+    """A side's probes (by name) and test files (by path), and each one's problem."""
+    record = receipt.sides[side]
+    return {**{p.name: p.problem for p in record.probes}, **{t.path: t.problem for t in record.tests}}
+
+
+def _problem_diffs(published: Receipt, fresh: Receipt, raw: _RawPaths) -> list[RerunDiffers]:
     """A probe or test file that ran when published but could not run now, with why."""
     found = []
     for side in SIDES:
-        was = {
-            c.get("name") or c.get("path"): c["problem"]
-            for kind in ("probes", "tests")
-            for c in published["sides"][side][kind]
-        }
-        for kind in ("probes", "tests"):
-            for check in fresh["sides"][side][kind]:
-                key = check.get("name") or check.get("path")
-                if check["problem"] and check["problem"] != was.get(key):
-                    found.append(
-                        RerunDiffers(
-                            _where(raw, side, key), f"{side} {key}: rerun could not run it: {check['problem']}"
-                        )
-                    )
+        was = _checks(published, side)
+        for key, problem in _checks(fresh, side).items():
+            if problem and problem != was.get(key):
+                found.append(RerunDiffers(_where(raw, side, key), f"{side} {key}: rerun could not run it: {problem}"))
     return found
 
 
-def _raw_paths(receipt: dict[str, Any]) -> _RawPaths:
+def _raw_paths(receipt: Receipt) -> _RawPaths:
     """(side, probe name or test path) -> the published raw output's path."""
     paths = {}
     for side in SIDES:
-        for p in receipt["sides"][side]["probes"]:
-            paths[(side, p["name"])] = p["raw"]["path"] if p["raw"] else RECEIPT
-        for t in receipt["sides"][side]["tests"]:
-            paths[(side, t["path"])] = t["raw"]["path"]
+        for p in receipt.sides[side].probes:
+            paths[(side, p.name)] = p.raw.path if p.raw else RECEIPT
+        for t in receipt.sides[side].tests:
+            paths[(side, t.path)] = t.raw.path
     return paths
 
 
@@ -306,10 +310,10 @@ def _where(raw: _RawPaths, side: str, key: str) -> str:
     return raw.get((side, key), RECEIPT)
 
 
-def _observation_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths) -> list[RerunDiffers]:
-    index = {(r["case"], r["observation"]): r for r in fresh["comparison"]["observations"]}
+def _observation_diffs(published: Receipt, fresh: Receipt, raw: _RawPaths) -> list[RerunDiffers]:
+    index = {(r["case"], r["observation"]): r for r in fresh.comparison.observations}
     seen, found = set(), []
-    for row in published["comparison"]["observations"]:
+    for row in published.comparison.observations:
         key = (row["case"], row["observation"])
         seen.add(key)
         other = index.get(key)
@@ -334,10 +338,10 @@ def _value(row: dict[str, Any] | None, side: str) -> str:
     return f"{type(row[side]).__name__}:{row[side]!r}"
 
 
-def _case_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths) -> list[RerunDiffers]:
+def _case_diffs(published: Receipt, fresh: Receipt, raw: _RawPaths) -> list[RerunDiffers]:
     found = []
     for side in SIDES:
-        was, now = published["comparison"]["cases"][side], fresh["comparison"]["cases"][side]
+        was, now = published.comparison.cases[side], fresh.comparison.cases[side]
         for case in sorted(set(was) | set(now)):
             a, b = _case_outcome(was.get(case)), _case_outcome(now.get(case))
             if a != b:
@@ -354,10 +358,10 @@ def _case_outcome(case: dict[str, Any] | None) -> tuple[Any, ...]:
     return case["status"], case["error_type"], case.get("observation", "observed")
 
 
-def _test_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths) -> list[RerunDiffers]:
-    index = {(r["file"], r["test"]): r for r in fresh["comparison"]["tests"]}
+def _test_diffs(published: Receipt, fresh: Receipt, raw: _RawPaths) -> list[RerunDiffers]:
+    index = {(r["file"], r["test"]): r for r in fresh.comparison.tests}
     found, seen = [], set()
-    for row in published["comparison"]["tests"]:
+    for row in published.comparison.tests:
         key = (row["file"], row["test"])
         seen.add(key)
         other = index.get(key) or {}
@@ -376,15 +380,21 @@ def _test_diffs(published: dict[str, Any], fresh: dict[str, Any], raw: _RawPaths
     return found
 
 
-def env_notes(published: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
+def _env_facts(env: EnvRecord | None) -> dict[str, Any]:
+    """What of an env a rerun's notes compare (all None: the sweep's units named no env)."""
+    if env is None:
+        return dict.fromkeys(("profile", "lock_sha256", "python", "torch"))
+    return {"profile": env.profile, "lock_sha256": env.lock_sha256, "python": env.python, "torch": env.torch}
+
+
+def env_notes(published: Receipt | SweepReceipt, fresh: Receipt | SweepReceipt) -> list[str]:
     """A different dependency lock is worth knowing; it does not fail the step by itself."""
     notes = []
-    for key in ("profile", "lock_sha256", "python", "torch"):
-        if published["env"].get(key) != fresh["env"].get(key):
-            notes.append(f"env.{key}: published {published['env'].get(key)!r}, rerun {fresh['env'].get(key)!r}")
+    was, now = _env_facts(published.env), _env_facts(fresh.env)
+    notes += [f"env.{key}: published {was[key]!r}, rerun {now[key]!r}" for key in was if was[key] != now[key]]
     notes.append(
-        f"host: {fresh['host'].get('system')} {fresh['host'].get('machine')} "
-        f"(published on {published['host'].get('system')} {published['host'].get('machine')})"
+        f"host: {fresh.host.get('system')} {fresh.host.get('machine')} "
+        f"(published on {published.host.get('system')} {published.host.get('machine')})"
     )
     if _check_modes(published) != _check_modes(fresh):
         # how a check's interpreter started is not a result: the observations are compared as usual
@@ -392,7 +402,9 @@ def env_notes(published: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _check_modes(receipt: dict[str, Any]) -> str:
-    """Forked, fresh or both; a receipt without ``execution`` predates the fork server: fresh."""
-    modes = {c["mode"] for c in receipt.get("execution", {}).get("checks", [])}
+def _check_modes(receipt: Receipt | SweepReceipt) -> str:
+    """Forked, fresh or both; a receipt without ``execution`` predates the fork server: fresh
+    (a sweep's records how each release ran, not the run: fresh here too)."""
+    execution = receipt.execution if isinstance(receipt, Receipt) else None
+    modes = {c.mode for c in execution.checks} if execution is not None else set()
     return " and ".join(sorted(modes)) or "fresh"

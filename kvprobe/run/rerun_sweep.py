@@ -214,5 +214,6 @@ def _class_diffs(version: str, a: Classification, b: Classification) -> list[Rer
         if old != new:
             found.append(RerunDiffers(RECEIPT, f"release {version} case {key}: published {old!r}, rerun {new!r}"))
     if a.overall != b.overall:
-        found.append(RerunDiffers(RECEIPT, f"release {version}: published {a.overall!r}, rerun {b.overall!r}"))
+        was, now = a.overall.value, b.overall.value
+        found.append(RerunDiffers(RECEIPT, f"release {version}: published {was!r}, rerun {now!r}"))
     return found

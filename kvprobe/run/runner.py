@@ -152,7 +152,7 @@ class ServerPool:
 
 def run_experiments(
     planned: Sequence[tuple[Experiment, RunOptions]], reporter: Reporter | None = None
-) -> Generator[tuple[Experiment, SealedBundle[dict[str, Any]] | KvprobeError], None, None]:
+) -> Generator[tuple[Experiment, SealedBundle[Receipt] | KvprobeError], None, None]:
     """Run each experiment in turn with its options, experiments of one profile sharing one env
     and one fork server; yields each one's result, or the error that kept it from a bundle (the
     next ones still run). Check :func:`check_run` for every one first: bad input is refused
@@ -178,7 +178,7 @@ def check_run(exp: Experiment, opts: RunOptions) -> Path:
 
 def run_experiment(
     exp: Experiment, opts: RunOptions, reporter: Reporter | None = None, servers: ServerPool | None = None
-) -> SealedBundle[dict[str, Any]]:
+) -> SealedBundle[Receipt]:
     """Run ``exp`` and write its bundle; raises only when no honest receipt can be written.
 
     ``servers``: the invocation's fork servers, shared with its other experiments (None: the
@@ -239,8 +239,8 @@ def run_experiment(
         if servers is not None:
             execution = replace(execution, shared=servers.record(exp, server))
         outputs = RunOutputs(sides, session.record, session.variables, checks, staging, timings, execution)
-        receipt = _receipt(plan, outputs, opts.repeat).to_json()
-        return workspace.seal(receipt, receipt, RECEIPT_SCHEMA, render_readme(receipt))
+        record = _receipt(plan, outputs, opts.repeat)
+        return workspace.seal(record, record.to_json(), RECEIPT_SCHEMA, render_readme(record))
     finally:
         held.close()
         session.close()

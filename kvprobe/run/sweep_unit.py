@@ -37,13 +37,13 @@ from kvprobe.evidence.safetree import Limits
 from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
 from kvprobe.experiments import experiment
 from kvprobe.files import write_atomic
+from kvprobe.model.load import load
 from kvprobe.model.receipt import CheckMode, EnvRecord, ProbeRepeat, RunProbeRecord, ScopeRecord, Tool
 from kvprobe.model.records import Experiment, PinSet, ProbeCheck, SourceKind, WheelPin
 from kvprobe.model.sweep_receipt import (
     Classification,
     ListedRelease,
     Listing,
-    ObservedRange,
     ProfileRef,
     ReleaseExecution,
     ReleaseRecord,
@@ -235,8 +235,7 @@ def run_unit(
                     docs[check.name] = run.output
             execution = _execution(server, reason, ran)
     # the lease is gone: `cache prune` may remove the tree again
-    entry = {"problem": problem, "probes": [r.to_json() for r in records]}
-    problems = classify.release_problems(entry)
+    problems = classify.release_problems(problem, records)
     classification = Classification.from_json(
         classify.classify_release(_expect(exp), docs, problems, repeat_docs or None)
     )
@@ -336,11 +335,7 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
     profile = load_profile(exp.profile)
     stamp = ran.started.strftime("%Y%m%dT%H%M%SZ")
     per_release = [r.duration_s for r in ran.releases]
-    releases = [r.to_json() for r in ran.releases]
     profile_ref = ProfileRef(profile.name, profile.serves)
-    observed = observed_range(
-        {"releases": releases, "listing": ran.listing.to_json(), "spec": ran.spec, "profile": profile_ref.to_json()}
-    )
     timings = {**ran.timings, "release_max_s": max(per_release), "release_min_s": min(per_release)}
     return SweepReceipt(
         schema=SWEEP_RECEIPT_SCHEMA,
@@ -366,8 +361,8 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
         expectations=_expect(exp),
         releases=ran.releases,
         unserved=ran.unserved,
-        summary=classify.summary(releases),
-        observed=ObservedRange.from_json(observed),
+        summary=classify.summary(ran.releases),
+        observed=observed_range(ran.releases, ran.listing, profile_ref, ran.spec),
         evidence=ScopeRecord(
             shows=exp.scope.shows,
             does_not_show=exp.scope.does_not_show,
@@ -384,9 +379,8 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
 
 def staged_sweep(receipt: SweepReceipt, staging: Path) -> tuple[dict[str, Any], str]:
     """The sweep receipt as JSON and its README, its timeline written into ``staging``."""
-    doc = receipt.to_json()
-    write_atomic(staging / TIMELINE, timeline_svg(doc).encode("utf-8"))
-    return doc, render_readme(doc)
+    write_atomic(staging / TIMELINE, timeline_svg(receipt).encode("utf-8"))
+    return receipt.to_json(), render_readme(receipt)
 
 
 def seal_sweep(receipt: SweepReceipt, staging: Path, final: Path) -> str:
@@ -449,9 +443,9 @@ def _check_unit(root: Path, request: UnitRequest, expected: Expected) -> SweepRe
         first = report.defects[0].message if report.defects else "a step did not pass"
         return f"does not verify: {first}"
     assert report.receipt is not None, "a verified bundle has a receipt"
-    if not report.receipt["schema"].startswith("kvprobe.sweep-receipt/"):
-        return f"not a sweep receipt ({report.receipt['schema']})"
-    receipt = SweepReceipt.from_json(report.receipt)  # step 2 held it to the sweep receipt schema
+    receipt = load(report.receipt)  # step 2 held it to its schema
+    if not isinstance(receipt, SweepReceipt):
+        return f"not a sweep receipt ({receipt.schema})"
     if receipt.tool.version != __version__:
         return f"made by kvprobe {receipt.tool.version}, the driver is {__version__}"
     if receipt.experiment.sha256 != expected.exp.file_sha256:
@@ -522,7 +516,7 @@ def _merge(root: Path, version: str, staging: Path) -> None:
 
 def failed_entry(exp: Experiment, version: str, problem: str) -> ReleaseRecord:
     """A release whose unit left nothing usable: could-not-observe, with why."""
-    problems = classify.release_problems({"problem": problem, "probes": []})
+    problems = classify.release_problems(problem, ())
     classification = Classification.from_json(classify.classify_release(_expect(exp), {}, problems))
     return ReleaseRecord(version, None, problem, (), classification, 0.0)
 

@@ -269,11 +269,10 @@ class SweepUnits:
         if isinstance(archive, str):
             self._refused(name, expected, version, f"unreadable: {archive}")
             return None
-        seen: dict[str, str] = {}
+        seen: list[ReusedUnit] = []  # what the unit was, once accept_unit accepted it
 
         def accepted(root: Path, unit: SweepReceipt) -> None:
-            seen["observed_utc"] = unit.created_utc
-            seen["unit_manifest_sha256"] = sha256_file(root / MANIFEST)
+            seen.append(ReusedUnit(unit.created_utc, sha256_file(root / MANIFEST)))
 
         entry, _env = accept_unit(UnitOutcome(request, archive), expected, work, accepted)
         if not seen:
@@ -283,7 +282,7 @@ class SweepUnits:
             self._refused(name, expected, version, "it is not a unit kvprobe keeps (a probe did not run)")
             return None
         self.reused.append(version)
-        return dataclasses.replace(entry, reused=ReusedUnit(seen["observed_utc"], seen["unit_manifest_sha256"]))
+        return dataclasses.replace(entry, reused=seen[0])
 
     def _refused(self, name: str, expected: Expected, version: str, why: str) -> None:
         for top in (RAW_DIR, LOGS_DIR):  # whatever of it was merged leaves with it

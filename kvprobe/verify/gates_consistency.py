@@ -65,14 +65,16 @@ def step_gates_consistency(bundle: Bundle, receipt: GatesReceipt) -> StepResult:
                     basis = "the raw outputs give"
             if number == 4 and gate4_checks is not None:
                 basis = "its checks, the probes and deferred release recomputed, give"
-            defects.append(ForgedVerdict(RECEIPT, f"gate {number} states {gate.status!r}; {basis} {status.value!r}"))
+            why = f"gate {number} states {gate.status.value!r}; {basis} {status.value!r}"
+            defects.append(ForgedVerdict(RECEIPT, why))
         gates.append(status)
     overall = combine(gates)
     if overall.value != receipt.overall or RECORDED_EXIT_CODE[overall] != receipt.exit_code:
         defects.append(
             ForgedVerdict(
                 RECEIPT,
-                f"overall states {receipt.overall!r} (exit {receipt.exit_code}); the gates give {overall.value!r}",
+                f"overall states {receipt.overall.value!r} (exit {receipt.exit_code}); "
+                f"the gates give {overall.value!r}",
             )
         )
     notes = []
@@ -82,7 +84,7 @@ def step_gates_consistency(bundle: Bundle, receipt: GatesReceipt) -> StepResult:
             "probes (only gate 2 is behavioural before kvprobe.gates-receipt/4)"
         )
     return step_result(
-        4, defects, f"gates receipt {receipt.overall!r} recomputed from its checks and raw outputs", notes
+        4, defects, f"gates receipt {receipt.overall.value!r} recomputed from its checks and raw outputs", notes
     )
 
 
@@ -126,7 +128,7 @@ def marker_check_defects(target: TargetRecord | None, gates: Sequence[GateRecord
                 found.append(
                     ForgedVerdict(
                         RECEIPT,
-                        f"gate {gate.number} check {name!r} states {check.status!r}; "
+                        f"gate {gate.number} check {name!r} states {check.status.value!r}; "
                         f"its marker record gives {want.value!r}",
                     )
                 )
@@ -192,7 +194,8 @@ def gate4_check_defects(
             defects.append(
                 ForgedVerdict(
                     RECEIPT,
-                    f"gate 4 check {c.name!r} states {c.status!r}; its recorded basis gives {check.status.value!r}",
+                    f"gate 4 check {c.name!r} states {c.status.value!r}; "
+                    f"its recorded basis gives {check.status.value!r}",
                 )
             )
         elif diffs := json_diff(c.to_json(), check.record().to_json(), f"gates[4].checks[{c.name}]"):
@@ -362,7 +365,7 @@ def probe_check_defects(
     stated_status = [(c.name, c.status) for c in own]
     want_status = [(c.name, c.status) for c in want]
     if stated_status != want_status:
-        wrong = [f"{n!r} states {s!r}" for n, s in stated_status if (n, s) not in want_status]
+        wrong = [f"{n!r} states {s.value!r}" for n, s in stated_status if (n, s) not in want_status]
         missing = [f"{n!r} {s}" for n, s in want_status if (n, s) not in stated_status]
         return [
             ForgedVerdict(

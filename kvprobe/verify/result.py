@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from kvprobe.defects import BundleDefect
+
+
+class VerifyOutcome(StrEnum):
+    """What a verification comes to (:attr:`kvprobe.verify.steps.Report.outcome`)."""
+
+    VERIFIED = "verified"  # sound, and anchored outside the bundle
+    SELF_CONSISTENT = "self-consistent"  # sound, but nothing outside the bundle vouches for it
+    FAILED = "failed"
+    COULD_NOT_RERUN = "could-not-rerun"  # the rerun could not observe; never a pass
+
 
 STEP_NAMES = {1: "layout", 2: "documents", 3: "integrity", 4: "consistency", 5: "authenticity", 6: "rerun"}
 

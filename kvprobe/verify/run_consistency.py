@@ -388,7 +388,7 @@ def readme_defects(bundle: Bundle, receipt: Receipt) -> tuple[list[BundleDefect]
     data = read_bytes(bundle, README, _MAX_README_BYTES, found)
     if data is None:
         return [ReadmeMismatch(README, d.detail) for d in found], []
-    if data != render_readme(receipt.to_json()).encode("utf-8"):
+    if data != render_readme(receipt).encode("utf-8"):
         return [ReadmeMismatch(README, "not the summary kvprobe renders from receipt.json (edited after the run)")], []
     return [], []
 

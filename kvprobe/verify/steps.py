@@ -32,24 +32,20 @@ from kvprobe.evidence.archive import extracted
 from kvprobe.evidence.reader import Bundle, parse_json, read_bytes, read_json, read_toml
 from kvprobe.evidence.safetree import Limits, Tree
 from kvprobe.model.gates_receipt import GateProbeRecord, GatesReceipt
+from kvprobe.model.load import AnyReceipt, load
 from kvprobe.model.receipt import ProbeRecord, ProbeRepeat, Receipt
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import MANIFEST, PROBES_DIR, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 from kvprobe.verify.anchor import Anchor, compare_experiment, compare_installed
 from kvprobe.verify.gates_consistency import behaviour_experiments, step_gates_consistency
 from kvprobe.verify.integrity import integrity_defects
-from kvprobe.verify.result import STEP_NAMES, StepResult, step_result
+from kvprobe.verify.result import STEP_NAMES, StepResult, VerifyOutcome, step_result
 from kvprobe.verify.run_consistency import cited_outputs, step_consistency
 from kvprobe.verify.sweep_consistency import step_sweep_consistency
 
 REQUIRED = (RECEIPT, MANIFEST, SUMS)
-# The receipt step 2 accepted, in its typed form: what steps 4 and 5 read.
-Accepted = Receipt | SweepReceipt | GatesReceipt
-_MODELS: dict[str, type[Accepted]] = {
-    "kvprobe.receipt": Receipt,
-    "kvprobe.sweep-receipt": SweepReceipt,
-    "kvprobe.gates-receipt": GatesReceipt,
-}
+# The receipt step 2 accepted, in its typed form (model.load's): what steps 4 and 5 read.
+Accepted = AnyReceipt
 _MAX_SCHEMA_ERRORS = 20
 
 
@@ -98,26 +94,26 @@ class Report:
         return [d for s in self.steps for d in s.defects]
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> VerifyOutcome:
         """verified (sound, and anchored outside the bundle) | self-consistent (sound, but
         nothing outside the bundle vouches for it) | failed | could-not-rerun (the rerun
         could not observe; never a pass)."""
         if not self._sound():
-            return "failed"
+            return VerifyOutcome.FAILED
         if any(s.status == "could-not-run" for s in self.steps):
-            return "could-not-rerun"
-        return "verified" if self._anchors() else "self-consistent"
+            return VerifyOutcome.COULD_NOT_RERUN
+        return VerifyOutcome.VERIFIED if self._anchors() else VerifyOutcome.SELF_CONSISTENT
 
     @property
     def ok(self) -> bool:
         """No defect and nothing left unobserved: verified or self-consistent. What a writer
         (verify-on-write) or a reader that only needs a sound bundle (pack, report) asks."""
-        return self.outcome in ("verified", "self-consistent")
+        return self.outcome in (VerifyOutcome.VERIFIED, VerifyOutcome.SELF_CONSISTENT)
 
     @property
     def anchored_by(self) -> list[Anchoring]:
         """What outside the bundle a ``verified`` outcome rests on; empty for every other outcome."""
-        return self._anchors() if self.outcome == "verified" else []
+        return self._anchors() if self.outcome is VerifyOutcome.VERIFIED else []
 
     def _sound(self) -> bool:
         if any(s.status == "fail" for s in self.steps) or self.defects:
@@ -319,12 +315,12 @@ def step_documents(bundle: Bundle) -> tuple[StepResult, Accepted | None]:
 
 
 def _typed(doc: Any, family: str, defects: list[BundleDefect]) -> Accepted | None:
-    """The schema-valid receipt ``doc`` as its family's frozen dataclass; None, with a defect,
-    where a part the schema leaves open is not what the model reads (a gates receipt's ``env``
-    that is no env record)."""
+    """The schema-valid receipt ``doc`` in its typed form (:func:`kvprobe.model.load.load`, the
+    one entry); None, with a defect, where a part the schema leaves open is not what the model
+    reads (a gates receipt's ``env`` that is no env record)."""
     try:
-        return _MODELS[family].from_json(doc)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return load(doc)
+    except (KeyError, TypeError, ValueError, AttributeError, SchemaError) as exc:
         defects.append(SchemaViolation(RECEIPT, f"does not read as a {family} document: {type(exc).__name__}: {exc}"))
         return None
 

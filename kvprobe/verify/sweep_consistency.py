@@ -93,8 +93,7 @@ def sweep_placement_defects(receipt: SweepReceipt) -> list[BundleDefect]:
 
 def sweep_recompute_defects(bundle: Bundle, receipt: SweepReceipt) -> list[BundleDefect]:
     found: list[BundleDefect] = []
-    releases = [r.to_json() for r in receipt.releases]  # rules/sweep_classification reads releases as written
-    for release, written in zip(receipt.releases, releases, strict=True):
+    for release in receipt.releases:
         docs = {}
         for probe in release.probes:
             if probe.raw is not None and probe.raw.path not in bundle.raw_docs:
@@ -106,9 +105,10 @@ def sweep_recompute_defects(bundle: Bundle, receipt: SweepReceipt) -> list[Bundl
             usable = [r.raw.path for p in release.probes for r in p.repeats or () if r.raw]
             if any(rel not in bundle.raw_docs for rel in usable):
                 return [RecomputeFailed(RECEIPT, f"a repeat of release {release.version} is unusable (step 2)")]
-            repeats = sweep.release_repeats(written, bundle.raw_docs.__getitem__)
+            repeats = sweep.release_repeats(release.probes, bundle.raw_docs.__getitem__)
         try:
-            got = sweep.classify_release(dict(receipt.expectations), docs, sweep.release_problems(written), repeats)
+            problems = sweep.release_problems(release.problem, release.probes)
+            got = sweep.classify_release(dict(receipt.expectations), docs, problems, repeats)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             return [RecomputeFailed(RECEIPT, f"raw outputs cannot be classified: {type(exc).__name__}: {exc}")]
         stated = release.classification
@@ -116,13 +116,14 @@ def sweep_recompute_defects(bundle: Bundle, receipt: SweepReceipt) -> list[Bundl
             found.append(
                 ForgedVerdict(
                     RECEIPT,
-                    f"release {release.version} is stated {stated.overall!r}; its raw outputs give {got['overall']!r}",
+                    f"release {release.version} is stated {stated.overall.value!r}; its raw outputs give "
+                    f"{got['overall']!r}",
                 )
             )
         diffs = json_diff(stated.to_json(), got, f"releases[{release.version}].classification")
         if diffs:
             found.append(ComparisonMismatch(RECEIPT, f"{len(diffs)} differences recomputed: {summary(diffs)}"))
-    diffs = json_diff(dict(receipt.summary), sweep.summary(releases), "summary")
+    diffs = json_diff(dict(receipt.summary), sweep.summary(receipt.releases), "summary")
     if diffs:
         found.append(ForgedVerdict(RECEIPT, f"the summary does not follow from the releases: {summary(diffs)}"))
     return found

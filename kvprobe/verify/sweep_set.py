@@ -208,7 +208,8 @@ def _wheel_defects(receipt: SweepReceipt) -> list[BundleDefect]:
 
 def range_defects(receipt: SweepReceipt) -> list[BundleDefect]:
     """``observed`` is what the releases, the listing and the profile give."""
-    got, stated = observed_range(receipt.to_json()), receipt.observed.to_json()
+    got = observed_range(receipt.releases, receipt.listing, receipt.profile, receipt.spec).to_json()
+    stated = receipt.observed.to_json()
     diffs = [f"observed.{k}: stated {stated.get(k)!r}, recomputed {got[k]!r}" for k in got if stated.get(k) != got[k]]
     if diffs:
         return [RangeMismatch(RECEIPT, f"the observed range does not follow from the releases: {'; '.join(diffs[:6])}")]
@@ -218,7 +219,6 @@ def range_defects(receipt: SweepReceipt) -> list[BundleDefect]:
 def rendered_defects(bundle: Bundle, receipt: SweepReceipt) -> list[BundleDefect]:
     """README.md and timeline.svg are byte for byte what this kvprobe renders from the receipt:
     reviewers read the one and embed the other, and nothing else ties them to the evidence."""
-    written = receipt.to_json()
     made_by = receipt.tool.version
     found: list[BundleDefect] = []
     for name, render, defect in (
@@ -232,7 +232,7 @@ def rendered_defects(bundle: Bundle, receipt: SweepReceipt) -> list[BundleDefect
         data = read_bytes(bundle, name, _MAX_RENDERED_BYTES, problems)
         if data is None:
             found += [defect(name, d.detail) for d in problems]
-        elif data != render(written).encode("utf-8"):
+        elif data != render(receipt).encode("utf-8"):
             other = f", or rendered by kvprobe {made_by}: sweep again with this one" if made_by != __version__ else ""
             found.append(defect(name, f"not what kvprobe renders from receipt.json (edited after the run{other})"))
     return found

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
+from kvprobe.evidence.sweep_view import TIMELINE, recomputed_range, render_readme, timeline_svg
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.resources import builtin_probes_dir
 from kvprobe.rules.sweep_classification import summary
-from kvprobe.rules.sweep_listing import observed_range
 from tests import forge
 from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed
 
@@ -31,11 +31,13 @@ def _rederive(bundle: Path, change) -> None:
     range), re-render README.md and the timeline and re-hash: a genuine resealed bundle."""
     receipt = forge.load(bundle, "receipt.json")
     change(receipt)
-    receipt["summary"] = summary(receipt["releases"])
-    receipt["observed"] = observed_range(receipt)
+    typed = SweepReceipt.from_json(receipt)  # the edit keeps the schema: only later steps can tell
+    receipt["summary"] = summary(typed.releases)
+    receipt["observed"] = recomputed_range(typed).to_json()
     (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
-    (bundle / "README.md").write_text(render_readme(receipt), encoding="utf-8")
-    (bundle / TIMELINE).write_text(timeline_svg(receipt), encoding="utf-8")
+    resealed = SweepReceipt.from_json(receipt)
+    (bundle / "README.md").write_text(render_readme(resealed), encoding="utf-8")
+    (bundle / TIMELINE).write_text(timeline_svg(resealed), encoding="utf-8")
     forge.rehash(bundle)
 
 
@@ -353,6 +355,7 @@ def _repeated(bundle: Path, flip: str | None = None) -> None:
     """``bundle`` as `sweep --repeat 2` writes it: each probe's run 2 beside its run 1, cited
     and classified with it. ``flip``: the release whose run 2 saw ``enqueued`` the other way on
     prefill.rejected_new (unstable: could-not-observe)."""
+    from kvprobe.model.sweep_receipt import ReleaseRecord
     from kvprobe.rules.sweep_classification import classify_release, release_problems
 
     def change(receipt):
@@ -371,7 +374,8 @@ def _repeated(bundle: Path, flip: str | None = None) -> None:
                 ]
                 again[probe["name"]] = [doc]
             docs = {p["name"]: forge.load(bundle, p["raw"]["path"]) for p in release["probes"]}
-            problems = release_problems(release)
+            typed = ReleaseRecord.from_json(release)
+            problems = release_problems(typed.problem, typed.probes)
             release["classification"] = classify_release(receipt["expectations"], docs, problems, again)
 
     _rederive(bundle, change)

@@ -125,12 +125,12 @@ def test_the_env_stays_leased_between_experiments_while_the_shared_server_lives(
         exp, first = next(ran)
         assert exp.id == "fake-fix" and not isinstance(first, Exception)
         pruned = json.loads(cli("cache", "prune", "--all", "--dry-run", "--json").stdout)
-        env = [o for o in pruned["outcomes"] if o["kind"] == "env" and first.receipt["env"]["key"] in o["key"]]
+        env = [o for o in pruned["outcomes"] if o["kind"] == "env" and first.receipt.env.key in o["key"]]
         assert env and env[0]["action"] == "skipped", env
     finally:
         ran.close()
     pruned = json.loads(cli("cache", "prune", "--all", "--dry-run", "--json").stdout)
-    env = [o for o in pruned["outcomes"] if o["kind"] == "env" and first.receipt["env"]["key"] in o["key"]]
+    env = [o for o in pruned["outcomes"] if o["kind"] == "env" and first.receipt.env.key in o["key"]]
     assert env and env[0]["action"] != "skipped", "the invocation's lease outlived it"
 
 

@@ -249,9 +249,9 @@ def _forge_observation(bundle: Path, version: str, case: str, name: str, value) 
     (citation digest, the release's classification, the summary, README, timeline, hashes)
     re-derived, so steps 1-4 pass and only a rerun can tell."""
     from kvprobe.evidence import manifest
-    from kvprobe.evidence.sweep_view import render_readme, timeline_svg
+    from kvprobe.evidence.sweep_view import recomputed_range, render_readme, timeline_svg
+    from kvprobe.model.sweep_receipt import ReleaseRecord, SweepReceipt
     from kvprobe.rules import sweep_classification as classify
-    from kvprobe.rules.sweep_listing import observed_range
 
     rel = f"raw/{version}/probes/scrub.json"
     doc = json.loads((bundle / rel).read_text())
@@ -260,13 +260,15 @@ def _forge_observation(bundle: Path, version: str, case: str, name: str, value) 
     receipt = json.loads((bundle / "receipt.json").read_text())
     release = next(r for r in receipt["releases"] if r["version"] == version)
     release["probes"][0]["raw"]["sha256"] = hashlib.sha256((bundle / rel).read_bytes()).hexdigest()
-    problems = classify.release_problems(release)
+    typed = ReleaseRecord.from_json(release)
+    problems = classify.release_problems(typed.problem, typed.probes)
     release["classification"] = classify.classify_release(receipt["expectations"], {"scrub": doc}, problems)
-    receipt["summary"] = classify.summary(receipt["releases"])
-    receipt["observed"] = observed_range(receipt)
+    receipt["summary"] = classify.summary([ReleaseRecord.from_json(r) for r in receipt["releases"]])
+    receipt["observed"] = recomputed_range(SweepReceipt.from_json(receipt)).to_json()
     write_json(bundle / "receipt.json", receipt)
-    (bundle / "README.md").write_text(render_readme(receipt))
-    (bundle / "timeline.svg").write_text(timeline_svg(receipt))
+    forged = SweepReceipt.from_json(receipt)
+    (bundle / "README.md").write_text(render_readme(forged))
+    (bundle / "timeline.svg").write_text(timeline_svg(forged))
     for name in ("manifest.json", "SHA256SUMS"):
         (bundle / name).unlink()
     manifest.write(bundle)

@@ -67,7 +67,7 @@ def real_bundle(tmp_path) -> Path:
     (exp_dir / "switch.py").write_text(PROBE)
     exp = experiment.load_file(exp_dir / "experiment.toml")
     result = run_experiment(exp, RunOptions(out=tmp_path / "bundle", cache_root=tmp_path / "cache", timeout_s=120))
-    assert result.receipt["verdict"] == "reproduced", result.receipt["comparison"]["reasons"]
+    assert result.receipt.verdict == "reproduced", result.receipt.comparison.reasons
     return result.bundle
 
 

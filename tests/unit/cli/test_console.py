@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvprobe.cli.console import PlainReporter, data, emit, make_console
+from tests.typed import run_receipt
 
 
 def test_plain_progress_says_start_heartbeat_and_end():
@@ -86,9 +87,7 @@ def test_the_headline_counts_flips_and_controls_apart_and_no_row_without_expecta
 
     buffer = io.StringIO()
     comp = _comparison()
-    print_run_summary(
-        make_console(buffer), {"comparison": comp, "verdict": comp["verdict"]}, "b", "0" * 64, verbosity=1
-    )
+    print_run_summary(make_console(buffer), run_receipt(comp), "b", "0" * 64, verbosity=1)
     out = buffer.getvalue()
     assert "observations: 1/1 changed as expected, 1/1 controls held, 1 recorded unchecked" in out
     [extra] = [line for line in out.splitlines() if "extra" in line]
@@ -111,9 +110,7 @@ def test_a_row_that_differed_between_repeats_is_marked_unstable_not_a_cross():
         repeats={"base": {"p": [doc(True)]}, "head": {"p": [doc(True)]}},
     )
     buffer = io.StringIO()
-    print_run_summary(
-        make_console(buffer), {"comparison": comp, "verdict": comp["verdict"]}, "b", "0" * 64, verbosity=1
-    )
+    print_run_summary(make_console(buffer), run_receipt(comp), "b", "0" * 64, verbosity=1)
     [row] = [line for line in buffer.getvalue().splitlines() if line.startswith("p/c ")]
     assert "unstable" in row and "✗" not in row and "✓" not in row
 
@@ -151,6 +148,7 @@ def test_a_run_on_a_terminal_shows_the_rows_that_matter_and_never_folds_ids():
     from pathlib import Path
 
     from kvprobe.cli.console import print_run_summary
+    from kvprobe.model.receipt import Receipt
 
     root = Path(__file__).resolve().parents[3]
     receipt = json.loads(next((root / "bundles").glob("model-model-*/receipt.json")).read_text())
@@ -160,7 +158,7 @@ def test_a_run_on_a_terminal_shows_the_rows_that_matter_and_never_folds_ids():
     outputs = {}
     for verbosity in (0, 1):
         buffer, console = _terminal(120)
-        print_run_summary(console, receipt, "b", "0" * 64, verbosity=verbosity)
+        print_run_summary(console, Receipt.from_json(receipt), "b", "0" * 64, verbosity=verbosity)
         outputs[verbosity] = buffer.getvalue().splitlines()
         assert all(len(line) <= 120 for line in outputs[verbosity])
     assert len(outputs[0]) < len(outputs[1]) and len(outputs[0]) < 150

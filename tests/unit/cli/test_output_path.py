@@ -139,13 +139,14 @@ def _fake_cores(monkeypatch: pytest.MonkeyPatch, world: World) -> None:
     import kvprobe.experiments.scaffold as scaffold
     import kvprobe.run.runner as runner
     import kvprobe.run.sweep_runner as sweep
+    from kvprobe.model.receipt import Receipt
     from kvprobe.model.sweep_receipt import SweepReceipt
     from kvprobe.run.workspace import SealedBundle
 
     def run_experiment(exp, opts, reporter):
         with reporter.step("base: running checks"):
             reporter.note("base: 1 probe")
-        receipt = json.loads((world.bundle / "receipt.json").read_text())
+        receipt = Receipt.from_json(json.loads((world.bundle / "receipt.json").read_text()))
         return SealedBundle(world.bundle, receipt, forge.sha((world.bundle / "manifest.json").read_bytes()))
 
     def sweep_experiment(exp, opts, reporter):

@@ -11,13 +11,16 @@ from packaging.version import Version
 
 from kvprobe import schema
 from kvprobe.errors import UsageError
-from kvprobe.evidence.sweep_view import COLOURS, timeline_svg
+from kvprobe.evidence import sweep_view
+from kvprobe.evidence.sweep_view import COLOURS
 from kvprobe.exports import sweep_exports
 from kvprobe.exports.bundle_view import BundleView
 from kvprobe.exports.render import ExportOptions, render
+from kvprobe.model.receipt import FileRef, ProbeRecord
+from kvprobe.model.sweep_receipt import Listing, ProfileRef, ReleaseRecord, SweepReceipt
 from kvprobe.names import SWEEP_RECEIPT_SCHEMA
 from kvprobe.rules.sweep_classification import classify_release, release_problems, summary
-from kvprobe.rules.sweep_listing import observed_range
+from kvprobe.rules.sweep_listing import observed_range as typed_observed_range
 from kvprobe.sources.releases import select, serves
 
 INDEX = ["0.5.12", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
@@ -106,14 +109,25 @@ def test_a_release_that_behaves_as_neither_side_is_mixed_and_says_how():
 
 
 def test_a_failed_probe_or_wheel_is_could_not_observe_with_its_reason():
-    release = {"probes": [{"name": "p", "raw": None, "problem": "probe p exited 1"}], "problem": None}
-    got = classify_release(EXPECT, {}, release_problems(release))
+    probe = ProbeRecord("p", FileRef("probes/x/p.py", "0" * 64), None, 1, "probe p exited 1")
+    got = classify_release(EXPECT, {}, release_problems(None, (probe,)))
     assert (got["overall"], got["reasons"]) == ("could-not-observe", ["p: probe p exited 1"])
 
 
 def test_bools_are_not_numbers_when_matching_expectations():
     got = classify_release(EXPECT, docs(case("door", enqueued=1, retired=0), case("valid", enqueued=True)), {})
     assert got["overall"] == "mixed"
+
+
+def observed_range(doc):
+    """The observed range of a receipt document (its releases, listing, profile and spec)."""
+    releases = tuple(ReleaseRecord.from_json(r) for r in doc["releases"])
+    listing, profile = Listing.from_json(doc["listing"]), ProfileRef.from_json(doc["profile"])
+    return typed_observed_range(releases, listing, profile, doc["spec"]).to_json()
+
+
+def timeline_svg(doc):
+    return sweep_view.timeline_svg(SweepReceipt.from_json(doc))
 
 
 # --- exports -----------------------------------------------------------------------------
@@ -183,7 +197,7 @@ def receipt(classes, spec="0.5.13..0.5.23", unserved=()):
         "expectations": EXPECT,
         "releases": releases,
         "unserved": list(unserved),
-        "summary": summary(releases),
+        "summary": summary([ReleaseRecord.from_json(r) for r in releases]),
         "observed": {},
         "evidence": {"shows": "s", "does_not_show": [], "limits": []},
         "timings": {},
@@ -196,19 +210,19 @@ def receipt(classes, spec="0.5.13..0.5.23", unserved=()):
 
 def view(r):
     schema.validate(r, SWEEP_RECEIPT_SCHEMA, source="test")
-    return BundleView(r, {"files": [{"path": "receipt.json", "sha256": "c" * 64}]}, "d" * 64)
+    return BundleView(SweepReceipt.from_json(r), {"files": [{"path": "receipt.json", "sha256": "c" * 64}]}, "d" * 64)
 
 
 def test_osv_fixed_event_only_where_the_next_release_on_the_index_was_observed_fixed():
     r = receipt([("0.5.18", "affected"), ("0.5.19", "affected"), ("0.5.20", "fixed"), ("0.5.21", "fixed")])
-    assert sweep_exports.osv_ranges(r) == [
+    assert sweep_exports.osv_ranges(SweepReceipt.from_json(r)) == [
         {"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "0.5.20"}]}
     ]  # nothing older observed unaffected: the start is unknown (tests/unit/exports/test_export_formats.py)
 
 
 def test_osv_never_folds_an_unobserved_release_into_a_range():
     r = receipt([("0.5.18", "affected"), ("0.5.19", "could-not-observe"), ("0.5.20", "fixed")], unserved=["0.5.12"])
-    assert sweep_exports.osv_ranges(r) == [
+    assert sweep_exports.osv_ranges(SweepReceipt.from_json(r)) == [
         {"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"last_affected": "0.5.18"}]}
     ]
     opts = ExportOptions(issued="2026-12-01T00:00:00Z", osv_id="GHSA-xxxx-xxxx-xxxx")
@@ -229,7 +243,10 @@ def listed_too(r, *versions):
 def test_osv_of_a_list_of_releases_claims_no_fixed_event():
     r = receipt([("0.5.19", "affected"), ("0.5.23", "fixed")], spec="0.5.19,0.5.23")
     listed_too(r, "0.5.20", "0.5.21", "0.5.22")
-    assert sweep_exports.osv_ranges(r)[0]["events"] == [{"introduced": "0"}, {"last_affected": "0.5.19"}]
+    assert sweep_exports.osv_ranges(SweepReceipt.from_json(r))[0]["events"] == [
+        {"introduced": "0"},
+        {"last_affected": "0.5.19"},
+    ]
 
 
 def test_osv_is_refused_for_a_fix_that_is_not_the_security_fix():

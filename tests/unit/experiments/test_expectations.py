@@ -11,6 +11,7 @@ import pytest
 from kvprobe.errors import UsageError
 from kvprobe.experiments import tomltext
 from kvprobe.experiments.expectations import Recording, observed_test_sets, rewrite
+from tests.typed import run_receipt
 
 PROBES = Path(__file__).resolve().parents[3] / "probes"
 F = "tests/test_x.py"
@@ -147,7 +148,7 @@ def test_recording_skips_unobserved_cases_says_why_and_records_absence():
     comparison = compare(
         expect={}, probe_docs={"base": {"p": base}, "head": {"p": head}}, probe_problems={}, test_runs={}
     )
-    receipt = {"verdict": comparison["verdict"], "comparison": comparison, "evidence": {"mocks": {}}, "run_id": "r"}
+    receipt = run_receipt(comparison, mocks={}, run_id="r")
     rec = plan(exp, receipt)
     assert rec.cases == ["p/drift", "p/seen"]
     assert rec.values["base"]["p/seen"] == {"enqueued": True, "raised": False}
@@ -172,7 +173,7 @@ def test_recording_skips_a_case_that_differed_between_repeats():
         test_runs={},
         repeats={"base": {"p": [doc]}, "head": {"p": [other]}},
     )
-    receipt = {"verdict": comparison["verdict"], "comparison": comparison, "evidence": {"mocks": {}}, "run_id": "r"}
+    receipt = run_receipt(comparison, mocks={}, run_id="r")
     rec = plan(exp, receipt)
     assert rec.values == {"base": {"p/seen": {"enqueued": True, "raised": False}}}
     assert rec.skipped == (

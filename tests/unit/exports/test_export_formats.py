@@ -20,6 +20,7 @@ from kvprobe.errors import UsageError
 from kvprobe.exports import intoto, render
 from kvprobe.exports import sweep_exports as sweep
 from kvprobe.exports.bundle_view import BundleView
+from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.verify.pack import pack
 from tests import forge
 from tests.unit.evidence import test_sweep
@@ -250,7 +251,7 @@ def osv_of(r, **opts):
 
 
 def events(r):
-    return [x["events"] for x in sweep.osv_ranges(r)]
+    return [x["events"] for x in sweep.osv_ranges(SweepReceipt.from_json(r))]
 
 
 def test_introduced_is_the_observed_boundary_after_a_release_where_the_code_is_not_present():
@@ -357,7 +358,7 @@ def test_osv_of_a_performance_fix_is_refused_in_osv_words():
 def test_sweep_markdown_shows_the_timeline_as_an_image_not_inline_svg():
     r = sweep_receipt([("0.5.19", "affected"), ("0.5.20", "fixed")], spec="0.5.19..0.5.20")
     view = BundleView(
-        r,
+        SweepReceipt.from_json(r),
         {"files": [{"path": "receipt.json", "sha256": "c" * 64}, {"path": "timeline.svg", "sha256": "e" * 64}]},
         "d" * 64,
         "my bundle",

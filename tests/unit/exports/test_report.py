@@ -17,6 +17,8 @@ from kvprobe.cli import main
 from kvprobe.errors import UsageError, VerificationFailed
 from kvprobe.evidence import manifest
 from kvprobe.exports import bundle_view, intoto, markdown, openvex, render
+from kvprobe.model.load import load
+from kvprobe.model.receipt import Receipt
 from kvprobe.names import PYTEST_REPORT_SCHEMA
 from kvprobe.resources import schemas_dir
 from kvprobe.rules import compare
@@ -216,7 +218,8 @@ def view_of(receipt, digest="5" * 64, name="exp-x-bundle"):
         {"path": "receipt.json", "size": 1, "sha256": "6" * 64},
         {"path": "raw/base/door.json", "size": 1, "sha256": "7" * 64},
     ]
-    return bundle_view.BundleView(receipt, {"schema": "kvprobe.manifest/1", "files": files}, digest, name)
+    typed = load(receipt)
+    return bundle_view.BundleView(typed, {"schema": "kvprobe.manifest/1", "files": files}, digest, name)
 
 
 def vex(view):
@@ -357,7 +360,7 @@ def test_markdown_cases_that_did_not_observe_are_neither_behaviour_nor_mismatch(
 def test_bundle_readme_names_how_far_each_case_got():
     from kvprobe.evidence.bundle_readme import render_readme
 
-    readme = render_readme(_not_observing_receipt())
+    readme = render_readme(Receipt.from_json(_not_observing_receipt()))
     [crash] = [line for line in readme.split("\n") if line.startswith("| `door/door.crash` |")]
     assert crash.count("|") == 5 and "<b>" not in crash  # the reason stays in its cell, inert
     assert html.unescape(crash.split(" | ")[1]) == "unobserved (stub | lacks <b>field</b>)"
@@ -551,7 +554,8 @@ def test_load_reads_a_bundle(tmp_path):
     digest = verified_bundle(tmp_path / "b")
     view = bundle_view.load(tmp_path / "b")
     assert view.manifest_sha256 == digest
-    assert view.receipt == forge.load(tmp_path / "b", "receipt.json")
+    assert isinstance(view.receipt, Receipt)
+    assert view.receipt.to_json() == forge.load(tmp_path / "b", "receipt.json")
     assert view.receipt_sha256 == files.sha256_file(tmp_path / "b" / "receipt.json")
     assert view.name == "b"
 
@@ -661,11 +665,11 @@ def test_bundle_readme_says_what_an_expected_absence_means():
     from kvprobe.evidence.bundle_readme import render_readme
 
     receipt = make_receipt()
-    assert "expected to lack the code" not in render_readme(receipt)
+    assert "expected to lack the code" not in render_readme(Receipt.from_json(receipt))
     base = dict(receipt["expectations"].get("base", {}))
     base["door/door.rejected"] = {"not_present": ["Door.add"]}
     receipt["expectations"] = {**receipt["expectations"], "base": base}
-    readme = render_readme(receipt)
+    readme = render_readme(Receipt.from_json(receipt))
     assert "The base is expected to lack the code of 1 case(s)" in readme
     assert "what the head shows for them is a feature it adds" in readme
 

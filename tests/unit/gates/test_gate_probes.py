@@ -118,7 +118,7 @@ def test_a_probe_that_did_not_run_is_unknown_under_the_experiments_label():
 def _probe_gate(number: int, status: Status) -> ProbeGate:
     rule = gate_probes.RULES[number]
     check = Check(f"{rule.experiments[0]}: p/case", status, "as fixed" if status is Status.PASS else "not")
-    return ProbeGate(number, (check,), [], BehaviourBasis(number, rule.algorithm, ()))
+    return ProbeGate(number, (check,), [], BehaviourBasis(rule.algorithm, (), number))
 
 
 def _deployment(tmp_path, checksum: bool, deferred: str):
@@ -171,6 +171,6 @@ def test_without_an_sglang_every_behavioural_gate_is_unknown(tmp_path):
     assert sorted(run.gates) == [2, 3, 4] and run.probes == [] and run.env is None
     for number, gate in run.gates.items():
         assert gate.checks == (gate_probes.NO_TARGET,)
-        assert gate.basis == BehaviourBasis(number, gate_probes.RULES[number].algorithm, ())
+        assert gate.basis == BehaviourBasis(gate_probes.RULES[number].algorithm, (), number)
     src = sources_for(None, None)
     assert pipeline.with_probes(settings.gate3(src, None, None, []), run.gates[3]).status is Status.UNKNOWN

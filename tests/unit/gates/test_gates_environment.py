@@ -16,7 +16,9 @@ from kvprobe.cli.console import print_gate_diagnostics
 from kvprobe.errors import UsageError
 from kvprobe.gates import environment, inputs, settings
 from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
-from kvprobe.model.gates_receipt import GateRecord, TargetRecord
+from kvprobe.model.gates_receipt import DeploymentScope, GateRecord, GatesReceipt, Inputs, TargetRecord
+from kvprobe.model.receipt import Tool
+from kvprobe.model.records import GateStatus
 from kvprobe.rules import gate4 as gate4_rule
 from kvprobe.rules.gate_status import Status
 from tests.unit.gates.test_gates_logs import (
@@ -248,6 +250,31 @@ def test_verify_refuses_a_basis_edited_to_match_a_forged_check(tmp_path):
 # --- the stderr summary ---------------------------------------------------------------------------
 
 
+def _gates_receipt(gates: list[dict]) -> GatesReceipt:
+    """A gates receipt of these gates (what the summary reads), its other parts empty."""
+    checks = [{"evidence": "-", **c} for g in gates for c in g["checks"]]
+    assert all(set(c) == {"name", "status", "detail", "decides", "evidence"} for c in checks)
+    typed = tuple(GateRecord.from_json({**g, "checks": [{"evidence": "-", **c} for c in g["checks"]]}) for g in gates)
+    return GatesReceipt(
+        "kvprobe.gates-receipt/4",
+        Tool("0"),
+        "r",
+        "2026-01-01T00:00:00Z",
+        "deployment",
+        GateStatus.FAIL,
+        1,
+        typed,
+        Inputs((), (), ()),
+        (),
+        None,
+        (),
+        None,
+        {},
+        DeploymentScope("s", (), (), "deployment"),
+        {},
+    )
+
+
 def test_the_summary_prints_each_checks_own_status():
     receipt = {
         "gates": [
@@ -263,7 +290,7 @@ def test_the_summary_prints_each_checks_own_status():
         ]
     }
     console = Console(record=True, width=200, color_system=None)
-    print_gate_diagnostics(console, receipt)
+    print_gate_diagnostics(console, _gates_receipt(receipt["gates"]))
     lines = console.export_text().splitlines()
     assert lines == [
         "gate 3: fail — t",

@@ -728,3 +728,24 @@ def test_cli_usage_errors_exit_2(tmp_path):
     )
     assert result.exit_code == 2 and "not a directory holding sglang/" in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_every_gates_receipt_version_loads_to_the_model_and_writes_back_the_same_document(tmp_path):
+    """model.load reads what verify accepts: /4 and the /3, /2 and both /1 shapes written before it."""
+    import copy
+
+    from kvprobe import schema
+    from kvprobe.model.load import load
+    from kvprobe.model.records import GateStatus
+
+    written = json.loads((_gates_bundle(tmp_path) / "receipt.json").read_text())
+    for shape in (None, _as_schema_3, _as_schema_2, _as_schema_1, _as_first_shape):
+        doc = copy.deepcopy(written)
+        if shape is not None:
+            shape(doc)
+        assert schema.errors(doc, doc["schema"]) == [], doc["schema"]
+        typed = load(doc)
+        assert isinstance(typed, GatesReceipt) and typed.to_json() == doc
+        assert isinstance(typed.overall, GateStatus) and all(isinstance(g.status, GateStatus) for g in typed.gates)
+        assert (typed.behaviour is None) == (doc["schema"] != "kvprobe.gates-receipt/4")
+        assert (typed.gate2 is None) == (doc["schema"] not in ("kvprobe.gates-receipt/2", "kvprobe.gates-receipt/3"))

@@ -4,6 +4,7 @@ the raw outputs of every run the release entry cites."""
 
 from __future__ import annotations
 
+from kvprobe.model.receipt import RunProbeRecord
 from kvprobe.model.sweep_receipt import Classification
 from kvprobe.rules.sweep_classification import ALGORITHM, classify_release, release_problems, release_repeats
 
@@ -56,20 +57,18 @@ def test_a_case_without_expectations_that_differs_is_recorded_but_decides_nothin
 
 
 def test_a_repeat_that_left_no_output_is_could_not_observe():
-    release = {
+    probe = {
+        "name": "p",
+        "source": {"path": "probes/e/p.py", "sha256": "0" * 64},
+        "raw": {"path": "raw/1.0/probes/p.json", "sha256": "0" * 64},
+        "exit_code": 0,
         "problem": None,
-        "probes": [
-            {
-                "name": "p",
-                "raw": {"path": "raw/1.0/probes/p.json", "sha256": "0" * 64},
-                "problem": None,
-                "repeats": [{"raw": None, "exit_code": 1, "problem": "exit 1"}],
-            }
-        ],
+        "repeats": [{"raw": None, "exit_code": 1, "problem": "exit 1"}],
     }
-    problems = release_problems(release)
+    probes = (RunProbeRecord.from_json(probe),)
+    problems = release_problems(None, probes)
     assert problems == {"p#2": "p (run 2): exit 1"}
-    assert release_repeats(release, lambda rel: {}) == {"p": [None]}
+    assert release_repeats(probes, lambda rel: {}) == {"p": [None]}
     result = classify_release(EXPECT, AFFECTED, problems, {"p": [None]})
     assert result["overall"] == "could-not-observe" and result["reasons"] == ["p#2: p (run 2): exit 1"]
 
@@ -77,7 +76,8 @@ def test_a_repeat_that_left_no_output_is_could_not_observe():
 def test_release_repeats_reads_each_cited_run_and_none_for_a_single_run():
     cited = {"raw/1.0/probes/p.repeat-2.json": doc(False)}
     ref = {"path": "raw/1.0/probes/p.repeat-2.json", "sha256": "0" * 64}
-    repeated = {"probes": [{"name": "p", "repeats": [{"raw": ref, "exit_code": 0, "problem": None}]}]}
-    assert release_repeats(repeated, cited.__getitem__) == {"p": [doc(False)]}
-    assert release_repeats({"probes": [{"name": "p"}]}, cited.__getitem__) is None
-    assert release_repeats({"probes": []}, cited.__getitem__) is None  # a release whose wheel could not be had
+    once = {"name": "p", "source": ref, "raw": None, "exit_code": 0, "problem": None}
+    repeated = RunProbeRecord.from_json({**once, "repeats": [{"raw": ref, "exit_code": 0, "problem": None}]})
+    assert release_repeats((repeated,), cited.__getitem__) == {"p": [doc(False)]}
+    assert release_repeats((RunProbeRecord.from_json(once),), cited.__getitem__) is None
+    assert release_repeats((), cited.__getitem__) is None  # a release whose wheel could not be had

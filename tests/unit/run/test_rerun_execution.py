@@ -6,6 +6,7 @@ import copy
 import json
 from pathlib import Path
 
+from kvprobe.model.receipt import Receipt
 from kvprobe.run.rerun import diff_runs, env_notes
 
 MODEL_BUNDLE = next(Path(__file__).resolve().parents[3].joinpath("bundles").glob("model-*"))
@@ -25,13 +26,13 @@ def _forked(receipt: dict) -> dict:
 
 
 def test_a_rerun_in_another_mode_differs_in_nothing_but_a_note():
-    published = json.loads((MODEL_BUNDLE / "receipt.json").read_text())
-    assert "execution" not in published  # published before the fork server: fresh interpreters
-    rerun = _forked(published)
+    doc = json.loads((MODEL_BUNDLE / "receipt.json").read_text())
+    assert "execution" not in doc  # published before the fork server: fresh interpreters
+    published, rerun = Receipt.from_json(doc), Receipt.from_json(_forked(doc))
     assert diff_runs(published, rerun) == []
     assert "checks ran forked in the rerun, fresh when published" in env_notes(published, rerun)
 
 
 def test_the_same_mode_is_not_noted():
-    published = _forked(json.loads((MODEL_BUNDLE / "receipt.json").read_text()))
+    published = Receipt.from_json(_forked(json.loads((MODEL_BUNDLE / "receipt.json").read_text())))
     assert not [n for n in env_notes(published, copy.deepcopy(published)) if n.startswith("checks ran")]

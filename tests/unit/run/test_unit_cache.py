@@ -163,12 +163,14 @@ def test_verify_holds_a_reused_release_to_the_rest_of_the_receipt():
 
 
 def test_the_readme_names_each_reused_release_and_when_it_was_observed():
-    receipt = _committed_receipt()
+    receipt = SweepReceipt.from_json(_committed_receipt())
     assert "reused" not in render_readme(receipt).lower()
-    version = receipt["releases"][1]["version"]
-    receipt["releases"][1]["reused"] = {"observed_utc": "2026-12-01T10:00:00Z", "unit_manifest_sha256": "0" * 64}
-    text = render_readme(receipt)
-    assert f"Reused: 1 of {len(receipt['releases'])} releases were not observed again" in text
+    release = receipt.releases[1]
+    reused = dataclasses.replace(release, reused=ReusedUnit("2026-12-01T10:00:00Z", "0" * 64))
+    releases = (receipt.releases[0], reused, *receipt.releases[2:])
+    text = render_readme(dataclasses.replace(receipt, releases=releases))
+    version = release.version
+    assert f"Reused: 1 of {len(receipt.releases)} releases were not observed again" in text
     assert f"- {version}: reused from 2026-12-01T10:00:00Z" in text
 
 

@@ -8,9 +8,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from kvprobe.evidence.sweep_view import render_readme, timeline_svg
+from kvprobe.evidence import sweep_view
 from kvprobe.model.sweep_receipt import SweepReceipt
-from kvprobe.rules.sweep_listing import observed_range, unserved_reason
+from kvprobe.rules.sweep_listing import unserved_reason
 from kvprobe.verify.sweep_set import range_defects, release_set_defects
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -49,7 +49,19 @@ def sweep(classes, spec="0.5.11..0.5.21", index=("0.5.10", "0.5.11", "0.5.12")):
         "tool": {"name": "kvprobe", "version": "0"},
         "run_id": "experiment-b-sweep-x",
         "created_utc": "2026-12-01T00:00:00Z",
-        "experiment": {"id": "experiment-b", "title": "t"},
+        "experiment": {
+            "id": "experiment-b",
+            "title": "t",
+            "file": "probes/experiment-b/experiment.toml",
+            "sha256": "0" * 64,
+            "upstream": None,
+            "fix": {"prs": [1], "release": None, "summary": "s"},
+        },
+        "env": {},
+        "host": {},
+        "settings": {},
+        "expectations": {},
+        "timings": {},
         "profile": {"name": "sglang-cpu", "serves": ">=0.5.13"},
         "spec": spec,
         "listing": {
@@ -65,22 +77,28 @@ def sweep(classes, spec="0.5.11..0.5.21", index=("0.5.10", "0.5.11", "0.5.12")):
         "summary": {},
         "evidence": {"shows": "s", "does_not_show": [], "limits": []},
     }
+    doc["observed"] = {"algorithm": "", "oldest": None, "introduced": None, "first_fixed": None}
+    doc["observed"] |= {"not_observed": [], "not_observed_reason": None}
     doc["observed"] = observed_range(doc)
     return doc
 
 
 def typed(doc):
-    """``doc`` (what the release-set checks read) completed into a whole sweep receipt, typed as
-    verify reads it."""
-    experiment = {
-        "file": "probes/experiment-b/experiment.toml",
-        "sha256": "0" * 64,
-        "upstream": None,
-        "fix": {"prs": [1], "release": None, "summary": "s"},
-        **doc["experiment"],
-    }
-    rest = {"env": {}, "host": {}, "settings": {}, "expectations": {}, "timings": {}}
-    return SweepReceipt.from_json({**rest, **doc, "experiment": experiment})
+    """``doc`` typed as verify reads it."""
+    return SweepReceipt.from_json(doc)
+
+
+def observed_range(doc):
+    """The observed range of a receipt document, as a receipt records it."""
+    return sweep_view.recomputed_range(SweepReceipt.from_json(doc)).to_json()
+
+
+def timeline_svg(doc):
+    return sweep_view.timeline_svg(SweepReceipt.from_json(doc))
+
+
+def render_readme(doc):
+    return sweep_view.render_readme(SweepReceipt.from_json(doc))
 
 
 B = [("0.5.13", "not-present"), ("0.5.19", "affected"), ("0.5.20", "affected"), ("0.5.21", "fixed")]

@@ -124,11 +124,12 @@ def test_a_readme_from_another_kvprobe_version_is_said_to_be_unchecked(tmp_path)
 
 
 def _fake_run(seen: list):
+    from kvprobe.model.receipt import Receipt
     from kvprobe.run.workspace import SealedBundle
 
     def run_experiment(exp, opts, reporter=None):
         seen.append(exp.directory)
-        return SealedBundle(opts.out, forge.load(SOURCE[0], "receipt.json"), "0" * 64)
+        return SealedBundle(opts.out, Receipt.from_json(forge.load(SOURCE[0], "receipt.json")), "0" * 64)
 
     return run_experiment
 

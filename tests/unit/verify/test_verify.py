@@ -615,6 +615,7 @@ def _verify_rerun(env, monkeypatch, *, code, **fake):
 
 
 def _fake_run(receipt_change=None, error=None):
+    from kvprobe.model.receipt import Receipt
     from kvprobe.run.workspace import SealedBundle
 
     def run_experiment(exp, opts, reporter=None):
@@ -625,7 +626,7 @@ def _fake_run(receipt_change=None, error=None):
         receipt = forge.load(BUNDLE_UNDER_TEST[0], "receipt.json")
         if receipt_change:
             receipt_change(receipt)
-        return SealedBundle(opts.out, receipt, "0" * 64)
+        return SealedBundle(opts.out, Receipt.from_json(receipt), "0" * 64)
 
     return run_experiment
 
