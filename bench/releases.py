@@ -51,6 +51,8 @@ def sweep(args: list[str], out: Path, checkout: Path | None = None) -> dict:
     ``checkout``, that checkout's kvprobe (``python -m kvprobe`` there) instead of this one."""
     argv = [str(KVPROBE), "sweep", *args, "--out", str(out), "--json"]
     env = None
+    if checkout is None:  # every unit observed, none taken from the unit cache (a checkout before it has none)
+        argv.append("--no-reuse")
     if checkout is not None:
         argv = [sys.executable, "-m", "kvprobe", *argv[1:]]
         env = {**os.environ, "PYTHONPATH": str(checkout)}

@@ -156,8 +156,9 @@ class SweepShare:
                 available, _ = self.listing(package, flags)
                 chosen = releases.select(opts.releases, available) if opts.releases else available
                 served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
-                pins = self.resolve(package, flags, served, opts.jobs)
+                # the env and its fork server first: the server preloads while the wheels resolve
                 session = self.session(exp, package, opts, reporter, len(available))
+                pins = self.resolve(package, flags, served, opts.jobs)
             except KvprobeError:
                 continue  # its own sweep says why
             key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
