@@ -62,6 +62,10 @@ KEY_FORMAT = "kvprobe.unit-key/1"  # bump when what decides a unit's observation
 MARKER_SCHEMA = "kvprobe.unit-cache/1"  # the marker's own format: display only, never trusted
 # A unit's packed bundle is tens to hundreds of KiB; a cache entry past this is not read.
 MAX_UNIT_BYTES = 64 << 20
+# A sweep holds an entry's lock to read or write one archive (milliseconds). A lock held past
+# this is held by something else (a stuck process, whoever can write the cache): the wait
+# ends with filelock.Timeout, an OSError, which costs reuse (or keeping), never the sweep.
+LOCK_TIMEOUT_S = 10.0
 
 
 def probe_api_sha256() -> str:
@@ -124,12 +128,14 @@ def entry_name(facts: Mapping[str, Any]) -> str:
 
 
 def keepable(entry: ReleaseRecord) -> bool:
-    """A unit worth keeping: its wheel was had and every probe ran and wrote its output."""
+    """A unit worth keeping: its wheel was had and every probe ran and wrote its output, in
+    every run (`sweep --repeat N`)."""
     return (
         entry.wheel is not None
         and entry.problem is None
         and bool(entry.probes)
         and all(p.problem is None and p.raw is not None for p in entry.probes)
+        and all(r.problem is None and r.raw is not None for p in entry.probes for r in p.repeats or ())
     )
 
 
@@ -148,7 +154,7 @@ class UnitStore:
 
     def _lock(self, name: str) -> FileLock:
         self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root / f"{name}.lock"))
+        return FileLock(str(self.root / f"{name}.lock"), timeout=LOCK_TIMEOUT_S)
 
     def read(self, name: str) -> bytes | str | None:
         """The entry's archive; None when there is no complete entry; a string saying why the

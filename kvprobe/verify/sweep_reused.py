@@ -31,7 +31,9 @@ def reused_defects(receipt: SweepReceipt) -> list[BundleDefect]:
                     f"began ({receipt.created_utc})",
                 )
             )
-        ran = all(p.problem is None and p.raw is not None for p in release.probes)
+        ran = all(p.problem is None and p.raw is not None for p in release.probes) and all(
+            r.problem is None and r.raw is not None for p in release.probes for r in p.repeats or ()
+        )  # runs 2..N of sweep --repeat N too
         if release.wheel is None or release.problem is not None or not release.probes or not ran:
             found.append(
                 RecordMismatch(

@@ -177,3 +177,28 @@ def _observed(world, version: str) -> str:
     """When the genuine sweep observed ``version`` (its kept unit's own receipt says so too)."""
     marker = _unit(world["root"] / "genuine-units", version).parent / "kvprobe-unit.json"
     return json.loads(marker.read_text())["observed_utc"]
+
+
+def test_a_held_unit_lock_costs_reuse_not_the_sweep(sandbox, world):
+    """Attack: something holds 1.1's entry lock (units/<name>.lock) and never lets go: a stuck
+    process, or anyone who can write the cache. The sweep waited on it for ever; now it waits a
+    bounded time (unit_cache.LOCK_TIMEOUT_S), observes 1.1 again, and still reuses 2.0."""
+    import fcntl
+
+    units = Path(world["env"]["KVPROBE_CACHE_DIR"]) / "units"
+    shutil.rmtree(units)
+    shutil.copytree(world["root"] / "genuine-units", units)
+    entry = _unit(units, "1.1").parent
+    fd = os.open(entry.parent / f"{entry.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        result = sandbox.run(
+            *ARGV, "--out", sandbox.out, env=world["env"], allow=(sandbox.out, sandbox.home / ".rustup"), timeout=180
+        )
+    finally:
+        os.close(fd)
+    line = assert_outcome(sandbox, result, 0, "1.1", "the unit cache could not be read")
+    assert "observing it" in line
+    assert result.out.splitlines()[:2] == ["1.1  affected", f"2.0  fixed  (reused from {_observed(world, '2.0')})"]
+    reused = {r["version"]: r.get("reused") for r in forge.load(sandbox.out, "receipt.json")["releases"]}
+    assert reused["1.1"] is None and reused["2.0"] is not None
