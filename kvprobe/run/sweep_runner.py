@@ -29,7 +29,7 @@ from kvprobe.errors import DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, ReleaseRecord, SweepReceipt
-from kvprobe.names import SIDES, SWEEP_RECEIPT_SCHEMA
+from kvprobe.names import MAX_BUNDLE_FILES, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.rules.sweep_listing import unserved_reason
 from kvprobe.run.session import CheckSession, SessionSettings
@@ -129,6 +129,21 @@ class SweepShare:
         return self._sessions[key]
 
 
+# A probe run leaves at least its raw output, stdout and stderr in the bundle.
+FILES_PER_RUN = 3
+
+
+def _repeat_fits(exp: Experiment, repeat: int, releases_n: int) -> None:
+    """`--repeat N` whose runs cannot fit in one bundle is refused before anything runs: past
+    the limit the merge refuses the later units (could-not-observe) after they ran."""
+    files = releases_n * len(exp.probes) * repeat * FILES_PER_RUN
+    if repeat > 1 and files > MAX_BUNDLE_FILES:
+        raise UsageError(
+            f"--repeat {repeat}: {releases_n} release(s) x {len(exp.probes)} probe(s) x {repeat} runs leave at "
+            f"least {files} files, past a bundle's {MAX_BUNDLE_FILES}: repeat fewer times or sweep fewer releases"
+        )
+
+
 def sweep_experiment(
     exp: Experiment,
     opts: SweepOptions,
@@ -168,6 +183,7 @@ def sweep_experiment(
                 f"no selected release is served by profile {profile.name!r} (serves {profile.serves}); "
                 f"selected: {', '.join(chosen) or 'none'}"
             )
+        _repeat_fits(exp, opts.repeat, len(served))
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
             executor = LocalExecutor(

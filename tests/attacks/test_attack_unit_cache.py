@@ -202,3 +202,14 @@ def test_a_held_unit_lock_costs_reuse_not_the_sweep(sandbox, world):
     assert result.out.splitlines()[:2] == ["1.1  affected", f"2.0  fixed  (reused from {_observed(world, '2.0')})"]
     reused = {r["version"]: r.get("reused") for r in forge.load(sandbox.out, "receipt.json")["releases"]}
     assert reused["1.1"] is None and reused["2.0"] is not None
+
+
+def test_a_repeat_count_no_bundle_can_hold_is_refused_before_anything_runs(sandbox, world):
+    """Careless operator: `sweep --repeat 2000` of 2 releases needs at least 12000 files in one
+    bundle (raw output, stdout, stderr per run), past the 10000 a bundle holds. The sweep ran
+    the probes 4000 times, then the merge refused what did not fit; now it stops at once."""
+    result = sandbox.run(
+        *ARGV, "--repeat", "2000", "--out", sandbox.out, env=world["env"], allow=(sandbox.home / ".rustup",), timeout=60
+    )
+    assert_outcome(sandbox, result, 2, "--repeat 2000", "past a bundle's 10000")
+    assert not Path(sandbox.out).exists()
