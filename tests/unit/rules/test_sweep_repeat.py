@@ -4,9 +4,8 @@ the raw outputs of every run the release entry cites."""
 
 from __future__ import annotations
 
-from kvprobe.rules.sweep_classification import ALGORITHM, classify_release, release_problems, release_repeats
-
 from kvprobe.model.sweep_receipt import Classification
+from kvprobe.rules.sweep_classification import ALGORITHM, classify_release, release_problems, release_repeats
 
 EXPECT = {
     "base": {"p/door": {"enqueued": True}, "p/valid": {"enqueued": True}},
