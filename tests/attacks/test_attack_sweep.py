@@ -437,10 +437,11 @@ def test_a_sweep_that_drops_the_repeat_that_differed_is_refused(sandbox, anchore
 # --- reused units: what a sweep says it took from the kvprobe cache ---------------------------
 
 
-@pytest.mark.parametrize("claim", ["observed-after-the-sweep-began", "a-repeat-left-no-output"])
+@pytest.mark.parametrize("claim", ["observed-after-the-sweep-began", "observed-at-no-time", "a-repeat-left-no-output"])
 def test_a_forged_reuse_claim_is_refused(sandbox, anchored_sweep, claim):
     """Attack: 0.5.20 claims its unit came from the cache (README: "reused from ..."), observed
-    after the sweep that reused it began; or, in a `sweep --repeat 2` bundle, claims a unit
+    after the sweep that reused it began, or at a time that never was (the README then says
+    "reused from 0000-00-00T00:00:00Z"); or, in a `sweep --repeat 2` bundle, claims a unit
     whose run 2 of a probe left no output (could-not-observe): kvprobe keeps no such unit, it
     observes that release again."""
     from kvprobe.rules.sweep_classification import classify_release, release_problems
@@ -449,7 +450,8 @@ def test_a_forged_reuse_claim_is_refused(sandbox, anchored_sweep, claim):
 
     def claim_reuse(receipt):
         release = _release(receipt, RELEASE)
-        when = "2099-01-01T00:00:00Z" if claim.startswith("observed-after") else "2026-12-01T00:00:00Z"
+        when = {"observed-after-the-sweep-began": "2099-01-01T00:00:00Z", "observed-at-no-time": "0000-00-00T00:00:00Z"}
+        when = when.get(claim, "2026-12-01T00:00:00Z")
         release["reused"] = {"observed_utc": when, "unit_manifest_sha256": "0" * 64}
         if claim == "a-repeat-left-no-output":
             for probe in release["probes"]:
@@ -464,5 +466,6 @@ def test_a_forged_reuse_claim_is_refused(sandbox, anchored_sweep, claim):
 
     _rederive(anchored_sweep, claim_reuse)
     result = sandbox.run("verify", anchored_sweep)
-    words = ("after the sweep began",) if claim.startswith("observed-after") else ("its unit did not observe",)
+    words = {"observed-after-the-sweep-began": ("after the sweep began",), "observed-at-no-time": ("not a time",)}
+    words = words.get(claim, ("its unit did not observe",))
     assert_outcome(sandbox, result, 1, "record-mismatch", f"release {RELEASE} is reused", *words)
