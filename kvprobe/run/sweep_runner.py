@@ -217,6 +217,7 @@ def sweep_experiment(
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
         kept = _unit_cache(exp, dict(profile.env), opts, executor, reporter)
+        kept.began = started.strftime("%Y-%m-%dT%H:%M:%SZ")  # the receipt's created_utc
         requests = [
             UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root, opts.repeat)
             for pin in pins.values()

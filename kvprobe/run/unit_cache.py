@@ -146,6 +146,14 @@ def ran_as(entry: ReleaseRecord) -> str:
     return "forked" if modes == {"forked"} else "fresh"
 
 
+def _a_time(text: str) -> bool:
+    try:
+        datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return False
+    return True
+
+
 class UnitStore:
     """``cache_root/units``: one packed unit per entry name, written atomically under its lock."""
 
@@ -232,6 +240,7 @@ class SweepUnits:
         repeat: int = 1,
         reuse: bool = True,
         reporter: Reporter | None = None,
+        began: str | None = None,
     ) -> None:
         self.exp = exp
         self.store = UnitStore(cache_root)
@@ -240,6 +249,7 @@ class SweepUnits:
         self.repeat = repeat
         self.reuse_units = reuse
         self.reporter = reporter or Reporter()
+        self.began = began  # the sweep's created_utc: verify refuses a unit observed later
         self.reused: list[str] = []
         self.kept: list[str] = []
 
@@ -279,8 +289,16 @@ class SweepUnits:
         if not keepable(entry):  # kvprobe keeps none such: this entry was made by hand
             self._refused(name, expected, version, "it is not a unit kvprobe keeps (a probe did not run)")
             return None
+        observed = seen["observed_utc"]
+        if not _a_time(observed):
+            self._refused(name, expected, version, f"observed at {observed}: not a time")
+            return None
+        if self.began is not None and observed > self.began:  # text order is time order (one format)
+            # kept since this sweep began (another sweep's, or planted): the claim would not verify
+            self._refused(name, expected, version, f"observed at {observed}, after this sweep began")
+            return None
         self.reused.append(version)
-        return dataclasses.replace(entry, reused=ReusedUnit(seen["observed_utc"], seen["unit_manifest_sha256"]))
+        return dataclasses.replace(entry, reused=ReusedUnit(observed, seen["unit_manifest_sha256"]))
 
     def _refused(self, name: str, expected: Expected, version: str, why: str) -> None:
         for top in (RAW_DIR, LOGS_DIR):  # whatever of it was merged leaves with it

@@ -97,7 +97,7 @@ def _reseal(archive: Path, scratch: Path, edit: Callable[[Path], None]) -> None:
     (bundle,) = list(scratch.iterdir())
     edit(bundle)
     forge.rehash(bundle)
-    archive.write_bytes(pack(bundle, scratch.parent / "resealed.tar.gz").archive.read_bytes())
+    archive.write_bytes(pack(bundle, scratch.parent / f"resealed-{scratch.name}.tar.gz").archive.read_bytes())
 
 
 def _observed_as(version: str, scrubbed: bool):
@@ -123,6 +123,21 @@ def _other_kvprobe(bundle: Path) -> None:
     (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
 
 
+def _observed_when(when: str) -> Callable[[Path], None]:
+    """The unit's receipt says it observed at ``when``; README.md and the timeline re-rendered."""
+
+    def edit(bundle: Path) -> None:
+        from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
+
+        receipt = forge.load(bundle, "receipt.json")
+        receipt["created_utc"] = when
+        (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+        (bundle / "README.md").write_text(render_readme(receipt), encoding="utf-8")
+        (bundle / TIMELINE).write_text(timeline_svg(receipt), encoding="utf-8")
+
+    return edit
+
+
 ATTACKS: dict[str, tuple[Callable[[Path, Path, Path], None], tuple[str, ...]]] = {
     # 2.0's genuine, verifying unit filed under 1.1's key: another release's observations
     "another-release": (
@@ -138,6 +153,16 @@ ATTACKS: dict[str, tuple[Callable[[Path, Path, Path], None], tuple[str, ...]]] =
     "made-by-another-kvprobe": (
         lambda one, two, scratch: _reseal(one, scratch, _other_kvprobe),
         ("made by kvprobe 0.0.1",),
+    ),
+    # a unit that verifies but says it observed after this sweep began, or at no time at all: the
+    # sweep reused it, then its own bundle failed verify (a reused unit observed later), exit 1
+    "observed-in-the-future": (
+        lambda one, two, scratch: _reseal(one, scratch, _observed_when("2099-01-01T00:00:00Z")),
+        ("observed at 2099-01-01T00:00:00Z, after this sweep began",),
+    ),
+    "observed-at-no-time": (
+        lambda one, two, scratch: _reseal(one, scratch, _observed_when("0000-00-00T00:00:00Z")),
+        ("observed at 0000-00-00T00:00:00Z: not a time",),
     ),
     # not an archive at all
     "garbage": (lambda one, two, scratch: one.write_bytes(b"\x1f\x8b not really gzip" * 50), ("unit bundle refused",)),
