@@ -279,6 +279,8 @@ def _prune_one(root: Path, entry: Entry, dry_run: bool, now: float) -> Outcome:
         lock.acquire()
     except Timeout:
         return Outcome(entry, "skipped", "in use (its lock is held)")
+    except OSError as exc:  # a lock planted as a symlink or a directory: skip it, prune the rest
+        return Outcome(entry, "skipped", f"its lock cannot be taken ({exc.strerror or exc})")
     try:
         if entry.kind in _LEASED and _leased(entry.path):
             return Outcome(entry, "skipped", _LEASED[entry.kind])

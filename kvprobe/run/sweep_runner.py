@@ -30,7 +30,7 @@ from kvprobe.errors import DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, ReleaseRecord, SweepReceipt
-from kvprobe.names import SIDES, SWEEP_RECEIPT_SCHEMA
+from kvprobe.names import MAX_BUNDLE_FILES, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.rules.sweep_listing import unserved_reason
 from kvprobe.run.release_imports import opened, release_modules
@@ -226,6 +226,21 @@ class SweepShare:
         return self._done
 
 
+# A probe run leaves at least its raw output, stdout and stderr in the bundle.
+FILES_PER_RUN = 3
+
+
+def _repeat_fits(exp: Experiment, repeat: int, releases_n: int) -> None:
+    """`--repeat N` whose runs cannot fit in one bundle is refused before anything runs: past
+    the limit the merge refuses the later units (could-not-observe) after they ran."""
+    files = releases_n * len(exp.probes) * repeat * FILES_PER_RUN
+    if repeat > 1 and files > MAX_BUNDLE_FILES:
+        raise UsageError(
+            f"--repeat {repeat}: {releases_n} release(s) x {len(exp.probes)} probe(s) x {repeat} runs leave at "
+            f"least {files} files, past a bundle's {MAX_BUNDLE_FILES}: repeat fewer times or sweep fewer releases"
+        )
+
+
 def sweep_experiment(
     exp: Experiment,
     opts: SweepOptions,
@@ -265,6 +280,7 @@ def sweep_experiment(
                 f"no selected release is served by profile {profile.name!r} (serves {profile.serves}); "
                 f"selected: {', '.join(chosen) or 'none'}"
             )
+        _repeat_fits(exp, opts.repeat, len(served))
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
             executor = LocalExecutor(
@@ -303,6 +319,7 @@ def sweep_experiment(
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
         local = executor.session if isinstance(executor, LocalExecutor) else None
         kept = _unit_cache(exp, dict(profile.env), opts, local, reporter)
+        kept.began = started.strftime("%Y-%m-%dT%H:%M:%SZ")  # the receipt's created_utc
         requests = [
             UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root, opts.repeat)
             for pin in pins.values()

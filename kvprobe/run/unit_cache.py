@@ -17,8 +17,9 @@ Layout (kvprobe.env.cache lists and prunes it)::
     units/<exp>-<version>-<key>/kvprobe-unit.json   written last: the entry is complete
     units/<exp>-<version>-<key>.lock                held while the entry is read or written
 
-Only a unit that observed is kept: its wheel was had and every probe ran and wrote its
-output (a probe that crashed or timed out may not do so next time). Units are looked up
+Only a unit that observed is kept: its wheel was had, every probe ran and wrote its output
+(a probe that crashed or timed out may not do so next time), and repeated, every case read
+the same in each run. Units are looked up
 only where the driver knows the env before units run (local units); with Ray, accepted
 units are kept, keyed by the env they ran in.
 """
@@ -62,6 +63,10 @@ KEY_FORMAT = "kvprobe.unit-key/1"  # bump when what decides a unit's observation
 MARKER_SCHEMA = "kvprobe.unit-cache/1"  # the marker's own format: display only, never trusted
 # A unit's packed bundle is tens to hundreds of KiB; a cache entry past this is not read.
 MAX_UNIT_BYTES = 64 << 20
+# A sweep holds an entry's lock to read or write one archive (milliseconds). A lock held past
+# this is held by something else (a stuck process, whoever can write the cache): the wait
+# ends with filelock.Timeout, an OSError, which costs reuse (or keeping), never the sweep.
+LOCK_TIMEOUT_S = 10.0
 
 
 def probe_api_sha256() -> str:
@@ -124,12 +129,16 @@ def entry_name(facts: Mapping[str, Any]) -> str:
 
 
 def keepable(entry: ReleaseRecord) -> bool:
-    """A unit worth keeping: its wheel was had and every probe ran and wrote its output."""
+    """A unit worth keeping: its wheel was had and every probe ran and wrote its output, in
+    every run (`sweep --repeat N`), and no case differed between those runs (an unstable
+    reading is observed again by the next sweep, never handed back to it)."""
     return (
         entry.wheel is not None
+        and not entry.classification.unstable
         and entry.problem is None
         and bool(entry.probes)
         and all(p.problem is None and p.raw is not None for p in entry.probes)
+        and all(r.problem is None and r.raw is not None for p in entry.probes for r in p.repeats or ())
     )
 
 
@@ -140,6 +149,14 @@ def ran_as(entry: ReleaseRecord) -> str:
     return "forked" if modes == {"forked"} else "fresh"
 
 
+def _a_time(text: str) -> bool:
+    try:
+        datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return False
+    return True
+
+
 class UnitStore:
     """``cache_root/units``: one packed unit per entry name, written atomically under its lock."""
 
@@ -148,7 +165,7 @@ class UnitStore:
 
     def _lock(self, name: str) -> FileLock:
         self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root / f"{name}.lock"))
+        return FileLock(str(self.root / f"{name}.lock"), timeout=LOCK_TIMEOUT_S)
 
     def read(self, name: str) -> bytes | str | None:
         """The entry's archive; None when there is no complete entry; a string saying why the
@@ -226,6 +243,7 @@ class SweepUnits:
         repeat: int = 1,
         reuse: bool = True,
         reporter: Reporter | None = None,
+        began: str | None = None,
     ) -> None:
         self.exp = exp
         self.store = UnitStore(cache_root)
@@ -234,6 +252,7 @@ class SweepUnits:
         self.repeat = repeat
         self.reuse_units = reuse
         self.reporter = reporter or Reporter()
+        self.began = began  # the sweep's created_utc: verify refuses a unit observed later
         self.reused: list[str] = []
         self.kept: list[str] = []
 
@@ -280,6 +299,14 @@ class SweepUnits:
             return None
         if not keepable(entry):  # kvprobe keeps none such: this entry was made by hand
             self._refused(name, expected, version, "it is not a unit kvprobe keeps (a probe did not run)")
+            return None
+        observed = seen[0].observed_utc
+        if not _a_time(observed):
+            self._refused(name, expected, version, f"observed at {observed}: not a time")
+            return None
+        if self.began is not None and observed > self.began:  # text order is time order (one format)
+            # kept since this sweep began (another sweep's, or planted): the claim would not verify
+            self._refused(name, expected, version, f"observed at {observed}, after this sweep began")
             return None
         self.reused.append(version)
         return dataclasses.replace(entry, reused=seen[0])

@@ -10,6 +10,8 @@ entry it came from; the sweep bundle does not hold that manifest, so it is not r
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from kvprobe.defects import BundleDefect, RecordMismatch
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import RECEIPT
@@ -22,6 +24,14 @@ def reused_defects(receipt: SweepReceipt) -> list[BundleDefect]:
         if release.reused is None:
             continue
         where = f"release {release.version}"
+        try:  # the schema's pattern lets through a time that never was (0000-00-00T00:00:00Z)
+            datetime.strptime(release.reused.observed_utc, "%Y-%m-%dT%H:%M:%SZ")
+        except ValueError:
+            found.append(
+                RecordMismatch(
+                    RECEIPT, f"{where} is reused from a unit observed at {release.reused.observed_utc}: not a time"
+                )
+            )
         # both are UTC in one fixed format (the schema's pattern): text order is time order
         if release.reused.observed_utc > receipt.created_utc:
             found.append(
@@ -31,7 +41,9 @@ def reused_defects(receipt: SweepReceipt) -> list[BundleDefect]:
                     f"began ({receipt.created_utc})",
                 )
             )
-        ran = all(p.problem is None and p.raw is not None for p in release.probes)
+        ran = all(p.problem is None and p.raw is not None for p in release.probes) and all(
+            r.problem is None and r.raw is not None for p in release.probes for r in p.repeats or ()
+        )  # runs 2..N of sweep --repeat N too
         if release.wheel is None or release.problem is not None or not release.probes or not ran:
             found.append(
                 RecordMismatch(

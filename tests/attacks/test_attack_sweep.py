@@ -436,3 +436,40 @@ def test_a_sweep_that_drops_the_repeat_that_differed_is_refused(sandbox, anchore
     _rederive(anchored_sweep, drop_run if drop == "the-run" else drop_count)
     result = sandbox.run("verify", anchored_sweep)
     assert_outcome(sandbox, result, 1, "record-mismatch", "the receipt records")
+
+
+# --- reused units: what a sweep says it took from the kvprobe cache ---------------------------
+
+
+@pytest.mark.parametrize("claim", ["observed-after-the-sweep-began", "observed-at-no-time", "a-repeat-left-no-output"])
+def test_a_forged_reuse_claim_is_refused(sandbox, anchored_sweep, claim):
+    """Attack: 0.5.20 claims its unit came from the cache (README: "reused from ..."), observed
+    after the sweep that reused it began, or at a time that never was (the README then says
+    "reused from 0000-00-00T00:00:00Z"); or, in a `sweep --repeat 2` bundle, claims a unit
+    whose run 2 of a probe left no output (could-not-observe): kvprobe keeps no such unit, it
+    observes that release again."""
+    from kvprobe.rules.sweep_classification import classify_release, release_problems
+
+    _repeated(anchored_sweep)
+
+    def claim_reuse(receipt):
+        release = _release(receipt, RELEASE)
+        when = {"observed-after-the-sweep-began": "2099-01-01T00:00:00Z", "observed-at-no-time": "0000-00-00T00:00:00Z"}
+        when = when.get(claim, "2026-12-01T00:00:00Z")
+        release["reused"] = {"observed_utc": when, "unit_manifest_sha256": "0" * 64}
+        if claim == "a-repeat-left-no-output":
+            for probe in release["probes"]:
+                (anchored_sweep / probe["repeats"][0]["raw"]["path"]).unlink()
+                probe["repeats"] = [{"raw": None, "exit_code": -9, "problem": "crashed (signal 9)"}]
+            docs = {p["name"]: forge.load(anchored_sweep, p["raw"]["path"]) for p in release["probes"]}
+            again = {p["name"]: [None] for p in release["probes"]}
+            release["classification"] = classify_release(
+                receipt["expectations"], docs, release_problems(release), again
+            )
+            assert release["classification"]["overall"] == "could-not-observe"
+
+    _rederive(anchored_sweep, claim_reuse)
+    result = sandbox.run("verify", anchored_sweep)
+    words = {"observed-after-the-sweep-began": ("after the sweep began",), "observed-at-no-time": ("not a time",)}
+    words = words.get(claim, ("its unit did not observe",))
+    assert_outcome(sandbox, result, 1, "record-mismatch", f"release {RELEASE} is reused", *words)

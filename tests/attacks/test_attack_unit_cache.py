@@ -97,7 +97,7 @@ def _reseal(archive: Path, scratch: Path, edit: Callable[[Path], None]) -> None:
     (bundle,) = list(scratch.iterdir())
     edit(bundle)
     forge.rehash(bundle)
-    archive.write_bytes(pack(bundle, scratch.parent / "resealed.tar.gz").archive.read_bytes())
+    archive.write_bytes(pack(bundle, scratch.parent / f"resealed-{scratch.name}.tar.gz").archive.read_bytes())
 
 
 def _observed_as(version: str, scrubbed: bool):
@@ -123,6 +123,21 @@ def _other_kvprobe(bundle: Path) -> None:
     (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
 
 
+def _observed_when(when: str) -> Callable[[Path], None]:
+    """The unit's receipt says it observed at ``when``; README.md and the timeline re-rendered."""
+
+    def edit(bundle: Path) -> None:
+        from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
+
+        receipt = forge.load(bundle, "receipt.json")
+        receipt["created_utc"] = when
+        (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+        (bundle / "README.md").write_text(render_readme(receipt), encoding="utf-8")
+        (bundle / TIMELINE).write_text(timeline_svg(receipt), encoding="utf-8")
+
+    return edit
+
+
 ATTACKS: dict[str, tuple[Callable[[Path, Path, Path], None], tuple[str, ...]]] = {
     # 2.0's genuine, verifying unit filed under 1.1's key: another release's observations
     "another-release": (
@@ -138,6 +153,16 @@ ATTACKS: dict[str, tuple[Callable[[Path, Path, Path], None], tuple[str, ...]]] =
     "made-by-another-kvprobe": (
         lambda one, two, scratch: _reseal(one, scratch, _other_kvprobe),
         ("made by kvprobe 0.0.1",),
+    ),
+    # a unit that verifies but says it observed after this sweep began, or at no time at all: the
+    # sweep reused it, then its own bundle failed verify (a reused unit observed later), exit 1
+    "observed-in-the-future": (
+        lambda one, two, scratch: _reseal(one, scratch, _observed_when("2099-01-01T00:00:00Z")),
+        ("observed at 2099-01-01T00:00:00Z, after this sweep began",),
+    ),
+    "observed-at-no-time": (
+        lambda one, two, scratch: _reseal(one, scratch, _observed_when("0000-00-00T00:00:00Z")),
+        ("observed at 0000-00-00T00:00:00Z: not a time",),
     ),
     # not an archive at all
     "garbage": (lambda one, two, scratch: one.write_bytes(b"\x1f\x8b not really gzip" * 50), ("unit bundle refused",)),
@@ -177,3 +202,39 @@ def _observed(world, version: str) -> str:
     """When the genuine sweep observed ``version`` (its kept unit's own receipt says so too)."""
     marker = _unit(world["root"] / "genuine-units", version).parent / "kvprobe-unit.json"
     return json.loads(marker.read_text())["observed_utc"]
+
+
+def test_a_held_unit_lock_costs_reuse_not_the_sweep(sandbox, world):
+    """Attack: something holds 1.1's entry lock (units/<name>.lock) and never lets go: a stuck
+    process, or anyone who can write the cache. The sweep waited on it for ever; now it waits a
+    bounded time (unit_cache.LOCK_TIMEOUT_S), observes 1.1 again, and still reuses 2.0."""
+    import fcntl
+
+    units = Path(world["env"]["KVPROBE_CACHE_DIR"]) / "units"
+    shutil.rmtree(units)
+    shutil.copytree(world["root"] / "genuine-units", units)
+    entry = _unit(units, "1.1").parent
+    fd = os.open(entry.parent / f"{entry.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        result = sandbox.run(
+            *ARGV, "--out", sandbox.out, env=world["env"], allow=(sandbox.out, sandbox.home / ".rustup"), timeout=180
+        )
+    finally:
+        os.close(fd)
+    line = assert_outcome(sandbox, result, 0, "1.1", "the unit cache could not be read")
+    assert "observing it" in line
+    assert result.out.splitlines()[:2] == ["1.1  affected", f"2.0  fixed  (reused from {_observed(world, '2.0')})"]
+    reused = {r["version"]: r.get("reused") for r in forge.load(sandbox.out, "receipt.json")["releases"]}
+    assert reused["1.1"] is None and reused["2.0"] is not None
+
+
+def test_a_repeat_count_no_bundle_can_hold_is_refused_before_anything_runs(sandbox, world):
+    """Careless operator: `sweep --repeat 2000` of 2 releases needs at least 12000 files in one
+    bundle (raw output, stdout, stderr per run), past the 10000 a bundle holds. The sweep ran
+    the probes 4000 times, then the merge refused what did not fit; now it stops at once."""
+    result = sandbox.run(
+        *ARGV, "--repeat", "2000", "--out", sandbox.out, env=world["env"], allow=(sandbox.home / ".rustup",), timeout=60
+    )
+    assert_outcome(sandbox, result, 2, "--repeat 2000", "past a bundle's 10000")
+    assert not Path(sandbox.out).exists()

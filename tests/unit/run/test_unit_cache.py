@@ -200,3 +200,35 @@ def test_a_cache_that_cannot_be_read_costs_reuse_not_the_sweep(exp, tmp_path, mo
     units.reuse_units = False
     assert units.reuse(_request(exp), expected, tmp_path) is None
     assert len(notes.lines) == 1
+
+
+def test_a_unit_whose_repeat_left_no_output_is_not_kept():
+    """sweep --repeat N: a probe whose run 2 crashed makes the release could-not-observe; such a
+    unit is observed again next time, never kept and reused."""
+    from kvprobe.model.receipt import FileRef, ProbeRepeat
+
+    release = SweepReceipt.from_json(_committed_receipt()).releases[0]
+    assert unit_cache.keepable(release)
+
+    def run2(repeat):
+        return dataclasses.replace(
+            release, probes=tuple(dataclasses.replace(p, repeats=(repeat,)) for p in release.probes)
+        )
+
+    ran = ProbeRepeat(FileRef("raw/x/probes/p.repeat-2.json", "0" * 64), 0, None)
+    assert unit_cache.keepable(run2(ran))
+    assert not unit_cache.keepable(run2(ProbeRepeat(None, -9, "crashed (signal 9)")))
+    assert not unit_cache.keepable(run2(dataclasses.replace(ran, problem="timed out")))
+
+
+def test_an_unstable_unit_is_not_kept():
+    """sweep --repeat N: a release whose cases differed between runs is observed again by the
+    next sweep (which may read it stably), never handed back from the cache."""
+    release = SweepReceipt.from_json(_committed_receipt()).releases[0]
+    unstable = dataclasses.replace(
+        release.classification, unstable={"p/c": "unstable across repeats: observation 'x' was 1 in run 1, 2 in run 2"}
+    )
+    assert unit_cache.keepable(
+        dataclasses.replace(release, classification=dataclasses.replace(release.classification, unstable={}))
+    )
+    assert not unit_cache.keepable(dataclasses.replace(release, classification=unstable))
