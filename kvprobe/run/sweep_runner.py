@@ -93,6 +93,7 @@ class SweepShare:
         self._work = Path(tempfile.mkdtemp(prefix="kvprobe-sweeps-"))
         self._probes = sum(len(exp.probes) for exp in planned)
         self._listings: dict[tuple[str, ...], tuple[list[str], str]] = {}
+        self._index: str | None = None
         self._pins: dict[tuple[str, ...], WheelPin | str] = {}
         self._sessions: dict[tuple[str, ...], CheckSession] = {}
         self._done: dict[UnitRequest, UnitOutcome] = {}  # units run release by release (run_by_release)
@@ -105,6 +106,12 @@ class SweepShare:
             self._held.close()
         finally:
             shutil.rmtree(self._work, ignore_errors=True)
+
+    def index(self) -> str:
+        """The index the listing is read from (pip's configuration, asked once)."""
+        if self._index is None:
+            self._index = index_url()
+        return self._index
 
     def listing(self, package: str, flags: list[str]) -> tuple[list[str], str]:
         """The versions the index lists for ``package`` and when it was read (once)."""
@@ -306,7 +313,7 @@ def sweep_experiment(
                 pins = _resolve(package, flags, chosen, work, opts.jobs)
         listing = Listing(
             package,
-            index_url(),
+            share.index() if share is not None else index_url(),
             read_utc,
             tuple(available),
             tuple(_listed(v, pins[v], profile.name, profile.serves) for v in chosen),
