@@ -448,6 +448,7 @@ def test_a_forged_reuse_claim_is_refused(sandbox, anchored_sweep, claim):
     "reused from 0000-00-00T00:00:00Z"); or, in a `sweep --repeat 2` bundle, claims a unit
     whose run 2 of a probe left no output (could-not-observe): kvprobe keeps no such unit, it
     observes that release again."""
+    from kvprobe.model.sweep_receipt import ReleaseRecord
     from kvprobe.rules.sweep_classification import classify_release, release_problems
 
     _repeated(anchored_sweep)
@@ -463,8 +464,9 @@ def test_a_forged_reuse_claim_is_refused(sandbox, anchored_sweep, claim):
                 probe["repeats"] = [{"raw": None, "exit_code": -9, "problem": "crashed (signal 9)"}]
             docs = {p["name"]: forge.load(anchored_sweep, p["raw"]["path"]) for p in release["probes"]}
             again = {p["name"]: [None] for p in release["probes"]}
+            typed = ReleaseRecord.from_json({**release, "classification": {**release["classification"]}})
             release["classification"] = classify_release(
-                receipt["expectations"], docs, release_problems(release), again
+                receipt["expectations"], docs, release_problems(typed.problem, typed.probes), again
             )
             assert release["classification"]["overall"] == "could-not-observe"
 

@@ -128,12 +128,14 @@ def _observed_when(when: str) -> Callable[[Path], None]:
 
     def edit(bundle: Path) -> None:
         from kvprobe.evidence.sweep_view import TIMELINE, render_readme, timeline_svg
+        from kvprobe.model.sweep_receipt import SweepReceipt
 
         receipt = forge.load(bundle, "receipt.json")
         receipt["created_utc"] = when
         (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
-        (bundle / "README.md").write_text(render_readme(receipt), encoding="utf-8")
-        (bundle / TIMELINE).write_text(timeline_svg(receipt), encoding="utf-8")
+        typed = SweepReceipt.from_json(receipt)
+        (bundle / "README.md").write_text(render_readme(typed), encoding="utf-8")
+        (bundle / TIMELINE).write_text(timeline_svg(typed), encoding="utf-8")
 
     return edit
 
