@@ -95,7 +95,9 @@ _SWEEP_DIR = re.compile(r"kvprobe-sweeps-[A-Za-z0-9_]+/release-[0-9.]+-[A-Za-z0-
 
 def _sweep(tmp_path: Path, name: str, *flags: str) -> dict[str, Any]:
     out = tmp_path / name
-    args = ["sweep", "experiment-a", "experiment-b", "--releases", "0.5.13..0.5.13", "--out", str(out), "--json"]
+    # --no-reuse: both sides observe; a unit kept in the cache by another checkout would be
+    # another run's raw output (its tracebacks name that checkout's paths)
+    args = ["sweep", "experiment-a", "experiment-b", "--releases", "0.5.13", "--out", str(out), "--json", "--no-reuse"]
     result = CliRunner().invoke(main, [*args, *flags], catch_exceptions=False)
     assert result.exit_code in (0, 3), result.output
     found: dict[str, Any] = {"receipts": {}, "docs": {}}

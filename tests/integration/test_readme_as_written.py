@@ -126,7 +126,7 @@ def test_cache_commands_of_the_table_as_written(tmp_path):
     assert {u.split()[2] for u in usages} == {"ls", "prune", "verify", "servers"}
     for usage in usages:
         for full in (False, True):
-            command = expand(usage, full=full).replace("DAYS", "30").replace("--all", "")
+            command = expand(usage, full=full).replace("DAYS", "30").replace("KIND", "unit").replace("--all", "")
             done = bash(command, tmp_path, KVPROBE_CACHE_DIR=str(tmp_path / "cache"), XDG_RUNTIME_DIR=str(tmp_path))
             assert done.returncode == 0, f"{command}\n{done.stderr}"
 

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 def test_a_repeated_sweep_of_real_sglang_is_stable_and_verifies(tmp_path):
     out = tmp_path / "sweep"
     runner = CliRunner()
-    argv = ["sweep", "experiment-a", "--releases", "0.5.21", "--repeat", "2", "--out", str(out), "--json"]
+    argv = ["sweep", "experiment-a", "--releases", "0.5.21", "--repeat", "2", "--out", str(out), "--json", "--no-reuse"]
     result = runner.invoke(main, argv, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["summary"] == {"fixed": ["0.5.21"]}
