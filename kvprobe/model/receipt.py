@@ -68,9 +68,17 @@ def _read(kind: Any, value: Any) -> Any:
     return value
 
 
-def _field_types(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
-    hints = typing.get_type_hints(cls)
-    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+_FIELD_TYPES: dict[type, tuple[tuple[dataclasses.Field[Any], Any], ...]] = {}
+
+
+def _field_types(cls: type) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
+    """Each field and its declared type, resolved once per class: get_type_hints evaluates
+    every string annotation again on each call, and a receipt is read part by part."""
+    found = _FIELD_TYPES.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        found = _FIELD_TYPES[cls] = tuple((f, hints[f.name]) for f in dataclasses.fields(cls))
+    return found
 
 
 class Part:
