@@ -142,6 +142,9 @@ class ForkServer:
     does next; :meth:`ready` (and the first check) then waits for it.
     """
 
+    # how its start is told: what it is, what it does while starting, its hello reply's kind
+    NAME, STARTING, HELLO = "the fork server", "preloading", "hello"
+
     def __init__(
         self,
         python: str,
@@ -218,16 +221,16 @@ class ForkServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.socket_path.exists():
             if not self.running():
-                raise ObserveError(f"the fork server exited while preloading: {self._last_error()}")
+                raise ObserveError(f"{self.NAME} exited while {self.STARTING}: {self._last_error()}")
             if time.monotonic() > deadline:
-                raise ObserveError(f"the fork server did not start within {START_TIMEOUT_S:.0f}s")
+                raise ObserveError(f"{self.NAME} did not start within {START_TIMEOUT_S:.0f}s")
             time.sleep(0.05)
         with self._connect(START_TIMEOUT_S) as conn:
-            replies = Replies(conn, "the fork server")
+            replies = Replies(conn, self.NAME)
             replies.send({"op": "hello"})
-            reply = replies.read("hello", max_bytes=MAX_HELLO_BYTES)
+            reply = replies.read(self.HELLO, max_bytes=MAX_HELLO_BYTES)
         if reply is None:
-            raise ObserveError(f"the fork server did not answer: {self._last_error()}")
+            raise ObserveError(f"{self.NAME} did not answer: {self._last_error()}")
         return reply
 
     def run(

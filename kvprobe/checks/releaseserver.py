@@ -36,9 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe.checks.forkserver import (
-    MAX_HELLO_BYTES,
     REPLY_TIMEOUT_S,
-    START_TIMEOUT_S,
     ForkServer,
     Replies,
     top_level_names,
@@ -55,6 +53,8 @@ class ReleaseServer(ForkServer):
     answering (its log under ``work`` says why). With ``wait=False`` the constructor only asks
     the parent to start it; :meth:`ready` (and the first check) waits for its imports.
     """
+
+    NAME, STARTING, HELLO = "the release's server", "importing", "release-hello"
 
     def __init__(
         self,
@@ -105,22 +105,6 @@ class ReleaseServer(ForkServer):
             raise ObserveError("the fork server did not start the release's server")
         self.pid = int(first["started"])
         self._wait_ready(wait)
-
-    def _hello(self) -> dict[str, Any]:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self.socket_path.exists():
-            if not self.running():
-                raise ObserveError(f"the release's server exited while importing: {self._last_error()}")
-            if time.monotonic() > deadline:
-                raise ObserveError(f"the release's server did not start within {START_TIMEOUT_S:.0f}s")
-            time.sleep(0.05)
-        with self._connect(START_TIMEOUT_S) as conn:
-            replies = Replies(conn, "the release's server")
-            replies.send({"op": "hello"})
-            reply = replies.read("release-hello", max_bytes=MAX_HELLO_BYTES)
-        if reply is None:
-            raise ObserveError(f"the release's server did not answer: {self._last_error()}")
-        return reply
 
     @property
     def preloaded(self) -> dict[str, str | None]:
