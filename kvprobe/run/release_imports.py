@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from kvprobe.checks.releaseserver import ReleaseServer, open_release, probe_impo
 from kvprobe.errors import CheckoutError, DigestMismatch, FetchError, ObserveError
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.progress import Reporter
+from kvprobe.run.session import CheckSession
 from kvprobe.sources.wheel import WheelSource
 
 
@@ -70,6 +72,19 @@ def opened(
             if isinstance(server, ReleaseServer):
                 held.callback(server.close)  # before the tree's lease goes (last in, first out)
         yield Release(pin.version, tree, identity, problem, server, reason)
+
+
+def opened_for(session: CheckSession, pin: WheelPin, modules: Sequence[str], work: Path) -> ContextManager[Release]:
+    """:func:`opened` with the env, variables and fork server of ``session``'s checks."""
+    return opened(
+        pin,
+        wheels=WheelSource(session.settings.cache_root, reporter=session.reporter),
+        python=session.python,
+        env_vars=session.variables,
+        server=session.server,
+        modules=modules,
+        work=work,
+    )
 
 
 def ready(release: Release, reporter: Reporter) -> tuple[ForkServer | None, str | None]:

@@ -55,9 +55,8 @@ from kvprobe.names import LOGS_DIR, PROBES_DIR, RAW_DIR, SIDES, SWEEP_RECEIPT_SC
 from kvprobe.progress import Reporter
 from kvprobe.rules import sweep_classification as classify
 from kvprobe.rules.sweep_listing import observed_range
-from kvprobe.run.release_imports import Release, opened, ready, release_modules
+from kvprobe.run.release_imports import Release, opened_for, ready, release_modules
 from kvprobe.run.session import CheckSession, SessionSettings
-from kvprobe.sources.wheel import WheelSource
 from kvprobe.verify.pack import pack
 from kvprobe.verify.steps import VerifyOptions, verify_dir
 
@@ -196,17 +195,7 @@ def run_unit(
             # there instead of in itself, one fork further down (measured ~1 s slower a unit)
             shares = session.server is not None and len(exp.probes) > 1
             modules = release_modules([exp], pin.package) if shares else []
-            release = held.enter_context(
-                opened(
-                    pin,
-                    wheels=WheelSource(session.settings.cache_root, reporter=session.reporter),
-                    python=session.python,
-                    env_vars=session.variables,
-                    server=session.server,
-                    modules=modules,
-                    work=scratch,
-                )
-            )
+            release = held.enter_context(opened_for(session, pin, modules, scratch))
         problem = release.problem
         if release.identity is not None:
             wheel = WheelRecord(pin.package, pin.version, pin.filename, pin.sha256, release.identity["fetched_via"])
