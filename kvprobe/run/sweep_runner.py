@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kvprobe.env.cache import default_cache_root
 from kvprobe.env.installer import pip_config
-from kvprobe.env.venv import load_profile
+from kvprobe.env.venv import Profile, load_profile
 from kvprobe.errors import DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.experiments.experiment import copy_into_bundle
 from kvprobe.model.records import Experiment, WheelPin
@@ -33,7 +33,7 @@ from kvprobe.model.sweep_receipt import ListedRelease, Listing, ReleaseRecord, S
 from kvprobe.names import MAX_BUNDLE_FILES, SIDES, SWEEP_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
 from kvprobe.rules.sweep_listing import unserved_reason
-from kvprobe.run.release_imports import opened, release_modules
+from kvprobe.run.release_imports import opened_for, release_modules
 from kvprobe.run.session import CheckSession, SessionSettings
 from kvprobe.run.sweep_unit import (
     Executor,
@@ -54,7 +54,7 @@ from kvprobe.run.sweep_unit import (
 from kvprobe.run.unit_cache import SweepUnits
 from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
 from kvprobe.sources import releases
-from kvprobe.sources.wheel import WheelSource, platform_args
+from kvprobe.sources.wheel import platform_args
 from kvprobe.verify.steps import VerifyOptions
 
 
@@ -161,8 +161,7 @@ class SweepShare:
                 package, flags = pin_set.head.package, platform_args(pin_set.head.filename)
                 profile = load_profile(exp.profile)
                 available, _ = self.listing(package, flags)
-                chosen = releases.select(opts.releases, available) if opts.releases else available
-                served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
+                _, served = _selected(exp, opts, available, profile)
                 # the env and its fork server first: the server preloads while the wheels resolve
                 session = self.session(exp, package, opts, reporter, len(available))
                 pins = self.resolve(package, flags, served, opts.jobs)
@@ -175,9 +174,7 @@ class SweepShare:
             for pin in pins.values():
                 if isinstance(pin, str):
                     continue
-                request = UnitRequest(
-                    exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, opts.cache_root, opts.repeat
-                )
+                request = _unit_request(exp, pin, opts, opts.cache_root)
                 if not kept.holds(request, session.record):  # a cached unit is the sweep's to check and reuse
                     units.setdefault(pin, []).append(request)
         for session, exps, units, jobs in groups.values():
@@ -209,15 +206,7 @@ class SweepShare:
         reporter: Reporter,
     ) -> None:
         work = Path(tempfile.mkdtemp(dir=self._work, prefix=f"release-{pin.version}-"))
-        with opened(
-            pin,
-            wheels=WheelSource(session.settings.cache_root, reporter=session.reporter),
-            python=session.python,
-            env_vars=session.variables,
-            server=session.server,
-            modules=modules,
-            work=work,
-        ) as release:
+        with opened_for(session, pin, modules, work) as release:
             for request in requests:
                 try:
                     archive = produce_unit(request, session, reporter, by_id[request.experiment_id], release)
@@ -235,6 +224,28 @@ class SweepShare:
 
 # A probe run leaves at least its raw output, stdout and stderr in the bundle.
 FILES_PER_RUN = 3
+
+
+def _selected(
+    exp: Experiment, opts: SweepOptions, available: list[str], profile: Profile
+) -> tuple[list[str], list[str]]:
+    """The releases --releases selects and those of them the profile serves; refused
+    (UsageError) when it serves none or --repeat's runs would not fit in one bundle."""
+    chosen = releases.select(opts.releases, available) if opts.releases else available
+    served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
+    if not served:
+        raise UsageError(
+            f"no selected release is served by profile {profile.name!r} (serves {profile.serves}); "
+            f"selected: {', '.join(chosen) or 'none'}"
+        )
+    _repeat_fits(exp, opts.repeat, len(served))
+    return chosen, served
+
+
+def _unit_request(exp: Experiment, pin: WheelPin, opts: SweepOptions, cache_root: Path | None) -> UnitRequest:
+    """The one request for ``exp``'s unit on ``pin``: the pass ahead (run_by_release) and the
+    sweep must ask alike, as the sweep takes the pass's outcome by its request."""
+    return UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root, opts.repeat)
 
 
 def _repeat_fits(exp: Experiment, repeat: int, releases_n: int) -> None:
@@ -279,15 +290,8 @@ def sweep_experiment(
             else:
                 available = releases.index_versions(package, flags, work / "index")
                 read_utc = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        chosen = releases.select(opts.releases, available) if opts.releases else available
-        served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
+        chosen, served = _selected(exp, opts, available, profile)
         unserved = [v for v in chosen if v not in served]
-        if not served:
-            raise UsageError(
-                f"no selected release is served by profile {profile.name!r} (serves {profile.serves}); "
-                f"selected: {', '.join(chosen) or 'none'}"
-            )
-        _repeat_fits(exp, opts.repeat, len(served))
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
             executor = LocalExecutor(
@@ -327,11 +331,7 @@ def sweep_experiment(
         local = executor.session if isinstance(executor, LocalExecutor) else None
         kept = _unit_cache(exp, dict(profile.env), opts, local, reporter)
         kept.began = started.strftime("%Y-%m-%dT%H:%M:%SZ")  # the receipt's created_utc
-        requests = [
-            UnitRequest(exp.id, exp.file_sha256, pin, opts.timeout_s, opts.torch_index, cache_root, opts.repeat)
-            for pin in pins.values()
-            if not isinstance(pin, str)
-        ]
+        requests = [_unit_request(exp, pin, opts, cache_root) for pin in pins.values() if not isinstance(pin, str)]
         with reporter.step(f"sweeping {len(requests)} releases ({executor.name})"):
             todo = []
             for request in requests:  # a unit the cache holds goes through the same checks

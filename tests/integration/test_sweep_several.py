@@ -121,3 +121,22 @@ def test_units_the_cache_holds_are_not_run_release_by_release(world, sweep, two,
     again = sweep(*args, "--out", str(tmp_path / "third"), "--no-reuse")
     assert again.exit_code == 0, again.stderr
     assert len(opened) == 3, "--no-reuse observes every release again, each release once for both sweeps"
+
+
+def test_a_repeat_no_bundle_can_hold_runs_no_unit_ahead_of_the_sweeps(world, sweep, two, monkeypatch):  # noqa: F811
+    """`sweep A B --repeat 5000`: every sweep refuses it (exit 2) before anything runs, the pass
+    that runs units release by release ahead of the sweeps included."""
+    import kvprobe.run.sweep_runner as runner
+
+    _env(world, monkeypatch)
+    produced: list[str] = []
+
+    def produce_unit(request, *args, **kwargs):
+        produced.append(request.pin.version)
+        raise AssertionError("a unit ran")
+
+    monkeypatch.setattr(runner, "produce_unit", produce_unit)
+    result = sweep("sweep", "scrub-sweep", "scrub-again", "--releases", "1.0..2.1", "--repeat", "5000", "--json")
+    assert result.exit_code == 2, result.stderr
+    assert produced == []
+    assert "past a bundle's 10000" in result.stderr
