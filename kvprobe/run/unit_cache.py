@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -69,8 +70,10 @@ MAX_UNIT_BYTES = 64 << 20
 LOCK_TIMEOUT_S = 10.0
 
 
+@functools.cache
 def probe_api_sha256() -> str:
-    """One digest of the code that runs inside every probe process (kvprobe/probe_api)."""
+    """One digest of the code that runs inside every probe process (kvprobe/probe_api): this
+    process's own installed files, hashed once."""
     files = sorted(p for p in probe_api_dir().glob("*.py") if p.is_file())
     return hashlib.sha256(json_bytes({p.name: sha256_file(p) for p in files})).hexdigest()
 
@@ -87,19 +90,21 @@ def key_facts(
     settings: Mapping[str, str],
     mode: str,
     repeat: int = 1,
+    files: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Everything that decides what a unit records: the experiment and its files, the wheel,
     the env (its lock and interpreter), the profile's settings, kvprobe and the probe API,
     the platform, and the request's own fields (the per-probe timeout, a repeat count, and
     whatever a later request carries) but where the worker's cache lives; ``mode``: how the
-    probes run ("forked" from a preloaded server, or "fresh")."""
+    probes run ("forked" from a preloaded server, or "fresh"); ``files``: the experiment's
+    files' digests when the caller has them (:func:`experiment_files_sha256`)."""
     asked = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name != "cache_root"}
     return {
         "format": KEY_FORMAT,
         "kvprobe": __version__,
         "probe_api": probe_api_sha256(),
         "algorithm": classify.ALGORITHM,
-        "experiment": {"id": exp.id, "sha256": exp.file_sha256, "files": experiment_files_sha256(exp)},
+        "experiment": {"id": exp.id, "sha256": exp.file_sha256, "files": dict(files or experiment_files_sha256(exp))},
         "request": json.loads(json.dumps(asked, default=_plain, sort_keys=True)),
         "env": {
             "key": env.key,
@@ -246,6 +251,7 @@ class SweepUnits:
         began: str | None = None,
     ) -> None:
         self.exp = exp
+        self.files = experiment_files_sha256(exp)  # the bytes this sweep runs and bundles, read once
         self.store = UnitStore(cache_root)
         self.settings = dict(settings)
         self.mode = mode
@@ -259,7 +265,8 @@ class SweepUnits:
     def name(self, request: UnitRequest, env: EnvRecord, mode: str | None = None) -> str:
         """The entry of ``request``'s unit run in ``env``, its probes run as ``mode`` (None: as
         this sweep asks for them)."""
-        return entry_name(key_facts(self.exp, request, env, self.settings, mode or self.mode, self.repeat))
+        facts = key_facts(self.exp, request, env, self.settings, mode or self.mode, self.repeat, self.files)
+        return entry_name(facts)
 
     def holds(self, request: UnitRequest, env: EnvRecord) -> bool:
         """Whether a complete entry for ``request`` is there to be checked and reused (reuse on):
