@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -98,11 +101,24 @@ def _format_checker() -> FormatChecker:
 def errors(document: Any, version: str, definition: str | None = None) -> list[str]:
     """Every violation as 'field.path: message', sorted by path; empty when valid. With
     ``definition``, ``document`` is checked against that entry of the schema's ``$defs``."""
+    key = _memo_key(document, version, definition)
+    if key is not None:
+        with _checked_lock:
+            kept = _checked.get(key)
+            if kept is not None:
+                _checked.move_to_end(key)
+                return list(kept)
     found = []
     for err in _validator(version, definition).iter_errors(document):
         where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
         found.append(f"{where}: {err.message}")
-    return sorted(found)
+    found.sort()
+    if key is not None:
+        with _checked_lock:
+            _checked[key] = tuple(found)
+            while len(_checked) > _CHECKED_MAX:
+                _checked.popitem(last=False)
+    return found
 
 
 def validate(document: Any, version: str, *, source: str) -> None:
@@ -111,3 +127,46 @@ def validate(document: Any, version: str, *, source: str) -> None:
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         raise SchemaError(f"{source}: {problems[0]}{more}", hints=problems[1:20])
+
+
+# Validation is a pure function of the schema and the JSON text, and the same document is
+# checked again and again in one process: a bundle verified on write, then by verify, then by
+# each export; one probe output per check in a sweep's units and its verify. jsonschema walks
+# ~50x slower than the C json codec, so the outcome is kept per canonical text (by digest, to
+# bound memory), for the last _CHECKED_MAX documents.
+_CHECKED_MAX = 512
+_checked: OrderedDict[tuple[str, str | None, bytes], tuple[str, ...]] = OrderedDict()
+_checked_lock = threading.Lock()  # a sweep's units and the env build check from threads
+
+
+def _memo_key(document: Any, version: str, definition: str | None) -> tuple[str, str | None, bytes] | None:
+    """The document's canonical JSON digest, or None unless it is made of JSON's own types
+    only: a tuple, a str enum or an int key dumps like a list, a str or a str key, but a
+    validator sees (and its messages name) the original."""
+    if not _plain(document):
+        return None
+    try:
+        text = json.dumps(document, sort_keys=True, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return None
+    return version, definition, hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(document: Any) -> bool:
+    """Whether every node's type is exactly one of JSON's (dict with str keys, list, scalars)."""
+    stack = [document]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is dict:
+            if any(type(k) is not str for k in node):
+                return False
+            stack.extend(node.values())
+        elif kind is list:
+            stack.extend(node)
+        elif kind not in _SCALARS:
+            return False
+    return True
