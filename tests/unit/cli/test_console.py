@@ -18,7 +18,9 @@ def test_plain_progress_says_start_heartbeat_and_end():
     reporter = PlainReporter(make_console(buffer), heartbeat_s=0.05)
     with reporter.step("building env [/] \x1b[2J"):
         reporter.update("pip: torch")
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10  # the first beat is due after 0.05 s; a loaded machine may lag
+        while "still running" not in buffer.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
     lines = buffer.getvalue().splitlines()
     assert lines[0] == "… building env [/] \\x1b[2J"
     beats = [line for line in lines if "still running" in line]
