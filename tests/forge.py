@@ -9,12 +9,14 @@ receipt.json (comparison from ``compare.compare``), README.md, manifest.json, SH
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
 import os
 import shutil
 import tarfile
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -157,6 +159,30 @@ def _write(root: Path, rel: str, data: bytes) -> dict[str, str]:
 def build(root: Path, algorithm: str = compare.ALGORITHM) -> Path:
     """Write a valid bundle at ``root`` (created) and return it; ``algorithm`` names the
     comparison that made it (a predecessor's bundle, as an older kvprobe wrote it)."""
+    root.mkdir(parents=True)
+    made = {root}
+    for rel, data in _template(algorithm):
+        path = root / rel
+        if path.parent not in made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            made.add(path.parent)
+        path.write_bytes(data)
+    return root
+
+
+@functools.cache
+def _template(algorithm: str) -> tuple[tuple[str, bytes], ...]:
+    """The bundle's files, forged once per process: several hundred tests build it, and its
+    comparison, receipt and manifest come out byte for byte the same each time."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = _forge(Path(tmp) / "b", algorithm)
+        return tuple(
+            (path.relative_to(root).as_posix(), path.read_bytes()) for path in sorted(root.rglob("*")) if path.is_file()
+        )
+
+
+def _forge(root: Path, algorithm: str) -> Path:
+    """What ``build`` writes, computed: the probe and test outputs, the comparison, the receipt."""
     root.mkdir(parents=True)
     exp_ref = _write(root, f"probes/{EXP_ID}/experiment.toml", EXPERIMENT_TOML)
     src_ref = _write(root, f"probes/{EXP_ID}/{PROBE}.py", PROBE_SOURCE)
