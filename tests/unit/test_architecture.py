@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import sources
+
 PACKAGE = Path(__file__).resolve().parents[2] / "kvprobe"
 
 # Lowest first. A "unit" is a sub-package (kvprobe/run/) or a top-level module (kvprobe/proc.py);
@@ -225,7 +227,7 @@ def scan(root: Path = PACKAGE) -> tuple[list[Import], list[str]]:
     known = set(mods)
     found, attrs = [], []
     for name, path in mods.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        tree = sources.parse(path)
         found += imports_of(name, tree, known, is_package=path.name == "__init__.py")
         attrs += private_attribute_uses(name, tree, known)
     return found, attrs
@@ -263,7 +265,7 @@ def test_every_module_has_a_layer():
 
 def test_every_sub_package_says_what_it_is():
     for init in sorted(PACKAGE.glob("*/__init__.py")):
-        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        doc = ast.get_docstring(sources.parse(init))
         assert doc and "\n" not in doc.strip(), f"{init}: needs a one-line docstring"
 
 
@@ -404,7 +406,7 @@ def rule_import_violations(root: Path = PACKAGE) -> list[str]:
     bad = []
     for path in sorted((root / "rules").glob("*.py")):
         source = module_name(path, root)
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(sources.parse(path)):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):

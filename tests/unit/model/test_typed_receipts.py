@@ -18,6 +18,7 @@ from kvprobe.model import gates_receipt, receipt, sweep_receipt
 from kvprobe.model.load import READS, load
 from kvprobe.model.records import GateStatus, SweepClass, Verdict
 from kvprobe.verify.result import VerifyOutcome
+from tests import sources
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "kvprobe"
@@ -194,7 +195,7 @@ def receipt_reads(root: Path) -> list[str]:
         rel = path.relative_to(root).as_posix()
         if rel.startswith("kvprobe/model/"):
             continue
-        Reads(rel).visit(ast.parse(path.read_text(encoding="utf-8")))
+        Reads(rel).visit(sources.parse(path))
     return found
 
 
