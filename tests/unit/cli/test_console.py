@@ -126,12 +126,11 @@ def _terminal(width: int) -> tuple[io.StringIO, Console]:
     return buffer, console
 
 
-def test_verify_on_a_terminal_never_splits_the_digest(tmp_path):
+def test_verify_on_a_terminal_never_splits_the_digest(bundle):
     from kvprobe.cli.console import print_verify_report
     from kvprobe.verify.steps import verify
-    from tests import forge
 
-    report = verify(forge.build(tmp_path / "b"))
+    report = verify(bundle)
     digest = report.manifest_sha256
     buffer, console = _terminal(80)
     print_verify_report(console, report)

@@ -10,7 +10,6 @@ import pytest
 from click.testing import CliRunner
 
 from kvprobe.cli import main
-from tests import forge
 
 
 def run(*args, env=None):
@@ -22,8 +21,7 @@ def cache_root(tmp_path):
     return {"KVPROBE_CACHE_DIR": str(tmp_path / "cache")}
 
 
-def test_every_json_document_names_its_schema(tmp_path, cache_root):
-    bundle = forge.build(tmp_path / "bundle")
+def test_every_json_document_names_its_schema(tmp_path, bundle, cache_root):
     documents = {
         "kvprobe.cli.list/1": run("list", "--json"),
         "kvprobe.cli.show/1": run("show", "model", "--json"),
@@ -50,8 +48,7 @@ def test_an_error_under_json_is_a_json_document_too(tmp_path):
     assert "kvprobe: error:" in result.stderr  # the line on stderr stays
 
 
-def test_a_failed_verification_is_a_result_not_an_error(tmp_path):
-    bundle = forge.build(tmp_path / "bundle")
+def test_a_failed_verification_is_a_result_not_an_error(bundle):
     (bundle / "logs/base/probes/doors.stderr").write_bytes(b"edited\n")
     doc = json.loads(run("verify", bundle, "--json").stdout)
     assert doc["schema"] == "kvprobe.cli.verify/1" and doc["outcome"] == "failed"

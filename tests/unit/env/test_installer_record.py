@@ -33,8 +33,8 @@ def test_the_installer_the_build_recorded(recorded, expected):
     assert installer_record(info(recorded)) == expected
 
 
-def test_the_env_record_writes_it_and_the_receipt_schema_takes_it_or_its_absence(tmp_path):
-    receipt = forge.load(forge.build(tmp_path / "b"), "receipt.json")
+def test_the_env_record_writes_it_and_the_receipt_schema_takes_it_or_its_absence(bundle):
+    receipt = forge.load(bundle, "receipt.json")
     assert "installer" not in receipt["env"] and schema.errors(receipt, "kvprobe.receipt/1") == []
     env = EnvRecord.from_json(receipt["env"])
     assert env.installer is None and "installer" not in env.to_json()

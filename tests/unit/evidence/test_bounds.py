@@ -90,22 +90,19 @@ def _retoml(bundle, data: bytes) -> None:
     forge.recite(bundle, EXP_TOML)
 
 
-def test_deep_experiment_toml_is_a_defect_not_a_crash(tmp_path):
-    bundle = forge.build(tmp_path / "b")
+def test_deep_experiment_toml_is_a_defect_not_a_crash(bundle):
     _retoml(bundle, (bundle / EXP_TOML).read_bytes() + b"\n[deep]\nx = " + b"[" * 5000 + b"]" * 5000 + b"\n")
     doc = verify_json(bundle)
     assert doc["exit"] == 1 and ("toml-malformed", EXP_TOML) in codes(doc)
 
 
-def test_experiment_toml_has_a_size_cap_of_its_own(tmp_path):
-    bundle = forge.build(tmp_path / "b")
+def test_experiment_toml_has_a_size_cap_of_its_own(bundle):
     _retoml(bundle, (bundle / EXP_TOML).read_bytes() + b"\n# " + b"x" * (1 << 20) + b"\n")
     doc = verify_json(bundle)
     assert doc["exit"] == 1 and ("unreadable", EXP_TOML) in codes(doc)
 
 
-def test_sha256sums_is_capped_by_the_manifest(tmp_path):
-    bundle = forge.build(tmp_path / "b")
+def test_sha256sums_is_capped_by_the_manifest(bundle):
     manifest_size = (bundle / "manifest.json").stat().st_size
     with open(bundle / "SHA256SUMS", "a") as sums:
         sums.write(("0" * 64 + "  raw/x\n") * (manifest_size // 70 + 1))
@@ -113,8 +110,7 @@ def test_sha256sums_is_capped_by_the_manifest(tmp_path):
     assert doc["exit"] == 1 and ("sums-malformed", "SHA256SUMS") in codes(doc)
 
 
-def test_a_manifest_listing_more_than_max_files_is_refused_before_its_schema(tmp_path):
-    bundle = forge.build(tmp_path / "b")
+def test_a_manifest_listing_more_than_max_files_is_refused_before_its_schema(bundle):
     doc = forge.load(bundle, "manifest.json")
     doc["files"] += [{"path": f"raw/x{i:03}", "sha256": "0" * 64, "size": 1} for i in range(50)]
     doc["files"].sort(key=lambda f: f["path"])

@@ -36,11 +36,6 @@ def key_files(directory: Path, kind: str, password: bytes | None = None) -> tupl
     return key, pub
 
 
-@pytest.fixture
-def bundle(tmp_path):
-    return forge.build(tmp_path / "bundle")
-
-
 @pytest.mark.parametrize("kind", ["ed25519", "ecdsa", "rsa"])
 def test_attest_then_verify_is_verified_by_the_attestation(bundle, tmp_path, kind):
     key, pub = key_files(tmp_path, kind)

@@ -191,8 +191,7 @@ def test_intoto_statement_passes_the_official_bindings(pins):
     assert {s.name for s in statement.pb.subject} >= {"receipt.json", "manifest.json"}
 
 
-def test_intoto_subject_archive_is_the_packed_bundle(tmp_path):
-    bundle = forge.build(tmp_path / "b")
+def test_intoto_subject_archive_is_the_packed_bundle(tmp_path, bundle):
     packed = pack(bundle, tmp_path / "b.tar.gz")
     result = report(bundle, "--format", "intoto", "--subject-archive", str(packed.archive))
     assert result.exit_code == 0, result.output
@@ -202,8 +201,7 @@ def test_intoto_subject_archive_is_the_packed_bundle(tmp_path):
     assert subjects["manifest.json"] == {"sha256": packed.manifest_sha256}
 
 
-def test_intoto_subject_archive_of_another_bundle_is_refused(tmp_path):
-    bundle = forge.build(tmp_path / "b")
+def test_intoto_subject_archive_of_another_bundle_is_refused(tmp_path, bundle):
     other = forge.build(tmp_path / "other")
     forge.edit_receipt(other, lambda r: r["host"].update(system="Linux, another run"))
     packed = pack(other, tmp_path / "other.tar.gz")

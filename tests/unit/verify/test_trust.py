@@ -89,8 +89,7 @@ def test_the_installed_copy_never_comes_from_the_search_path(tmp_path, monkeypat
         assert experiment_dirs() == [builtin_probes_dir().resolve()]
 
 
-def test_an_unknown_experiment_has_no_anchor(tmp_path):
-    bundle = forge.build(tmp_path / "b")
+def test_an_unknown_experiment_has_no_anchor(bundle):
     report = verify(bundle)
     assert report.outcome == "self-consistent"
     assert any("not an experiment this kvprobe ships" in n for n in report.steps[4].notes)
@@ -110,8 +109,7 @@ def test_an_edited_readme_is_a_defect(model):
     assert [(d["code"], d["path"]) for d in step(doc, 4)["defects"]] == [("readme-mismatch", "README.md")]
 
 
-def test_a_readme_from_another_kvprobe_version_is_said_to_be_unchecked(tmp_path):
-    bundle = forge.build(tmp_path / "b")
+def test_a_readme_from_another_kvprobe_version_is_said_to_be_unchecked(bundle):
     forge.edit_receipt(bundle, lambda r: r["tool"].update(version="0.0.9"))
     (bundle / "README.md").write_text("# rendered by 0.0.9\n")
     forge.rehash(bundle)
@@ -145,8 +143,7 @@ def _rerun(bundle: Path, consent) -> tuple[dict, list]:
     return result.to_json(), bundle_code(loaded)
 
 
-def test_bundle_code_runs_only_with_consent_and_its_digests_are_shown(tmp_path, monkeypatch):
-    bundle = forge.build(tmp_path / "b")
+def test_bundle_code_runs_only_with_consent_and_its_digests_are_shown(bundle, monkeypatch):
     SOURCE[:] = [bundle]
     seen: list = []
     monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(seen))
@@ -164,10 +161,9 @@ def test_bundle_code_runs_only_with_consent_and_its_digests_are_shown(tmp_path, 
     assert result["status"] == "pass" and len(seen) == 1 and seen[0] != bundle / "probes" / forge.EXP_ID
 
 
-def test_consent_is_shown_the_upstream_commits_whose_tests_run_too(tmp_path, monkeypatch):
+def test_consent_is_shown_the_upstream_commits_whose_tests_run_too(bundle, monkeypatch):
     """--trust-bundle-code listed only probes/<id>/, yet the bundle's experiment file also
     decides which upstream's tests and conftest.py pytest imports, at which commits (#28)."""
-    bundle = forge.build(tmp_path / "b")
     SOURCE[:] = [bundle]
     monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run([]))
     asked: list = []
@@ -177,10 +173,9 @@ def test_consent_is_shown_the_upstream_commits_whose_tests_run_too(tmp_path, mon
     assert all("https://example.invalid/upstream" in what and "conftest.py" in what for what, _ in extra)
 
 
-def test_the_rerun_runs_the_verified_bytes_not_a_second_read(tmp_path, monkeypatch):
+def test_the_rerun_runs_the_verified_bytes_not_a_second_read(bundle, monkeypatch):
     """A probe file rewritten after verification (between the hash and the copy) is not run:
     the private copy is hashed as it is made and must be what was verified and shown."""
-    bundle = forge.build(tmp_path / "b")
     SOURCE[:] = [bundle]
     seen: list = []
     monkeypatch.setattr("kvprobe.run.runner.run_experiment", _fake_run(seen))
@@ -209,8 +204,7 @@ def test_no_rerun_after_a_wrong_published_digest(model, monkeypatch):
     assert code == 1 and [s["status"] for s in doc["steps"]][4:] == ["fail", "skipped"]
 
 
-def test_a_pipe_is_never_consent(tmp_path, monkeypatch):
-    bundle = forge.build(tmp_path / "b")
+def test_a_pipe_is_never_consent(bundle, monkeypatch):
     monkeypatch.setattr("kvprobe.run.runner.run_experiment", lambda *a, **k: pytest.fail("bundle code ran"))
     result = CliRunner().invoke(main, ["verify", str(bundle), "--rerun"], input="y\ny\n", catch_exceptions=False)
     assert result.exit_code == 3
