@@ -7,9 +7,9 @@ Tiers are markers that mean what they say, applied here by folder so no test can
 ``network`` (needs PyPI) are set by the tests that need them, on top of their tier.
 
 Fixtures live in the conftest.py of the folder whose tests use them (the fake upstream in
-tests/integration/, the attack sandbox in tests/attacks/, a forged run bundle in
-tests/unit/); the helpers they wrap stay
-importable from every folder as ``tests.<module>`` (tests/forge.py, tests/fakeupstream.py).
+tests/integration/, the attack sandbox in tests/attacks/, a forged run bundle in tests/unit/);
+the helpers they wrap stay importable from every folder as ``tests.<module>`` (tests/forge.py,
+tests/fakeupstream.py).
 """
 
 from __future__ import annotations
