@@ -17,3 +17,10 @@ def parse(path: Path) -> ast.Module:
 @functools.lru_cache(maxsize=1024)
 def _parsed(text: str, filename: str) -> ast.Module:
     return ast.parse(text, filename)
+
+
+@functools.lru_cache(maxsize=1024)
+def nodes(tree: ast.AST) -> tuple[ast.AST, ...]:
+    """Every node of ``tree`` (``ast.walk``'s order), listed once per tree: each check walks
+    every module again, and walking costs more than the checks themselves."""
+    return tuple(ast.walk(tree))

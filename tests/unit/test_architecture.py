@@ -70,7 +70,7 @@ def _resolve(source: str, is_package: bool, node: ast.ImportFrom) -> str:
 def imports_of(source: str, tree: ast.AST, known: set[str], is_package: bool = False) -> list[Import]:
     """Every kvprobe import in ``tree``; ``from pkg import mod`` counts as importing ``pkg.mod``."""
     found: list[Import] = []
-    for node in ast.walk(tree):
+    for node in sources.nodes(tree):
         if isinstance(node, ast.Import):
             found += [Import(source, a.name, (), node.lineno) for a in node.names if a.name.split(".")[0] == "kvprobe"]
         elif isinstance(node, ast.ImportFrom):
@@ -92,7 +92,7 @@ def imports_of(source: str, tree: ast.AST, known: set[str], is_package: bool = F
 def private_attribute_uses(source: str, tree: ast.AST, known: set[str]) -> list[str]:
     """``mod._name`` where ``mod`` is bound to another kvprobe module by an import."""
     bound: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in sources.nodes(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name in known and a.asname:
@@ -102,7 +102,7 @@ def private_attribute_uses(source: str, tree: ast.AST, known: set[str]) -> list[
                 if f"{node.module}.{a.name}" in known:
                     bound[a.asname or a.name] = f"{node.module}.{a.name}"
     uses = []
-    for node in ast.walk(tree):
+    for node in sources.nodes(tree):
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name)
