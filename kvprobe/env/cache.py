@@ -396,15 +396,17 @@ def _leased(path: Path) -> bool:
     users = path.parent / f"{path.name}.users"
     if users.is_symlink() or not users.is_dir():
         return False
-    for lease in users.glob("*.lock"):
+    held = False
+    for lease in sorted(users.glob("*.lock")):  # every one: a live lease listed first hid the stale
         probe = FileLock(str(lease), timeout=0)
         try:
             probe.acquire()
         except Timeout:
-            return True
+            held = True
+            continue
         probe.release()
         lease.unlink(missing_ok=True)
-    return False
+    return held
 
 
 def _rmdir_quietly(path: Path) -> None:
