@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -94,14 +95,27 @@ class Created:
 
 
 @dataclass(frozen=True)
+class _CommitFacts:
+    """What fetching --base/--head showed."""
+
+    python_path: str | None  # where the package lives at head; None: not found
+    head_via: str  # how head came: "cache", "sha" or the pull ref (fetch_pin)
+    ancestry_seen: bool  # base seen among head's ancestors (False: history too shallow to tell)
+
+
+@dataclass(frozen=True)
 class _Checked:
     """The spec after every check: normalized URL, pins, python path, wheel pins."""
 
     spec: NewSpec
     url: str  # the canonical upstream, written
     tests: tuple[str, ...]
-    python_path: str | None
+    commits: _CommitFacts | None  # None: no --base/--head
     wheels: tuple[WheelPin, WheelPin] | None
+
+    @property
+    def python_path(self) -> str | None:
+        return self.commits.python_path if self.commits else None
 
 
 def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None) -> Created:
@@ -109,11 +123,11 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
     input, exit 2) or FetchError (git/pip could not be reached, exit 3). Writes nothing on error."""
     reporter = reporter or Reporter()
     upstream, fetch_url, tests = check_local(spec)
-    python_path = _check_commits(spec, fetch_url, tests, cache_root, reporter) if has_commits(spec) else None
+    commits = _check_commits(spec, fetch_url, tests, cache_root, reporter) if has_commits(spec) else None
     if spec.tests_commit is not None:
         _check_tests_commit(spec, fetch_url, tests, cache_root, reporter)
     wheels = _lookup_releases(spec, cache_root, reporter)
-    checked = _Checked(spec, upstream, tests, python_path, wheels)
+    checked = _Checked(spec, upstream, tests, commits, wheels)
     directory = _write(checked)
     probes_dir = spec.probes_dir.resolve()
     probe = None if spec.tests_only else directory / probe_filename(spec.experiment_id)
@@ -280,15 +294,20 @@ def _check_profile(name: str) -> None:
 # --- git ---------------------------------------------------------------------------------
 
 
-def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path, reporter: Reporter) -> str | None:
-    """Fetch both commits, read each test at head; returns the python path found at head."""
+def _check_commits(
+    spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path, reporter: Reporter
+) -> _CommitFacts:
+    """Fetch both commits, check base is an ancestor of head, read each test at head."""
     from kvprobe.sources.git import GitSource
 
     assert spec.base is not None and spec.head is not None, "called only when has_commits(spec)"
     source = GitSource(url, cache_root)
+    via = {}
     for side, sha in (("base", spec.base), ("head", spec.head)):
         with reporter.step(f"{side}: fetching {sha[:12]} from {url}"):
-            fetch_pin(source, GitPin(sha), spec.pr, side)
+            via[side] = fetch_pin(source, GitPin(sha), spec.pr, side)
+    with reporter.step(f"base: checking that {spec.base[:12]} is an ancestor of head {spec.head[:12]}"):
+        ancestry_seen = check_ancestry(source, spec, reporter)
     head = GitPin(spec.head)
     for test in tests:
         if source.read_file(head, test, pr=spec.pr) is None:
@@ -296,7 +315,7 @@ def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: 
                 f"--test {test} does not exist at head {spec.head} in {url}",
                 hints=["paths are relative to the repository root, as at the head commit"],
             )
-    return _python_path(source, head, spec)
+    return _CommitFacts(_python_path(source, head, spec), via["head"], ancestry_seen)
 
 
 def _check_tests_commit(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path, reporter: Reporter) -> None:
@@ -316,10 +335,39 @@ def _check_tests_commit(spec: NewSpec, url: str, tests: tuple[str, ...], cache_r
             )
 
 
-def fetch_pin(source: GitSource, pin: GitPin, pr: int | None, side: str) -> None:
-    """Fetch one pin; an answering repository without the commit is bad input (exit 2)."""
+def check_ancestry(source: GitSource, spec: NewSpec, reporter: Reporter) -> bool:
+    """--base must be one of --head's ancestors: else base and head differ by more than the
+    fix (or are swapped), and the comparison would not be the PR's. PinError (exit 2).
+    Returns False (with a note) when the shallow history fetched cannot tell."""
+    from kvprobe.sources.git import ANCESTOR, PR_DEEP_FETCH_DEPTH, REVERSED, UNKNOWN
+
+    assert spec.base is not None and spec.head is not None, "called only when has_commits(spec)"
+    found = source.ancestry(GitPin(spec.base), GitPin(spec.head), pr=spec.pr)
+    if found.relation == ANCESTOR:
+        return True
+    if found.relation == UNKNOWN:
+        reporter.note(
+            f"could not confirm that --base {spec.base} is an ancestor of --head {spec.head}: it is not "
+            f"among the {PR_DEEP_FETCH_DEPTH} commits before head and they share none of the "
+            f"{PR_DEEP_FETCH_DEPTH} before each; a PR pair's base is usually the fix's parent"
+        )
+        return False
+    if found.relation == REVERSED:
+        raise PinError(
+            f"--base {spec.base} is not an ancestor of --head {spec.head}: head is an ancestor of base (swapped?)",
+            hints=["--base is the commit before the fix, --head the commit with it"],
+        )
+    raise PinError(
+        f"--base {spec.base} is not an ancestor of --head {spec.head}: they diverged at {found.fork_point}",
+        hints=[f"for the PR's own changes alone, give --base {found.fork_point}"],
+    )
+
+
+def fetch_pin(source: GitSource, pin: GitPin, pr: int | None, side: str) -> str:
+    """Fetch one pin and return how it came ("cache", "sha" or a pull ref); an answering
+    repository without the commit is bad input (exit 2)."""
     try:
-        source.fetch_commit(pin, pr=pr)
+        return source.fetch_commit(pin, pr=pr)
     except FetchError as exc:
         unreachable = source.remote_answers()
         if unreachable is not None:
@@ -436,14 +484,8 @@ def render_experiment(checked: _Checked) -> str:
     title = spec.title or (
         f"PR #{spec.pr}: TODO one line on what the fix changes" if spec.pr else "TODO: one line on what the fix changes"
     )
-    checked_what = (
-        "(commits fetched, test\n# paths read at head, wheel digests computed)"
-        if has_commits(spec)
-        else "(wheel file names and\n# digests computed)"
-    )
     lines = [
-        f"# Scaffolded by `kvprobe new`. The pins below were checked {checked_what};"
-        " replace every TODO before committing.",
+        *_header_lines(checked),
         f'schema = "{EXPERIMENT_SCHEMA}"',
         f"id = {s(spec.experiment_id)}",
         f"title = {s(title)}",
@@ -473,6 +515,26 @@ def render_experiment(checked: _Checked) -> str:
         *_expect_note(spec),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _header_lines(checked: _Checked) -> list[str]:
+    """What `new` checked, and only that: a claim the scaffold cannot back is not written."""
+    spec = checked.spec
+    done = []
+    if checked.commits is not None:
+        seen = checked.commits.ancestry_seen
+        done.append("both commits fetched" + (", base an ancestor of head" if seen else ""))
+        if checked.tests:
+            done.append("each test file read at head")
+    if spec.tests_commit is not None:
+        done.append("the tests commit fetched and each test file read there")
+    if checked.wheels is not None:
+        done.append("each wheel's file name and sha256 computed")
+    text = (
+        f"Scaffolded by `kvprobe new`. The pins below were checked ({'; '.join(done)}); "
+        "replace every TODO before committing."
+    )
+    return ["# " + line for line in textwrap.wrap(text, width=90)]
 
 
 def _vulnerability_lines(spec: NewSpec) -> list[str]:
@@ -510,7 +572,10 @@ def _git_pin_lines(checked: _Checked) -> list[str]:
     if not has_commits(spec):
         return []
     pr_text = f"PR #{spec.pr}'s base and head" if spec.pr else "the commits before and after the fix"
-    reach = f" (head reachable via refs/pull/{spec.pr}/head)" if spec.pr else ""
+    # Only what this fetch showed: a head that came by SHA may be on a branch (a squash commit).
+    pull = f"refs/pull/{spec.pr}/head"
+    via = checked.commits.head_via if checked.commits else None
+    reach = f" (head fetched via {pull})" if spec.pr and via == pull else ""
     lines = [f"[pins.{GIT_PINS}]", 'kind = "git"', f"description = {tomltext.string(pr_text + reach)}"]
     if spec.pr:
         lines.append(f"pr = {spec.pr}")

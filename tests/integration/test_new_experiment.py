@@ -283,6 +283,8 @@ def test_release_pins_are_looked_up_exactly(world, cli, probes_dir, tmp_path, mo
     assert data["fix"]["release"] == "1.1" and data["default_pins"] == "commits"
     exp = load_file(probes_dir / EXP_ID / "experiment.toml")
     assert exp.pin_sets["release"].head.filename == "minipkg-1.1-py3-none-any.whl"
+    said = header(probes_dir / EXP_ID / "experiment.toml")
+    assert "each test file read at head" in said and "each wheel's file name and sha256 computed" in said
 
 
 def test_release_version_that_does_not_exist_is_exit_3_and_writes_nothing(
@@ -548,3 +550,67 @@ def test_tests_commit_needs_release_wheels(world, cli, probes_dir, process_calls
     result = cli(*new_args(fake, "--tests-commit", fake.head_sha, "--test", fake.test_path))
     assert result.exit_code == 2 and "--tests-commit goes with --release-base" in result.stderr
     assert process_calls == [] and not probes_dir.exists()
+
+
+# --- base and head as history relates them; what the header claims ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("pick", "message"),
+    [
+        (lambda f: (f.head_sha, f.base_sha), "head is an ancestor of base (swapped?)"),
+        (lambda f: (f.nofix_sha, f.head_sha), "they diverged at {base}"),
+    ],
+    ids=["swapped", "diverged"],
+)
+def test_base_that_is_not_an_ancestor_of_head_is_exit_2_and_writes_nothing(world, cli, probes_dir, pick, message):
+    fake = world["fake"]
+    base, head = pick(fake)
+    result = cli(*new_args(fake, **{"--base": base, "--head": head}))
+    assert result.exit_code == 2, result.stderr
+    error = result.stderr.split("kvprobe: error: ", 1)[1]
+    assert error.startswith(f"--base {base} is not an ancestor of --head {head}: {message.format(base=fake.base_sha)}")
+    assert not (probes_dir / EXP_ID).exists() and leftovers(probes_dir) == []
+
+
+def header(path: Path) -> str:
+    """The scaffold's opening comment, unwrapped."""
+    lines = path.read_text().split("\nschema", 1)[0].splitlines()
+    return " ".join(line.removeprefix("# ") for line in lines)
+
+
+def test_an_older_ancestor_is_a_base_though_the_store_is_shallow(world, cli, probes_dir):
+    """Base three commits before head: not its parent, so the shallow store is deepened to see it."""
+    fake = world["fake"]
+    result = cli(*new_args(fake, **{"--base": fake.early_shas[1]}))
+    assert result.exit_code == 0, result.stderr
+    assert "base an ancestor of head" in header(probes_dir / EXP_ID / "experiment.toml")
+
+
+def test_an_ancestry_the_fetched_history_cannot_show_is_a_note_not_a_claim(
+    world, cli, probes_dir, tmp_path, monkeypatch
+):
+    import kvprobe.sources.git as git
+
+    monkeypatch.setenv("KVPROBE_CACHE_DIR", str(tmp_path / "own-cache"))  # a store not deepened before
+    monkeypatch.setattr(git, "PR_DEEP_FETCH_DEPTH", 2)
+    fake = world["fake"]
+    result = cli(*new_args(fake, **{"--base": fake.early_shas[0]}))
+    assert result.exit_code == 0, result.stderr
+    assert "could not confirm that --base" in result.stderr and "2 commits before head" in result.stderr
+    said = header(probes_dir / EXP_ID / "experiment.toml")
+    assert "both commits fetched" in said and "ancestor" not in said
+
+
+def test_the_header_claims_only_what_new_checked(world, cli, probes_dir):
+    """No --test, no wheels: the header says neither was checked; a head fetched by SHA is not
+    said to be reachable through the PR's ref (a squash commit on main is not)."""
+    fake = world["fake"]
+    result = cli(*new_args(fake))
+    assert result.exit_code == 0, result.stderr
+    text = (probes_dir / EXP_ID / "experiment.toml").read_text()
+    said = header(probes_dir / EXP_ID / "experiment.toml")
+    assert "both commits fetched, base an ancestor of head" in said
+    assert "test" not in said and "wheel" not in said
+    assert tomllib.loads(text)["pins"]["commits"]["description"] == "PR #1's base and head"
+    assert "refs/pull" not in text
