@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 DEFAULT_UPSTREAM = "https://github.com/sgl-project/sglang"
 GIT_PINS, RELEASE_PINS, RELEASE_TESTS_PINS = "commits", "release", "release-tests"
 TEMPLATE_MOCKS = {"none yet": "template: declare what this probe mocks"}
+# The template's placeholder case: it observes where the package came from, not the fix.
+TEMPLATE_CASE = "template.import"
 # Folder names on the search path that are not experiments (dependency profiles live there).
 _RESERVED_IDS = ("profiles",)
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
@@ -655,7 +657,11 @@ def render_probe(checked: _Checked) -> str:
     spec = checked.spec
     name = probe_filename(spec.experiment_id)[:-3]
     return _PROBE_TEMPLATE.format(
-        name=name, package=import_name(spec.package), exp_id=spec.experiment_id, mocks=repr(TEMPLATE_MOCKS)
+        name=name,
+        package=import_name(spec.package),
+        exp_id=spec.experiment_id,
+        mocks=repr(TEMPLATE_MOCKS),
+        template_case=TEMPLATE_CASE,
     )
 
 
@@ -684,9 +690,10 @@ probe = kp.Probe(
 )
 
 
-@probe.case("template.import")
+@probe.case("{template_case}")
 def _(obs):
-    """Placeholder: where the package under test was imported from (the same on both sides)."""
+    """Placeholder: where the package under test was imported from (the same on both sides).
+    Delete it once real cases exist: --record-expectations refuses to record it."""
     module = importlib.import_module(PACKAGE)
     where = os.path.realpath(module.__file__)
     roots = [os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
