@@ -59,6 +59,8 @@ _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 _PACKAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.!+-]*")
 _PYTHON_XY_RE = re.compile(r"3\.\d+")
+# pytest's default test names (python_functions = "test", python_classes = "Test").
+_TEST_DEF_RE = re.compile(rb"^[ \t]*(?:async[ \t]+)?def[ \t]+test|^[ \t]*class[ \t]+Test", re.MULTILINE)
 _PIP_TIMEOUT_S = 900.0
 
 
@@ -312,12 +314,39 @@ def _check_commits(
         ancestry_seen = check_ancestry(source, spec, reporter)
     head = GitPin(spec.head)
     for test in tests:
-        if source.read_file(head, test, pr=spec.pr) is None:
+        text = source.read_file(head, test, pr=spec.pr)
+        if text is None:
             raise UsageError(
                 f"--test {test} does not exist at head {spec.head} in {url}",
                 hints=["paths are relative to the repository root, as at the head commit"],
             )
+        _note_test_file(test, text, source.read_file(GitPin(spec.base), test, pr=spec.pr), reporter)
+    _note_revert(source.subject(head, pr=spec.pr), spec, reporter)
     return _CommitFacts(_python_path(source, head, spec), via["head"], ancestry_seen)
+
+
+def _note_test_file(test: str, at_head: bytes, at_base: bytes | None, reporter: Reporter) -> None:
+    """What a researcher should know about a --test before running it (notes, not errors:
+    an unchanged test may still reach the fixed code; a project may name its tests otherwise)."""
+    if at_head == at_base:
+        reporter.note(
+            f"--test {test} is the same at base and head: the PR did not change it, so it shows "
+            "the fix only if its tests reach the changed code"
+        )
+    if not _TEST_DEF_RE.search(at_head):
+        reporter.note(
+            f"--test {test} defines no test function or Test class at head: pytest may collect "
+            "nothing from it, and a run that collects nothing ends in error"
+        )
+
+
+def _note_revert(subject: str, spec: NewSpec, reporter: Reporter) -> None:
+    """A revert as head takes a change out: if that change is the fix, head is the unfixed side."""
+    if subject.startswith(("Revert ", 'Revert"')):
+        reporter.note(
+            f"head {spec.head[:12]} is a revert ({subject}): base has the reverted change and head "
+            "does not; if that change is the fix, pin the reverted commit and its parent instead"
+        )
 
 
 def _check_tests_commit(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path, reporter: Reporter) -> None:

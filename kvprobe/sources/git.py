@@ -336,6 +336,15 @@ class GitSource:
                 return Ancestry(DIVERGED, fork_point)
             return Ancestry(UNKNOWN)
 
+    def subject(self, pin: GitPin, *, pr: int | None = None) -> str:
+        """The first line of the pinned commit's message."""
+        sha = validate_sha(pin.commit)
+        with self._locked():
+            self._ensure_commit(sha, validate_pr(pr))
+            text = self._git_checked(["cat-file", "commit", sha], what=f"read commit {sha}")
+        message = text.split("\n\n", 1)[1] if "\n\n" in text else ""
+        return message.strip().split("\n", 1)[0]
+
     def remote_answers(self) -> str | None:
         """None if the repository answers ``git ls-remote``, else git's last stderr line."""
         result = self._git_capture(["ls-remote", self.url, "HEAD"], use_store=False, timeout_s=self.timeout_s)

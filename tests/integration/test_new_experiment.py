@@ -614,3 +614,23 @@ def test_the_header_claims_only_what_new_checked(world, cli, probes_dir):
     assert "test" not in said and "wheel" not in said
     assert tomllib.loads(text)["pins"]["commits"]["description"] == "PR #1's base and head"
     assert "refs/pull" not in text
+
+
+def test_a_test_file_the_pr_did_not_change_and_one_without_tests_are_named(world, cli, probes_dir):
+    """minikv/__init__.py: the same at base and head, and no test in it (a researcher's slip)."""
+    result = cli(*new_args(world["fake"], "--test", "minikv/__init__.py"))
+    assert result.exit_code == 0, result.stderr
+    assert "--test minikv/__init__.py is the same at base and head" in result.stderr
+    assert "--test minikv/__init__.py defines no test function or Test class at head" in result.stderr
+
+
+def test_a_head_that_reverts_is_named(tmp_path, cli, probes_dir):
+    fake = build_fake_upstream(tmp_path / "reverting")
+    tree = fake.git("rev-parse", f"{fake.base_sha}^{{tree}}")
+    revert = fake.git("commit-tree", tree, "-p", fake.head_sha, "-m", 'Revert "minikv: scrub blocks on free (fix)"')
+    fake.git("update-ref", "refs/pull/9/head", revert)
+    result = cli(*new_args(fake, **{"--base": fake.head_sha, "--head": revert, "--pr": "9"}))
+    assert result.exit_code == 0, result.stderr
+    assert f'head {revert[:12]} is a revert (Revert "minikv: scrub blocks on free (fix)")' in result.stderr
+    # the fix's own pair is no revert: nothing said
+    assert "is a revert" not in cli(*new_args(fake, experiment_id="the-fix")).stderr
