@@ -196,8 +196,13 @@ def validate_rel_path(rel_path: str) -> str:
     if any(unicodedata.category(ch) == "Cc" for ch in rel_path):
         raise UsageError(f"path {rel_path!r} contains control characters")
     pure = PurePosixPath(rel_path)
-    if pure.is_absolute() or any(part in ("..", ".") for part in rel_path.split("/")):
-        raise UsageError(f"path {rel_path!r} must be relative and inside the tree")
+    parts = rel_path.split("/")
+    if pure.is_absolute():
+        raise UsageError(f"path {rel_path!r} is absolute: give it relative to the repository root")
+    if ".." in parts:
+        raise UsageError(f"path {rel_path!r} has '..' parts: give it inside the tree, from the repository root")
+    if "." in parts:
+        raise UsageError(f"path {rel_path!r} has '.' parts: write it as {str(pure)!r}")
     return str(pure)
 
 
