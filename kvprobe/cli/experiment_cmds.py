@@ -12,6 +12,7 @@ from kvprobe.text import for_shell
 
 if TYPE_CHECKING:
     from kvprobe.cli.console import Output
+    from kvprobe.model.records import Experiment
 
 
 @main.command("list")
@@ -78,6 +79,20 @@ def warn_shadowing(out: Output | None, experiment_id: str) -> None:
             f"experiment {data(experiment_id)} from {data(used_source)} ({data(used)}) "
             f"shadows the {data(source)} one ({data(folder)}), which differs in {data(', '.join(changed))}: "
             f"the first on the search path runs; to run the {data(source)} one, {data(choose)}"
+        )
+
+
+def warn_unfinished(out: Output, exp: Experiment) -> None:
+    """After a reproduced run: say which scaffold TODOs the bundle quotes as its text."""
+    from kvprobe.cli.console import data
+    from kvprobe.experiments.scaffold import unfinished
+
+    todo = unfinished(exp)
+    if todo:
+        out.warn(
+            f"{data(exp.id)} reproduced, but its {data(', '.join(todo))} still say TODO and the bundle "
+            f"quotes them as its description: write them in {data(exp.directory / 'experiment.toml')} "
+            "and run again before publishing"
         )
 
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from kvprobe.errors import FetchError, PinError, UsageError
 from kvprobe.experiments import tomltext
 from kvprobe.experiments.experiment import FILENAME, load_file
-from kvprobe.model.records import ID_RE, VULN_ID_RE, FixKind, GitPin, WheelPin
+from kvprobe.model.records import ID_RE, VULN_ID_RE, Experiment, FixKind, GitPin, WheelPin
 from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
@@ -136,6 +136,14 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
     probes_dir = spec.probes_dir.resolve()
     probe = None if spec.tests_only else directory / probe_filename(spec.experiment_id)
     return Created(directory, directory / FILENAME, probe, probes_dir in experiment_dirs())
+
+
+def unfinished(exp: Experiment) -> list[str]:
+    """The experiment's fields that still hold a scaffold TODO (title, fix.summary, scope):
+    a bundle quotes them as they are, next to its verdict."""
+    fields = [("title", exp.title), ("fix.summary", exp.fix.summary), ("scope.shows", exp.scope.shows)]
+    fields += [("scope.does_not_show", text) for text in exp.scope.does_not_show]
+    return list(dict.fromkeys(name for name, text in fields if "TODO" in text))
 
 
 # --- local checks (no git, no pip) -------------------------------------------------------

@@ -157,11 +157,13 @@ def test_readme_walkthrough_new_run_record_run(world, cli, probes_dir, tmp_path)
     assert "owner_note" not in expect["base"][case]
     assert leftovers(folder) == []
 
-    # 5. the recorded experiment reproduces
+    # 5. the recorded experiment reproduces; the TODOs it still has, quoted by the bundle, are named
     result = cli("run", EXP_ID, "--out", str(tmp_path / "b5"), "--json")
     summary = json.loads(result.stdout)
     assert result.exit_code == 0, summary["reasons"]
     assert summary["verdict"] == "reproduced"
+    said = " ".join(result.stderr.split())
+    assert "reproduced, but its title, fix.summary, scope.shows, scope.does_not_show still say TODO" in said
 
     # 6. recording again replaces the [expect] tables instead of adding to them
     result = cli("run", EXP_ID, "--out", str(tmp_path / "b6"), "--record-expectations", "--yes")
@@ -170,6 +172,14 @@ def test_readme_walkthrough_new_run_record_run(world, cli, probes_dir, tmp_path)
     assert again.count(f'[expect.base."{case}"]') == 1
     assert tomllib.loads(again)["expect"] == expect
     assert again.startswith(before.decode())
+
+    # 7. written in, nothing left to warn about
+    written = again.replace("TODO one line on what the fix changes", "scrub freed blocks")
+    written = written.replace('"TODO: what the fix changes, where', '"BlockPool.free scrubs; was: where')
+    written = written.replace('"TODO: what the evidence shows', '"The probe shows the scrub')
+    toml_path.write_text(written.replace('"TODO: what the evidence does not show', '"Not shown: anything'))
+    result = cli("run", EXP_ID, "--out", str(tmp_path / "b7"))
+    assert result.exit_code == 0 and "TODO" not in result.stderr, result.stderr
 
 
 def test_unknown_sha_is_bad_input_and_writes_nothing(world, cli, probes_dir):
