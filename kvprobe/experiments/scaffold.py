@@ -330,7 +330,14 @@ def _check_commits(
             )
         _note_test_file(test, text, source.read_file(GitPin(spec.base), test, pr=spec.pr), reporter)
     _note_revert(source.subject(head, pr=spec.pr), spec, reporter)
-    return _CommitFacts(_python_path(source, head, spec), via["head"], ancestry_seen)
+    python_path = _python_path(source, head, spec)
+    if python_path is None:
+        module = import_name(spec.package)
+        reporter.note(
+            f"--package {spec.package}: no {module}/__init__.py or {module}.py at head under python/, src/ "
+            "or the root; python_path is left a TODO (is --package the upstream's import package?)"
+        )
+    return _CommitFacts(python_path, via["head"], ancestry_seen)
 
 
 def _note_test_file(test: str, at_head: bytes, at_base: bytes | None, reporter: Reporter) -> None:

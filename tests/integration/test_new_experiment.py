@@ -644,3 +644,11 @@ def test_a_head_that_reverts_is_named(tmp_path, cli, probes_dir):
     assert f'head {revert[:12]} is a revert (Revert "minikv: scrub blocks on free (fix)")' in result.stderr
     # the fix's own pair is no revert: nothing said
     assert "is a revert" not in cli(*new_args(fake, experiment_id="the-fix")).stderr
+
+
+def test_a_package_not_found_at_head_is_named(world, cli, probes_dir):
+    result = cli(*new_args(world["fake"], **{"--package": "sglang"}))
+    assert result.exit_code == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert "--package sglang: no sglang/__init__.py or sglang.py at head under python/, src/ or the root" in said
+    assert "# TODO: sglang was not found at head" in (probes_dir / EXP_ID / "experiment.toml").read_text()
