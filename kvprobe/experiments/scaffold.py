@@ -14,13 +14,17 @@ Order of checks (cheap and local first, so bad input never starts git or pip):
    experiment search path or in the target directory (never overwrite);
 2. SHAs, PR number, repository URL, test paths, release versions and profile, locally;
 3. git (only with ``--base/--head`` or ``--tests-commit``): the commits fetched into the cache
-   by SHA (or via ``refs/pull/N/head``), every ``--test`` path read at head and at the tests
-   commit (``--tests-commit`` with release wheels writes a ``release-tests`` pin set: the
-   wheels' code, that commit's test files);
+   by SHA (or via ``refs/pull/N/head``), base checked to be an ancestor of head (swapped or
+   diverged: PinError; further back than the history fetched: a note, and no claim), every
+   ``--test`` path read at head and at the tests commit (``--tests-commit`` with release
+   wheels writes a ``release-tests`` pin set: the wheels' code, that commit's test files);
+   notes for a test the PR did not change or that defines no test, a reverting head, and a
+   package not found at head;
 4. pip: for ``--release-base/--release-head``, the wheel is downloaded once to read its
    exact file name and sha256, and kept in the wheel cache for the first run;
 5. the files are written into a temp folder, loaded back with
-   :func:`kvprobe.experiments.experiment.load_file`, then renamed into place.
+   :func:`kvprobe.experiments.experiment.load_file`, then renamed into place; the header
+   comment of experiment.toml lists what was checked, and nothing else.
 
 Errors: an unknown commit in a repository that answers is bad input (PinError, exit 2);
 a repository that cannot be reached is FetchError (exit 3, could not observe).
