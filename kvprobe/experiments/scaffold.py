@@ -333,7 +333,7 @@ def _check_commits(
                 hints=["paths are relative to the repository root, as at the head commit"],
             )
         _note_test_file(test, text, source.read_file(GitPin(spec.base), test, pr=spec.pr), reporter)
-    _note_revert(source.subject(head, pr=spec.pr), spec, reporter)
+    _note_revert(source.subject(head, pr=spec.pr), head, reporter)
     python_path = _python_path(source, head, spec)
     if python_path is None:
         module = import_name(spec.package)
@@ -359,11 +359,11 @@ def _note_test_file(test: str, at_head: bytes, at_base: bytes | None, reporter: 
         )
 
 
-def _note_revert(subject: str, spec: NewSpec, reporter: Reporter) -> None:
+def _note_revert(subject: str, head: GitPin, reporter: Reporter) -> None:
     """A revert as head takes a change out: if that change is the fix, head is the unfixed side."""
     if subject.startswith(("Revert ", 'Revert"')):
         reporter.note(
-            f"head {spec.head[:12]} is a revert ({subject}): base has the reverted change and head "
+            f"head {head.commit[:12]} is a revert ({subject}): base has the reverted change and head "
             "does not; if that change is the fix, pin the reverted commit and its parent instead"
         )
 
