@@ -48,6 +48,7 @@ from kvprobe.model.records import ID_RE, VULN_ID_RE, Experiment, FixKind, GitPin
 from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
+from kvprobe.text import for_shell
 
 if TYPE_CHECKING:
     from kvprobe.sources.git import GitSource
@@ -159,7 +160,6 @@ def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
         check_local_repository,
         validate_pr,
         validate_rel_path,
-        validate_sha,
         validate_url,
     )
 
@@ -168,8 +168,8 @@ def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
     check_free(spec.experiment_id, spec.probes_dir)
     _check_release_args(spec)
     if has_commits(spec):
-        validate_sha(spec.base)
-        validate_sha(spec.head)
+        _check_sha("--base", spec.base)
+        _check_sha("--head", spec.head)
         if spec.base == spec.head:
             raise PinError(f"--base and --head are the same commit {spec.base}: nothing to compare")
     elif spec.base is not None or spec.head is not None:
@@ -205,6 +205,21 @@ def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
     if has_commits(spec):
         check_local_repository(fetch_url)  # before a git store is made in the cache for it
     return upstream, fetch_url, tests
+
+
+def _check_sha(flag: str, value: str | None) -> None:
+    """A full SHA, with the flag named: a researcher pasting from `git log --oneline` or a
+    branch name learns which argument to fix and how."""
+    from kvprobe.sources.git import validate_sha
+
+    try:
+        validate_sha(value)
+    except PinError as exc:
+        raise PinError(
+            f"{flag} {value!r} is not a full 40-hex lowercase commit SHA (branch names, tags and short SHAs "
+            "are not pins)",
+            hints=[*exc.hints, f"resolve it in a clone: git rev-parse {for_shell(f'{value}^{{commit}}')}"],
+        ) from exc
 
 
 def check_id(experiment_id: str) -> str:
@@ -269,11 +284,9 @@ def _check_release_args(spec: NewSpec) -> None:
 
 def _check_tests_commit_args(spec: NewSpec) -> None:
     """--tests-commit: a full SHA, with release wheels to run the tests against and a --test."""
-    from kvprobe.sources.git import validate_sha
-
     if spec.tests_commit is None:
         return
-    validate_sha(spec.tests_commit)
+    _check_sha("--tests-commit", spec.tests_commit)
     if spec.release_base is None:
         raise UsageError(
             "--tests-commit goes with --release-base/--release-head: it runs an upstream commit's "

@@ -263,6 +263,9 @@ def test_bad_pins_are_exit_2_and_run_no_git(world, cli, git_calls, flag, value):
     result = cli(*new_args(world["fake"], **{flag: value}))
     assert result.exit_code == 2, result.stderr
     assert git_calls == []
+    if flag != "--pr":  # the flag named, and how to get a full SHA
+        assert result.stderr.startswith(f"kvprobe: error: {flag} '{value}' is not a full 40-hex"), result.stderr
+        assert f"git rev-parse '{value}^{{commit}}'" in result.stderr
 
 
 def test_release_pins_are_looked_up_exactly(world, cli, probes_dir, tmp_path, monkeypatch):
