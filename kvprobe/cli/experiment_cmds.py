@@ -12,6 +12,7 @@ from kvprobe.text import for_shell
 
 if TYPE_CHECKING:
     from kvprobe.cli.console import Output
+    from kvprobe.model.records import Experiment
 
 
 @main.command("list")
@@ -81,6 +82,20 @@ def warn_shadowing(out: Output | None, experiment_id: str) -> None:
         )
 
 
+def warn_unfinished(out: Output, exp: Experiment) -> None:
+    """After a reproduced run: say which scaffold TODOs the bundle quotes as its text."""
+    from kvprobe.cli.console import data
+    from kvprobe.experiments.scaffold import unfinished
+
+    todo = unfinished(exp)
+    if todo:
+        out.warn(
+            f"{data(exp.id)} reproduced, but its {data(', '.join(todo))} still say TODO and the bundle "
+            f"quotes them as its description: write them in {data(exp.directory / 'experiment.toml')} "
+            "and run again before publishing"
+        )
+
+
 @main.command("show")
 @click.argument("experiment_id")
 @json_document
@@ -125,8 +140,8 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
 @click.argument("experiment_id")
 @click.option(
     "--base",
-    help="Full 40-hex SHA of the commit before the fix (git pins; required unless "
-    "--release-base/--release-head are given).",
+    help="Full 40-hex SHA of the commit before the fix, an ancestor of --head (git pins; "
+    "required unless --release-base/--release-head are given).",
 )
 @click.option("--head", help="Full 40-hex SHA of the commit with the fix (goes with --base).")
 @click.option(

@@ -22,7 +22,7 @@ from kvprobe.cli.base import (
     torch_index_option,
     verdict_exit,
 )
-from kvprobe.cli.experiment_cmds import warn_shadowing
+from kvprobe.cli.experiment_cmds import warn_shadowing, warn_unfinished
 from kvprobe.errors import KvprobeError
 from kvprobe.text import for_terminal
 
@@ -178,6 +178,7 @@ def run_cmd(
     from kvprobe.cli.console import print_run_diagnostics, print_run_summary
     from kvprobe.errors import UsageError
     from kvprobe.experiments import experiment
+    from kvprobe.model.records import Verdict
     from kvprobe.run.runner import run_experiment
 
     if keep_server and no_preload:
@@ -209,6 +210,8 @@ def run_cmd(
         print_run_diagnostics(streams.err, result.receipt)
     if streams.results:
         print_run_summary(streams.out, result.receipt, str(result.bundle), result.manifest_sha256, streams.verbosity)
+    if result.receipt.verdict is Verdict.REPRODUCED:
+        warn_unfinished(streams, exp)
     if as_json:
         emit_json(run_summary(result))
     if record:

@@ -70,8 +70,9 @@ def plan(exp: Experiment, receipt: Receipt) -> Recording:
     """The expectations a finished run observed.
 
     Raises CheckRunError (exit 3) when the run ended in error (nothing honest to record)
-    and UsageError when the probe still declares the template's mocks, a head test does
-    not pass, a test file has no test that went to pass, or nothing was observed.
+    and UsageError when the probe still declares the template's mocks or has its placeholder
+    case, a head test does not pass, a test file has no test that went to pass, or nothing
+    was observed.
     """
     comparison = receipt.comparison
     if receipt.verdict is Verdict.ERROR:
@@ -136,7 +137,7 @@ def observed_test_sets(rows: list[Mapping[str, Any]]) -> dict[str, dict[str, Any
 
 
 def _refuse_template(receipt: Receipt) -> None:
-    from kvprobe.experiments.scaffold import TEMPLATE_MOCKS
+    from kvprobe.experiments.scaffold import TEMPLATE_CASE, TEMPLATE_MOCKS
 
     for probe, mocks in receipt.evidence.mocks.items():
         if set(TEMPLATE_MOCKS) & set(mocks):
@@ -144,6 +145,13 @@ def _refuse_template(receipt: Receipt) -> None:
                 f"probe {probe} still declares the template's mocks {mocks!r}: write the probe "
                 "(and declare what it really mocks) before recording its observations as expectations"
             )
+    # Recorded, the placeholder would be an expectation that holds whatever the code does.
+    kept = sorted({k for side in SIDES for k in receipt.comparison.cases[side] if k.endswith("/" + TEMPLATE_CASE)})
+    if kept:
+        raise UsageError(
+            f"{', '.join(kept)} is the template's placeholder case (where the package was imported "
+            "from, not the fix): delete it from the probe before recording expectations"
+        )
 
 
 def _not_observed(side: str, key: str, case: Mapping[str, Any], skipped: list[str]) -> bool:

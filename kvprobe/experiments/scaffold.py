@@ -14,13 +14,17 @@ Order of checks (cheap and local first, so bad input never starts git or pip):
    experiment search path or in the target directory (never overwrite);
 2. SHAs, PR number, repository URL, test paths, release versions and profile, locally;
 3. git (only with ``--base/--head`` or ``--tests-commit``): the commits fetched into the cache
-   by SHA (or via ``refs/pull/N/head``), every ``--test`` path read at head and at the tests
-   commit (``--tests-commit`` with release wheels writes a ``release-tests`` pin set: the
-   wheels' code, that commit's test files);
+   by SHA (or via ``refs/pull/N/head``), base checked to be an ancestor of head (swapped or
+   diverged: PinError; further back than the history fetched: a note, and no claim), every
+   ``--test`` path read at head and at the tests commit (``--tests-commit`` with release
+   wheels writes a ``release-tests`` pin set: the wheels' code, that commit's test files);
+   notes for a test the PR did not change or that defines no test, a reverting head, and a
+   package not found at head;
 4. pip: for ``--release-base/--release-head``, the wheel is downloaded once to read its
    exact file name and sha256, and kept in the wheel cache for the first run;
 5. the files are written into a temp folder, loaded back with
-   :func:`kvprobe.experiments.experiment.load_file`, then renamed into place.
+   :func:`kvprobe.experiments.experiment.load_file`, then renamed into place; the header
+   comment of experiment.toml lists what was checked, and nothing else.
 
 Errors: an unknown commit in a repository that answers is bad input (PinError, exit 2);
 a repository that cannot be reached is FetchError (exit 3, could not observe).
@@ -32,6 +36,7 @@ import os
 import re
 import shutil
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,10 +44,11 @@ from typing import TYPE_CHECKING
 from kvprobe.errors import FetchError, PinError, UsageError
 from kvprobe.experiments import tomltext
 from kvprobe.experiments.experiment import FILENAME, load_file
-from kvprobe.model.records import ID_RE, VULN_ID_RE, FixKind, GitPin, WheelPin
+from kvprobe.model.records import ID_RE, VULN_ID_RE, Experiment, FixKind, GitPin, WheelPin
 from kvprobe.names import EXPERIMENT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.resources import experiment_dirs
+from kvprobe.text import for_shell
 
 if TYPE_CHECKING:
     from kvprobe.sources.git import GitSource
@@ -50,12 +56,16 @@ if TYPE_CHECKING:
 DEFAULT_UPSTREAM = "https://github.com/sgl-project/sglang"
 GIT_PINS, RELEASE_PINS, RELEASE_TESTS_PINS = "commits", "release", "release-tests"
 TEMPLATE_MOCKS = {"none yet": "template: declare what this probe mocks"}
+# The template's placeholder case: it observes where the package came from, not the fix.
+TEMPLATE_CASE = "template.import"
 # Folder names on the search path that are not experiments (dependency profiles live there).
 _RESERVED_IDS = ("profiles",)
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 _PACKAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.!+-]*")
 _PYTHON_XY_RE = re.compile(r"3\.\d+")
+# pytest's default test names (python_functions = "test", python_classes = "Test").
+_TEST_DEF_RE = re.compile(rb"^[ \t]*(?:async[ \t]+)?def[ \t]+test|^[ \t]*class[ \t]+Test", re.MULTILINE)
 _PIP_TIMEOUT_S = 900.0
 
 
@@ -94,14 +104,27 @@ class Created:
 
 
 @dataclass(frozen=True)
+class _CommitFacts:
+    """What fetching --base/--head showed."""
+
+    python_path: str | None  # where the package lives at head; None: not found
+    head_via: str  # how head came: "cache", "sha" or the pull ref (fetch_pin)
+    ancestry_seen: bool  # base seen among head's ancestors (False: history too shallow to tell)
+
+
+@dataclass(frozen=True)
 class _Checked:
     """The spec after every check: normalized URL, pins, python path, wheel pins."""
 
     spec: NewSpec
     url: str  # the canonical upstream, written
     tests: tuple[str, ...]
-    python_path: str | None
+    commits: _CommitFacts | None  # None: no --base/--head
     wheels: tuple[WheelPin, WheelPin] | None
+
+    @property
+    def python_path(self) -> str | None:
+        return self.commits.python_path if self.commits else None
 
 
 def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None) -> Created:
@@ -109,15 +132,23 @@ def create(spec: NewSpec, *, cache_root: Path, reporter: Reporter | None = None)
     input, exit 2) or FetchError (git/pip could not be reached, exit 3). Writes nothing on error."""
     reporter = reporter or Reporter()
     upstream, fetch_url, tests = check_local(spec)
-    python_path = _check_commits(spec, fetch_url, tests, cache_root, reporter) if has_commits(spec) else None
+    commits = _check_commits(spec, fetch_url, tests, cache_root, reporter) if has_commits(spec) else None
     if spec.tests_commit is not None:
         _check_tests_commit(spec, fetch_url, tests, cache_root, reporter)
     wheels = _lookup_releases(spec, cache_root, reporter)
-    checked = _Checked(spec, upstream, tests, python_path, wheels)
+    checked = _Checked(spec, upstream, tests, commits, wheels)
     directory = _write(checked)
     probes_dir = spec.probes_dir.resolve()
     probe = None if spec.tests_only else directory / probe_filename(spec.experiment_id)
     return Created(directory, directory / FILENAME, probe, probes_dir in experiment_dirs())
+
+
+def unfinished(exp: Experiment) -> list[str]:
+    """The experiment's fields that still hold a scaffold TODO (title, fix.summary, scope):
+    a bundle quotes them as they are, next to its verdict."""
+    fields = [("title", exp.title), ("fix.summary", exp.fix.summary), ("scope.shows", exp.scope.shows)]
+    fields += [("scope.does_not_show", text) for text in exp.scope.does_not_show]
+    return list(dict.fromkeys(name for name, text in fields if "TODO" in text))
 
 
 # --- local checks (no git, no pip) -------------------------------------------------------
@@ -129,7 +160,6 @@ def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
         check_local_repository,
         validate_pr,
         validate_rel_path,
-        validate_sha,
         validate_url,
     )
 
@@ -138,8 +168,8 @@ def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
     check_free(spec.experiment_id, spec.probes_dir)
     _check_release_args(spec)
     if has_commits(spec):
-        validate_sha(spec.base)
-        validate_sha(spec.head)
+        _check_sha("--base", spec.base)
+        _check_sha("--head", spec.head)
         if spec.base == spec.head:
             raise PinError(f"--base and --head are the same commit {spec.base}: nothing to compare")
     elif spec.base is not None or spec.head is not None:
@@ -175,6 +205,21 @@ def check_local(spec: NewSpec) -> tuple[str, str, tuple[str, ...]]:
     if has_commits(spec):
         check_local_repository(fetch_url)  # before a git store is made in the cache for it
     return upstream, fetch_url, tests
+
+
+def _check_sha(flag: str, value: str | None) -> None:
+    """A full SHA, with the flag named: a researcher pasting from `git log --oneline` or a
+    branch name learns which argument to fix and how."""
+    from kvprobe.sources.git import validate_sha
+
+    try:
+        validate_sha(value)
+    except PinError as exc:
+        raise PinError(
+            f"{flag} {value!r} is not a full 40-hex lowercase commit SHA (branch names, tags and short SHAs "
+            "are not pins)",
+            hints=[*exc.hints, f"resolve it in a clone: git rev-parse {for_shell(f'{value}^{{commit}}')}"],
+        ) from exc
 
 
 def check_id(experiment_id: str) -> str:
@@ -239,11 +284,9 @@ def _check_release_args(spec: NewSpec) -> None:
 
 def _check_tests_commit_args(spec: NewSpec) -> None:
     """--tests-commit: a full SHA, with release wheels to run the tests against and a --test."""
-    from kvprobe.sources.git import validate_sha
-
     if spec.tests_commit is None:
         return
-    validate_sha(spec.tests_commit)
+    _check_sha("--tests-commit", spec.tests_commit)
     if spec.release_base is None:
         raise UsageError(
             "--tests-commit goes with --release-base/--release-head: it runs an upstream commit's "
@@ -280,23 +323,62 @@ def _check_profile(name: str) -> None:
 # --- git ---------------------------------------------------------------------------------
 
 
-def _check_commits(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path, reporter: Reporter) -> str | None:
-    """Fetch both commits, read each test at head; returns the python path found at head."""
+def _check_commits(
+    spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path, reporter: Reporter
+) -> _CommitFacts:
+    """Fetch both commits, check base is an ancestor of head, read each test at head."""
     from kvprobe.sources.git import GitSource
 
     assert spec.base is not None and spec.head is not None, "called only when has_commits(spec)"
     source = GitSource(url, cache_root)
+    via = {}
     for side, sha in (("base", spec.base), ("head", spec.head)):
         with reporter.step(f"{side}: fetching {sha[:12]} from {url}"):
-            fetch_pin(source, GitPin(sha), spec.pr, side)
+            via[side] = fetch_pin(source, GitPin(sha), spec.pr, side)
+    with reporter.step(f"base: checking that {spec.base[:12]} is an ancestor of head {spec.head[:12]}"):
+        ancestry_seen = check_ancestry(source, spec, reporter)
     head = GitPin(spec.head)
     for test in tests:
-        if source.read_file(head, test, pr=spec.pr) is None:
+        text = source.read_file(head, test, pr=spec.pr)
+        if text is None:
             raise UsageError(
                 f"--test {test} does not exist at head {spec.head} in {url}",
                 hints=["paths are relative to the repository root, as at the head commit"],
             )
-    return _python_path(source, head, spec)
+        _note_test_file(test, text, source.read_file(GitPin(spec.base), test, pr=spec.pr), reporter)
+    _note_revert(source.subject(head, pr=spec.pr), head, reporter)
+    python_path = _python_path(source, head, spec)
+    if python_path is None:
+        module = import_name(spec.package)
+        reporter.note(
+            f"--package {spec.package}: no {module}/__init__.py or {module}.py at head under python/, src/ "
+            "or the root; python_path is left a TODO (is --package the upstream's import package?)"
+        )
+    return _CommitFacts(python_path, via["head"], ancestry_seen)
+
+
+def _note_test_file(test: str, at_head: bytes, at_base: bytes | None, reporter: Reporter) -> None:
+    """What a researcher should know about a --test before running it (notes, not errors:
+    an unchanged test may still reach the fixed code; a project may name its tests otherwise)."""
+    if at_head == at_base:
+        reporter.note(
+            f"--test {test} is the same at base and head: the PR did not change it, so it shows "
+            "the fix only if its tests reach the changed code"
+        )
+    if not _TEST_DEF_RE.search(at_head):
+        reporter.note(
+            f"--test {test} defines no test function or Test class at head: pytest may collect "
+            "nothing from it, and a run that collects nothing ends in error"
+        )
+
+
+def _note_revert(subject: str, head: GitPin, reporter: Reporter) -> None:
+    """A revert as head takes a change out: if that change is the fix, head is the unfixed side."""
+    if subject.startswith(("Revert ", 'Revert"')):
+        reporter.note(
+            f"head {head.commit[:12]} is a revert ({subject}): base has the reverted change and head "
+            "does not; if that change is the fix, pin the reverted commit and its parent instead"
+        )
 
 
 def _check_tests_commit(spec: NewSpec, url: str, tests: tuple[str, ...], cache_root: Path, reporter: Reporter) -> None:
@@ -316,10 +398,39 @@ def _check_tests_commit(spec: NewSpec, url: str, tests: tuple[str, ...], cache_r
             )
 
 
-def fetch_pin(source: GitSource, pin: GitPin, pr: int | None, side: str) -> None:
-    """Fetch one pin; an answering repository without the commit is bad input (exit 2)."""
+def check_ancestry(source: GitSource, spec: NewSpec, reporter: Reporter) -> bool:
+    """--base must be one of --head's ancestors: else base and head differ by more than the
+    fix (or are swapped), and the comparison would not be the PR's. PinError (exit 2).
+    Returns False (with a note) when the shallow history fetched cannot tell."""
+    from kvprobe.sources.git import ANCESTOR, PR_DEEP_FETCH_DEPTH, REVERSED, UNKNOWN
+
+    assert spec.base is not None and spec.head is not None, "called only when has_commits(spec)"
+    found = source.ancestry(GitPin(spec.base), GitPin(spec.head), pr=spec.pr)
+    if found.relation == ANCESTOR:
+        return True
+    if found.relation == UNKNOWN:
+        reporter.note(
+            f"could not confirm that --base {spec.base} is an ancestor of --head {spec.head}: it is not "
+            f"among the {PR_DEEP_FETCH_DEPTH} commits before head and they share none of the "
+            f"{PR_DEEP_FETCH_DEPTH} before each; a PR pair's base is usually the fix's parent"
+        )
+        return False
+    if found.relation == REVERSED:
+        raise PinError(
+            f"--base {spec.base} is not an ancestor of --head {spec.head}: head is an ancestor of base (swapped?)",
+            hints=["--base is the commit before the fix, --head the commit with it"],
+        )
+    raise PinError(
+        f"--base {spec.base} is not an ancestor of --head {spec.head}: they diverged at {found.fork_point}",
+        hints=[f"for the PR's own changes alone, give --base {found.fork_point}"],
+    )
+
+
+def fetch_pin(source: GitSource, pin: GitPin, pr: int | None, side: str) -> str:
+    """Fetch one pin and return how it came ("cache", "sha" or a pull ref); an answering
+    repository without the commit is bad input (exit 2)."""
     try:
-        source.fetch_commit(pin, pr=pr)
+        return source.fetch_commit(pin, pr=pr)
     except FetchError as exc:
         unreachable = source.remote_answers()
         if unreachable is not None:
@@ -436,14 +547,8 @@ def render_experiment(checked: _Checked) -> str:
     title = spec.title or (
         f"PR #{spec.pr}: TODO one line on what the fix changes" if spec.pr else "TODO: one line on what the fix changes"
     )
-    checked_what = (
-        "(commits fetched, test\n# paths read at head, wheel digests computed)"
-        if has_commits(spec)
-        else "(wheel file names and\n# digests computed)"
-    )
     lines = [
-        f"# Scaffolded by `kvprobe new`. The pins below were checked {checked_what};"
-        " replace every TODO before committing.",
+        *_header_lines(checked),
         f'schema = "{EXPERIMENT_SCHEMA}"',
         f"id = {s(spec.experiment_id)}",
         f"title = {s(title)}",
@@ -473,6 +578,26 @@ def render_experiment(checked: _Checked) -> str:
         *_expect_note(spec),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _header_lines(checked: _Checked) -> list[str]:
+    """What `new` checked, and only that: a claim the scaffold cannot back is not written."""
+    spec = checked.spec
+    done = []
+    if checked.commits is not None:
+        seen = checked.commits.ancestry_seen
+        done.append("both commits fetched" + (", base an ancestor of head" if seen else ""))
+        if checked.tests:
+            done.append("each test file read at head")
+    if spec.tests_commit is not None:
+        done.append("the tests commit fetched and each test file read there")
+    if checked.wheels is not None:
+        done.append("each wheel's file name and sha256 computed")
+    text = (
+        f"Scaffolded by `kvprobe new`. The pins below were checked ({'; '.join(done)}); "
+        "replace every TODO before committing."
+    )
+    return ["# " + line for line in textwrap.wrap(text, width=90)]
 
 
 def _vulnerability_lines(spec: NewSpec) -> list[str]:
@@ -510,7 +635,10 @@ def _git_pin_lines(checked: _Checked) -> list[str]:
     if not has_commits(spec):
         return []
     pr_text = f"PR #{spec.pr}'s base and head" if spec.pr else "the commits before and after the fix"
-    reach = f" (head reachable via refs/pull/{spec.pr}/head)" if spec.pr else ""
+    # Only what this fetch showed: a head that came by SHA may be on a branch (a squash commit).
+    pull = f"refs/pull/{spec.pr}/head"
+    via = checked.commits.head_via if checked.commits else None
+    reach = f" (head fetched via {pull})" if spec.pr and via == pull else ""
     lines = [f"[pins.{GIT_PINS}]", 'kind = "git"', f"description = {tomltext.string(pr_text + reach)}"]
     if spec.pr:
         lines.append(f"pr = {spec.pr}")
@@ -590,7 +718,11 @@ def render_probe(checked: _Checked) -> str:
     spec = checked.spec
     name = probe_filename(spec.experiment_id)[:-3]
     return _PROBE_TEMPLATE.format(
-        name=name, package=import_name(spec.package), exp_id=spec.experiment_id, mocks=repr(TEMPLATE_MOCKS)
+        name=name,
+        package=import_name(spec.package),
+        exp_id=spec.experiment_id,
+        mocks=repr(TEMPLATE_MOCKS),
+        template_case=TEMPLATE_CASE,
     )
 
 
@@ -619,9 +751,10 @@ probe = kp.Probe(
 )
 
 
-@probe.case("template.import")
+@probe.case("{template_case}")
 def _(obs):
-    """Placeholder: where the package under test was imported from (the same on both sides)."""
+    """Placeholder: where the package under test was imported from (the same on both sides).
+    Delete it once real cases exist: --record-expectations refuses to record it."""
     module = importlib.import_module(PACKAGE)
     where = os.path.realpath(module.__file__)
     roots = [os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

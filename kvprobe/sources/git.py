@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import unicodedata
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -73,6 +74,21 @@ _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _ALLOWED_SCHEMES = ("https", "file")
 # fullmatch, not models.SHA1_RE.match: "$" would let a trailing newline through.
 _FULL_SHA_RE = re.compile(r"[0-9a-f]{40}")
+
+
+# How a base commit stands to a head commit (GitSource.ancestry).
+ANCESTOR, REVERSED, DIVERGED, UNKNOWN = "ancestor", "reversed", "diverged", "unknown"
+
+
+@dataclass(frozen=True)
+class Ancestry:
+    """``relation``: base is one of head's ancestors (ANCESTOR), head is one of base's
+    (REVERSED), neither (DIVERGED, at ``fork_point``, their merge base), or UNKNOWN: no
+    common commit in the PR_DEEP_FETCH_DEPTH commits fetched before each (the store is
+    shallow: base may still be an older ancestor)."""
+
+    relation: str
+    fork_point: str | None = None
 
 
 # --------------------------------------------------------------------------- validation
@@ -180,8 +196,13 @@ def validate_rel_path(rel_path: str) -> str:
     if any(unicodedata.category(ch) == "Cc" for ch in rel_path):
         raise UsageError(f"path {rel_path!r} contains control characters")
     pure = PurePosixPath(rel_path)
-    if pure.is_absolute() or any(part in ("..", ".") for part in rel_path.split("/")):
-        raise UsageError(f"path {rel_path!r} must be relative and inside the tree")
+    parts = rel_path.split("/")
+    if pure.is_absolute():
+        raise UsageError(f"path {rel_path!r} is absolute: give it relative to the repository root")
+    if ".." in parts:
+        raise UsageError(f"path {rel_path!r} has '..' parts: give it inside the tree, from the repository root")
+    if "." in parts:
+        raise UsageError(f"path {rel_path!r} has '.' parts: write it as {str(pure)!r}")
     return str(pure)
 
 
@@ -292,6 +313,43 @@ class GitSource:
             via, _bytes = self._ensure_commit(sha, pr)
         return via
 
+    def ancestry(self, base: GitPin, head: GitPin, *, pr: int | None = None) -> Ancestry:
+        """How ``base`` stands to ``head`` in history (both must be fetchable).
+
+        A direct parent is read from the commit object; otherwise both histories are
+        deepened to PR_DEEP_FETCH_DEPTH commits (the store is shallow) and git decides.
+        Raises FetchError when a commit or its history cannot be fetched.
+        """
+        base_sha, head_sha = validate_sha(base.commit), validate_sha(head.commit)
+        pr = validate_pr(pr)
+        with self._locked():
+            for sha in (base_sha, head_sha):
+                self._ensure_commit(sha, pr)
+            if base_sha in self._parents(head_sha):
+                return Ancestry(ANCESTOR)
+            if head_sha in self._parents(base_sha):
+                return Ancestry(REVERSED)
+            for sha in (head_sha, base_sha):
+                self._deepen(sha, pr)
+            if self._is_ancestor(base_sha, head_sha):
+                return Ancestry(ANCESTOR)
+            if self._is_ancestor(head_sha, base_sha):
+                return Ancestry(REVERSED)
+            fork = self._git_capture(["merge-base", base_sha, head_sha])
+            fork_point = fork.stdout.strip() if fork.ok else ""
+            if _FULL_SHA_RE.fullmatch(fork_point):
+                return Ancestry(DIVERGED, fork_point)
+            return Ancestry(UNKNOWN)
+
+    def subject(self, pin: GitPin, *, pr: int | None = None) -> str:
+        """The first line of the pinned commit's message."""
+        sha = validate_sha(pin.commit)
+        with self._locked():
+            self._ensure_commit(sha, validate_pr(pr))
+            text = self._git_checked(["cat-file", "commit", sha], what=f"read commit {sha}")
+        message = text.split("\n\n", 1)[1] if "\n\n" in text else ""
+        return message.strip().split("\n", 1)[0]
+
     def remote_answers(self) -> str | None:
         """None if the repository answers ``git ls-remote``, else git's last stderr line."""
         result = self._git_capture(["ls-remote", self.url, "HEAD"], use_store=False, timeout_s=self.timeout_s)
@@ -382,6 +440,27 @@ class GitSource:
                 reasons.append(result)
         why = "; ".join(dict.fromkeys(r for r in reasons if r != "ok")) or "no such commit"
         raise FetchError(f"commit {sha} could not be fetched from {self.url} (tried {', '.join(tried)}): {why}")
+
+    def _parents(self, sha: str) -> list[str]:
+        """The parents named in the commit object (present even where the store is shallow)."""
+        text = self._git_checked(["cat-file", "commit", sha], what=f"read commit {sha}")
+        header = text.split("\n\n", 1)[0]
+        return [line.split(" ", 1)[1] for line in header.splitlines() if line.startswith("parent ")]
+
+    def _deepen(self, sha: str, pr: int | None) -> None:
+        """Fetch PR_DEEP_FETCH_DEPTH commits of ``sha``'s history (by SHA, else via the PR ref)."""
+        why = self._fetch_refspec(f"{sha}:{_pin_ref(sha)}", depth=PR_DEEP_FETCH_DEPTH)
+        if why != "ok" and pr is not None:
+            pull = f"refs/pull/{pr}/head"
+            why = self._fetch_refspec(f"+{pull}:refs/kvprobe/{pull}", depth=PR_DEEP_FETCH_DEPTH)
+        if why != "ok":
+            raise FetchError(f"could not fetch the history of {sha} from {self.url}: {why}")
+
+    def _is_ancestor(self, ancestor: str, descendant: str) -> bool:
+        result = self._git_capture(["merge-base", "--is-ancestor", ancestor, descendant])
+        if result.returncode not in (0, 1):
+            raise FetchError(f"could not compare {ancestor} and {descendant}: {result.summary(200)}")
+        return result.returncode == 0
 
     def _fetch_refspec(self, refspec: str, *, depth: int) -> str:
         """One shallow fetch; returns git's last stderr line ('ok' on success)."""

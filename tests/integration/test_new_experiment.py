@@ -157,11 +157,13 @@ def test_readme_walkthrough_new_run_record_run(world, cli, probes_dir, tmp_path)
     assert "owner_note" not in expect["base"][case]
     assert leftovers(folder) == []
 
-    # 5. the recorded experiment reproduces
+    # 5. the recorded experiment reproduces; the TODOs it still has, quoted by the bundle, are named
     result = cli("run", EXP_ID, "--out", str(tmp_path / "b5"), "--json")
     summary = json.loads(result.stdout)
     assert result.exit_code == 0, summary["reasons"]
     assert summary["verdict"] == "reproduced"
+    said = " ".join(result.stderr.split())
+    assert "reproduced, but its title, fix.summary, scope.shows, scope.does_not_show still say TODO" in said
 
     # 6. recording again replaces the [expect] tables instead of adding to them
     result = cli("run", EXP_ID, "--out", str(tmp_path / "b6"), "--record-expectations", "--yes")
@@ -170,6 +172,14 @@ def test_readme_walkthrough_new_run_record_run(world, cli, probes_dir, tmp_path)
     assert again.count(f'[expect.base."{case}"]') == 1
     assert tomllib.loads(again)["expect"] == expect
     assert again.startswith(before.decode())
+
+    # 7. written in, nothing left to warn about
+    written = again.replace("TODO one line on what the fix changes", "scrub freed blocks")
+    written = written.replace('"TODO: what the fix changes, where', '"BlockPool.free scrubs; was: where')
+    written = written.replace('"TODO: what the evidence shows', '"The probe shows the scrub')
+    toml_path.write_text(written.replace('"TODO: what the evidence does not show', '"Not shown: anything'))
+    result = cli("run", EXP_ID, "--out", str(tmp_path / "b7"))
+    assert result.exit_code == 0 and "TODO" not in result.stderr, result.stderr
 
 
 def test_unknown_sha_is_bad_input_and_writes_nothing(world, cli, probes_dir):
@@ -253,6 +263,9 @@ def test_bad_pins_are_exit_2_and_run_no_git(world, cli, git_calls, flag, value):
     result = cli(*new_args(world["fake"], **{flag: value}))
     assert result.exit_code == 2, result.stderr
     assert git_calls == []
+    if flag != "--pr":  # the flag named, and how to get a full SHA
+        assert result.stderr.startswith(f"kvprobe: error: {flag} '{value}' is not a full 40-hex"), result.stderr
+        assert f"git rev-parse '{value}^{{commit}}'" in result.stderr
 
 
 def test_release_pins_are_looked_up_exactly(world, cli, probes_dir, tmp_path, monkeypatch):
@@ -283,6 +296,8 @@ def test_release_pins_are_looked_up_exactly(world, cli, probes_dir, tmp_path, mo
     assert data["fix"]["release"] == "1.1" and data["default_pins"] == "commits"
     exp = load_file(probes_dir / EXP_ID / "experiment.toml")
     assert exp.pin_sets["release"].head.filename == "minipkg-1.1-py3-none-any.whl"
+    said = header(probes_dir / EXP_ID / "experiment.toml")
+    assert "each test file read at head" in said and "each wheel's file name and sha256 computed" in said
 
 
 def test_release_version_that_does_not_exist_is_exit_3_and_writes_nothing(
@@ -548,3 +563,95 @@ def test_tests_commit_needs_release_wheels(world, cli, probes_dir, process_calls
     result = cli(*new_args(fake, "--tests-commit", fake.head_sha, "--test", fake.test_path))
     assert result.exit_code == 2 and "--tests-commit goes with --release-base" in result.stderr
     assert process_calls == [] and not probes_dir.exists()
+
+
+# --- base and head as history relates them; what the header claims ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("pick", "message"),
+    [
+        (lambda f: (f.head_sha, f.base_sha), "head is an ancestor of base (swapped?)"),
+        (lambda f: (f.nofix_sha, f.head_sha), "they diverged at {base}"),
+    ],
+    ids=["swapped", "diverged"],
+)
+def test_base_that_is_not_an_ancestor_of_head_is_exit_2_and_writes_nothing(world, cli, probes_dir, pick, message):
+    fake = world["fake"]
+    base, head = pick(fake)
+    result = cli(*new_args(fake, **{"--base": base, "--head": head}))
+    assert result.exit_code == 2, result.stderr
+    error = result.stderr.split("kvprobe: error: ", 1)[1]
+    assert error.startswith(f"--base {base} is not an ancestor of --head {head}: {message.format(base=fake.base_sha)}")
+    assert not (probes_dir / EXP_ID).exists() and leftovers(probes_dir) == []
+
+
+def header(path: Path) -> str:
+    """The scaffold's opening comment, unwrapped."""
+    lines = path.read_text().split("\nschema", 1)[0].splitlines()
+    return " ".join(line.removeprefix("# ") for line in lines)
+
+
+def test_an_older_ancestor_is_a_base_though_the_store_is_shallow(world, cli, probes_dir):
+    """Base three commits before head: not its parent, so the shallow store is deepened to see it."""
+    fake = world["fake"]
+    result = cli(*new_args(fake, **{"--base": fake.early_shas[1]}))
+    assert result.exit_code == 0, result.stderr
+    assert "base an ancestor of head" in header(probes_dir / EXP_ID / "experiment.toml")
+
+
+def test_an_ancestry_the_fetched_history_cannot_show_is_a_note_not_a_claim(
+    world, cli, probes_dir, tmp_path, monkeypatch
+):
+    import kvprobe.sources.git as git
+
+    monkeypatch.setenv("KVPROBE_CACHE_DIR", str(tmp_path / "own-cache"))  # a store not deepened before
+    monkeypatch.setattr(git, "PR_DEEP_FETCH_DEPTH", 2)
+    fake = world["fake"]
+    result = cli(*new_args(fake, **{"--base": fake.early_shas[0]}))
+    assert result.exit_code == 0, result.stderr
+    assert "could not confirm that --base" in result.stderr and "2 commits before head" in result.stderr
+    said = header(probes_dir / EXP_ID / "experiment.toml")
+    assert "both commits fetched" in said and "ancestor" not in said
+
+
+def test_the_header_claims_only_what_new_checked(world, cli, probes_dir):
+    """No --test, no wheels: the header says neither was checked; a head fetched by SHA is not
+    said to be reachable through the PR's ref (a squash commit on main is not)."""
+    fake = world["fake"]
+    result = cli(*new_args(fake))
+    assert result.exit_code == 0, result.stderr
+    text = (probes_dir / EXP_ID / "experiment.toml").read_text()
+    said = header(probes_dir / EXP_ID / "experiment.toml")
+    assert "both commits fetched, base an ancestor of head" in said
+    assert "test" not in said and "wheel" not in said
+    assert tomllib.loads(text)["pins"]["commits"]["description"] == "PR #1's base and head"
+    assert "refs/pull" not in text
+
+
+def test_a_test_file_the_pr_did_not_change_and_one_without_tests_are_named(world, cli, probes_dir):
+    """minikv/__init__.py: the same at base and head, and no test in it (a researcher's slip)."""
+    result = cli(*new_args(world["fake"], "--test", "minikv/__init__.py"))
+    assert result.exit_code == 0, result.stderr
+    assert "--test minikv/__init__.py is the same at base and head" in result.stderr
+    assert "--test minikv/__init__.py defines no test function or Test class at head" in result.stderr
+
+
+def test_a_head_that_reverts_is_named(tmp_path, cli, probes_dir):
+    fake = build_fake_upstream(tmp_path / "reverting")
+    tree = fake.git("rev-parse", f"{fake.base_sha}^{{tree}}")
+    revert = fake.git("commit-tree", tree, "-p", fake.head_sha, "-m", 'Revert "minikv: scrub blocks on free (fix)"')
+    fake.git("update-ref", "refs/pull/9/head", revert)
+    result = cli(*new_args(fake, **{"--base": fake.head_sha, "--head": revert, "--pr": "9"}))
+    assert result.exit_code == 0, result.stderr
+    assert f'head {revert[:12]} is a revert (Revert "minikv: scrub blocks on free (fix)")' in result.stderr
+    # the fix's own pair is no revert: nothing said
+    assert "is a revert" not in cli(*new_args(fake, experiment_id="the-fix")).stderr
+
+
+def test_a_package_not_found_at_head_is_named(world, cli, probes_dir):
+    result = cli(*new_args(world["fake"], **{"--package": "sglang"}))
+    assert result.exit_code == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert "--package sglang: no sglang/__init__.py or sglang.py at head under python/, src/ or the root" in said
+    assert "# TODO: sglang was not found at head" in (probes_dir / EXP_ID / "experiment.toml").read_text()

@@ -179,3 +179,20 @@ def test_recording_skips_a_case_that_differed_between_repeats():
     assert rec.skipped == (
         "head: p/seen: unstable across repeats: observation 'enqueued' was True in run 1, False in run 2: not recorded",
     )
+
+
+def test_the_templates_placeholder_case_is_never_recorded():
+    """Declared mocks replaced but the template case kept: recorded, its observations (the same
+    on both sides whatever the code does) would make a run 'reproduced' that tests nothing."""
+    from kvprobe.experiments.expectations import plan
+    from kvprobe.experiments.experiment import load_file
+    from kvprobe.experiments.scaffold import TEMPLATE_CASE
+    from kvprobe.rules.compare import compare
+
+    exp = load_file(PROBES / "experiment-a" / "experiment.toml")
+    doc = {"cases": [_case(TEMPLATE_CASE, "observed"), _case("door.rejected", "observed")]}
+    docs = {"base": {"p": doc}, "head": {"p": doc}}
+    comparison = compare(expect={}, probe_docs=docs, probe_problems={}, test_runs={})
+    receipt = run_receipt(comparison, mocks={"p": {"transport": "a fake sender"}}, run_id="r")
+    with pytest.raises(UsageError, match=rf"p/{TEMPLATE_CASE} is the template's placeholder case"):
+        plan(exp, receipt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -149,6 +150,20 @@ def test_validate_pr_accepts() -> None:
 @pytest.mark.parametrize("path", ["", "/etc/passwd", "../x", "a/../../b", "a/./b", "a\\b", "a\nb"])
 def test_validate_rel_path_rejects(path: str) -> None:
     with pytest.raises(UsageError):
+        validate_rel_path(path)
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("./test/x.py", "has '.' parts: write it as 'test/x.py'"),
+        ("/abs/x.py", "is absolute: give it relative to the repository root"),
+        ("test/../../x.py", "has '..' parts"),
+    ],
+)
+def test_validate_rel_path_says_what_is_wrong(path: str, says: str) -> None:
+    """'./test/x.py' is relative and inside the tree: the error names the '.' and the fix."""
+    with pytest.raises(UsageError, match=re.escape(f"path {path!r} {says}")):
         validate_rel_path(path)
 
 
