@@ -140,7 +140,7 @@ def show_cmd(experiment_id: str, as_json: bool) -> int:
 @click.argument("experiment_id")
 @click.option(
     "--base",
-    help="Full 40-hex SHA of the commit before the fix, an ancestor of --head (git pins; "
+    help="Full 40-hex SHA of the commit before the fix, an ancestor of --head (else a warning; git pins: "
     "required unless --release-base/--release-head are given).",
 )
 @click.option("--head", help="Full 40-hex SHA of the commit with the fix (goes with --base).")

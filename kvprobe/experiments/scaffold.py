@@ -14,8 +14,9 @@ Order of checks (cheap and local first, so bad input never starts git or pip):
    experiment search path or in the target directory (never overwrite);
 2. SHAs, PR number, repository URL, test paths, release versions and profile, locally;
 3. git (only with ``--base/--head`` or ``--tests-commit``): the commits fetched into the cache
-   by SHA (or via ``refs/pull/N/head``), base checked to be an ancestor of head (swapped or
-   diverged: PinError; further back than the history fetched: a note, and no claim), every
+   by SHA (or via ``refs/pull/N/head``), base checked to be an ancestor of head (swapped:
+   PinError; diverged: a warning, and the header says so; further back than the history
+   fetched: a note, and no claim), every
    ``--test`` path read at head and at the tests commit (``--tests-commit`` with release
    wheels writes a ``release-tests`` pin set: the wheels' code, that commit's test files);
    notes for a test the PR did not change or that defines no test, a reverting head, and a
@@ -109,7 +110,7 @@ class _CommitFacts:
 
     python_path: str | None  # where the package lives at head; None: not found
     head_via: str  # how head came: "cache", "sha" or the pull ref (fetch_pin)
-    ancestry_seen: bool  # base seen among head's ancestors (False: history too shallow to tell)
+    ancestry: str | None  # how base stands to head, as the header says it (None: history too shallow)
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,7 @@ def _check_commits(
         with reporter.step(f"{side}: fetching {sha[:12]} from {url}"):
             via[side] = fetch_pin(source, GitPin(sha), spec.pr, side)
     with reporter.step(f"base: checking that {spec.base[:12]} is an ancestor of head {spec.head[:12]}"):
-        ancestry_seen = check_ancestry(source, spec, reporter)
+        ancestry = check_ancestry(source, spec, reporter)
     head = GitPin(spec.head)
     for test in tests:
         text = source.read_file(head, test, pr=spec.pr)
@@ -354,7 +355,7 @@ def _check_commits(
             f"--package {spec.package}: no {module}/__init__.py or {module}.py at head under python/, src/ "
             "or the root; python_path is left a TODO (is --package the upstream's import package?)"
         )
-    return _CommitFacts(python_path, via["head"], ancestry_seen)
+    return _CommitFacts(python_path, via["head"], ancestry)
 
 
 def _note_test_file(test: str, at_head: bytes, at_base: bytes | None, reporter: Reporter) -> None:
@@ -398,32 +399,36 @@ def _check_tests_commit(spec: NewSpec, url: str, tests: tuple[str, ...], cache_r
             )
 
 
-def check_ancestry(source: GitSource, spec: NewSpec, reporter: Reporter) -> bool:
-    """--base must be one of --head's ancestors: else base and head differ by more than the
-    fix (or are swapped), and the comparison would not be the PR's. PinError (exit 2).
-    Returns False (with a note) when the shallow history fetched cannot tell."""
+def check_ancestry(source: GitSource, spec: NewSpec, reporter: Reporter) -> str | None:
+    """How --base stands to --head, as the header says it. Swapped (head an ancestor of base)
+    is PinError (exit 2). Diverged is a warning, not an error: GitHub's recorded base of a PR
+    is often the target branch's tip, not the PR's fork point, and published pairs use it;
+    base -> head then also undoes what base has beyond the fork point, and the scaffold says
+    so. None (with a note) when the shallow history fetched cannot tell."""
     from kvprobe.sources.git import ANCESTOR, PR_DEEP_FETCH_DEPTH, REVERSED, UNKNOWN
 
     assert spec.base is not None and spec.head is not None, "called only when has_commits(spec)"
     found = source.ancestry(GitPin(spec.base), GitPin(spec.head), pr=spec.pr)
     if found.relation == ANCESTOR:
-        return True
+        return "base an ancestor of head"
     if found.relation == UNKNOWN:
         reporter.note(
             f"could not confirm that --base {spec.base} is an ancestor of --head {spec.head}: it is not "
             f"among the {PR_DEEP_FETCH_DEPTH} commits before head and they share none of the "
             f"{PR_DEEP_FETCH_DEPTH} before each; a PR pair's base is usually the fix's parent"
         )
-        return False
+        return None
     if found.relation == REVERSED:
         raise PinError(
             f"--base {spec.base} is not an ancestor of --head {spec.head}: head is an ancestor of base (swapped?)",
             hints=["--base is the commit before the fix, --head the commit with it"],
         )
-    raise PinError(
-        f"--base {spec.base} is not an ancestor of --head {spec.head}: they diverged at {found.fork_point}",
-        hints=[f"for the PR's own changes alone, give --base {found.fork_point}"],
+    reporter.note(
+        f"warning: --base {spec.base} is not an ancestor of --head {spec.head}: they diverged at "
+        f"{found.fork_point}, so base -> head also undoes what base has beyond it; for the PR's own changes alone, give "
+        f"--base {found.fork_point}"
     )
+    return f"base NOT an ancestor of head: they diverged at {found.fork_point}"
 
 
 def fetch_pin(source: GitSource, pin: GitPin, pr: int | None, side: str) -> str:
@@ -585,8 +590,8 @@ def _header_lines(checked: _Checked) -> list[str]:
     spec = checked.spec
     done = []
     if checked.commits is not None:
-        seen = checked.commits.ancestry_seen
-        done.append("both commits fetched" + (", base an ancestor of head" if seen else ""))
+        ancestry = checked.commits.ancestry
+        done.append("both commits fetched" + (f", {ancestry}" if ancestry else ""))
         if checked.tests:
             done.append("each test file read at head")
     if spec.tests_commit is not None:
