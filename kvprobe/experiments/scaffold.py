@@ -425,8 +425,8 @@ def check_ancestry(source: GitSource, spec: NewSpec, reporter: Reporter) -> str 
         )
     reporter.note(
         f"warning: --base {spec.base} is not an ancestor of --head {spec.head}: they diverged at "
-        f"{found.fork_point}, so base -> head also undoes what base has beyond it; for the PR's own changes alone, give "
-        f"--base {found.fork_point}"
+        f"{found.fork_point}, so base -> head also undoes what base has beyond it; for the PR's own "
+        f"changes alone, give --base {found.fork_point}"
     )
     return f"base NOT an ancestor of head: they diverged at {found.fork_point}"
 
