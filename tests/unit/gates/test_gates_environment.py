@@ -14,9 +14,9 @@ from rich.console import Console
 from kvprobe.cli import main
 from kvprobe.cli.console import print_gate_diagnostics
 from kvprobe.errors import UsageError
+from kvprobe.files import json_bytes
 from kvprobe.gates import environment, inputs, settings
 from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
-from kvprobe.files import json_bytes
 from kvprobe.model.gates_receipt import (
     DeploymentScope,
     Gate4Basis,
