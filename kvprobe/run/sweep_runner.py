@@ -134,13 +134,15 @@ class SweepShare:
     def session(
         self, exp: Experiment, package: str, opts: SweepOptions, reporter: Reporter, releases_n: int
     ) -> CheckSession:
-        """The check session of ``exp``'s profile (its env and fork server), opened by the first sweep that needs it."""
+        """The check session of ``exp``'s profile (its env, and its fork server once a unit is to
+        run: CheckSession.launch), opened by the first sweep that needs it."""
         key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
         if key not in self._sessions:
             work = self._work / f"server-{len(self._sessions)}"
             work.mkdir()
             session = self._held.enter_context(open_session(exp, _session_settings(opts), reporter))
-            session.start(work, opts.timeout_s * self._probes * releases_n * opts.repeat + 600)
+            lifetime = opts.timeout_s * self._probes * releases_n * opts.repeat + 600
+            session.start(work, lifetime, when_needed=True)
             self._sessions[key] = session
         return self._sessions[key]
 
@@ -162,15 +164,16 @@ class SweepShare:
                 profile = load_profile(exp.profile)
                 available, _ = self.listing(package, flags)
                 _, served = _selected(exp, opts, available, profile)
-                # the env and its fork server first: the server preloads while the wheels resolve
                 session = self.session(exp, package, opts, reporter, len(available))
+                kept = _unit_cache(exp, dict(profile.env), opts, session, reporter)
+                if not kept.may_hold_all(served):  # a unit will run: the server preloads while the wheels resolve
+                    session.launch()
                 pins = self.resolve(package, flags, served, opts.jobs)
             except KvprobeError:
                 continue  # its own sweep says why
             key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
             _, exps, units, _ = groups.setdefault(key, (session, [], {}, opts.jobs))
             exps.append(exp)
-            kept = _unit_cache(exp, dict(profile.env), opts, session, reporter)
             for pin in pins.values():
                 if isinstance(pin, str):
                     continue
@@ -179,7 +182,8 @@ class SweepShare:
                     units.setdefault(pin, []).append(request)
         for session, exps, units, jobs in groups.values():
             if not units:
-                continue
+                continue  # every unit is the cache's: no server started for them
+            session.launch()
             shares = session.server is not None and sum(len(exp.probes) for exp in exps) > 1  # see run_unit
             modules = release_modules(exps, next(iter(units)).package) if shares else []
             by_id = {exp.id: exp for exp in exps}
@@ -303,8 +307,13 @@ def sweep_experiment(
             )
         elif executor is None:  # threads sharing the env the driver builds, and its fork server
             session = held.enter_context(open_session(exp, _session_settings(opts), reporter))
-            session.start(work, opts.timeout_s * len(exp.probes) * len(served) * opts.repeat + 600)
+            lifetime = opts.timeout_s * len(exp.probes) * len(served) * opts.repeat + 600
+            session.start(work, lifetime, when_needed=True)  # started by the first unit that runs
             executor = LocalExecutor(exp, session, opts.jobs, reporter)
+        local = executor.session if isinstance(executor, LocalExecutor) else None
+        kept = _unit_cache(exp, dict(profile.env), opts, local, reporter)
+        if local is not None and not kept.may_hold_all(served):  # a unit will run: preload while wheels resolve
+            local.launch()
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
         staging = workspace.stage(beside=True)
         copy_into_bundle(exp, staging)
@@ -328,8 +337,6 @@ def sweep_experiment(
         expected = Expected(exp, staging, local_env)
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
-        local = executor.session if isinstance(executor, LocalExecutor) else None
-        kept = _unit_cache(exp, dict(profile.env), opts, local, reporter)
         kept.began = started.strftime("%Y-%m-%dT%H:%M:%SZ")  # the receipt's created_utc
         requests = [_unit_request(exp, pin, opts, cache_root) for pin in pins.values() if not isinstance(pin, str)]
         with reporter.step(f"sweeping {len(requests)} releases ({executor.name})"):
@@ -435,7 +442,7 @@ def _unit_cache(
 ) -> SweepUnits:
     """The driver's unit cache for this sweep (its own cache, whatever the executor; ``session``:
     the local units' check session, None on Ray)."""
-    forked = session is not None and session.server is not None
+    forked = session is not None and session.forks
     repeat = opts.repeat  # `sweep --repeat N` records N runs: another unit
     return SweepUnits(
         exp,
