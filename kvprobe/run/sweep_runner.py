@@ -212,11 +212,12 @@ class SweepShare:
         work = Path(tempfile.mkdtemp(dir=self._work, prefix=f"release-{pin.version}-"))
         with opened_for(session, pin, modules, work) as release:
             for request in requests:
+                clock = time.monotonic()
                 try:
                     archive = produce_unit(request, session, reporter, by_id[request.experiment_id], release)
-                    outcome = UnitOutcome(request, archive)
+                    outcome = UnitOutcome(request, archive, ran_ahead_s=time.monotonic() - clock)
                 except KvprobeError as exc:
-                    outcome = UnitOutcome(request, None, f"the unit failed: {exc}")
+                    outcome = UnitOutcome(request, None, f"the unit failed: {exc}", time.monotonic() - clock)
                 self._done[request] = outcome
         reporter.note(f"{pin.version}: {len(requests)} experiments done")
         shutil.rmtree(work, ignore_errors=True)
@@ -347,13 +348,13 @@ def sweep_experiment(
                     todo.append(request)
                     continue
                 units[entry.version] = entry
-                reporter.note(f"{len(kept.reused)}/{len(requests)} {entry.version} {_class_line(entry)}")
+                reporter.note(progress_line(len(kept.reused), len(requests), entry))
             for done, outcome in enumerate(executor.run(todo), len(kept.reused) + 1):
                 entry, env = accept_unit(outcome, expected, work, functools.partial(kept.keep, outcome))
                 if env is not None and expected.env is None:
                     expected = Expected(exp, staging, env)
                 units[outcome.request.pin.version] = entry
-                reporter.note(f"{done}/{len(requests)} {entry.version} {_class_line(entry)}")
+                reporter.note(progress_line(done, len(requests), entry, outcome))
         timings["units_s"] = time.monotonic() - clock
         ordered = tuple(units[v] for v in served)
         host = sweep_host(opts.jobs, executor.name)
@@ -455,12 +456,30 @@ def _unit_cache(
     )
 
 
-def _class_line(entry: ReleaseRecord) -> str:
-    """A release's progress line after its version: its class, and how long it took or when
-    the unit reused from the cache observed it."""
+def progress_line(done: int, total: int, entry: ReleaseRecord, outcome: UnitOutcome | None = None) -> str:
+    """A release's progress line: its class, and what its unit was: reused from the cache (and
+    when it observed), run ahead by the release-by-release pass (and how long it took there),
+    not observed (why), or run now (how long it took)."""
+    head = f"{done}/{total} {entry.version} {entry.classification.overall}"
     if entry.reused is not None:
-        return f"{entry.classification.overall} (reused from {entry.reused.observed_utc})"
-    return f"{entry.classification.overall} ({entry.duration_s:.0f} s)"
+        return f"{head} (reused from {entry.reused.observed_utc})"
+    if outcome is not None and outcome.ran_ahead_s is not None:
+        how = "release by release, ahead of this sweep"
+        took = f"{how}: {_seconds(outcome.ran_ahead_s)}"
+        return f"{head} ({took})" if entry.problem is None else f"{head} ({took}; {_clipped(entry.problem)})"
+    if not entry.probes and entry.problem is not None:  # nothing ran here: no time to give
+        return f"{head} ({_clipped(entry.problem)})"
+    return f"{head} ({_seconds(entry.duration_s)})"
+
+
+def _seconds(value: float) -> str:
+    """A duration as a line says it: tenths under 10 s (a unit under a second is not "0 s")."""
+    return f"{value:.1f} s" if value < 9.95 else f"{value:.0f} s"
+
+
+def _clipped(text: str, width: int = 100) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def _resolve(package: str, flags: list[str], versions: list[str], work: Path, jobs: int) -> dict[str, WheelPin | str]:

@@ -81,6 +81,8 @@ class UnitOutcome:
     request: UnitRequest
     archive: bytes | None
     problem: str | None = None
+    # run ahead of its sweep by the release-by-release pass (run.sweep_runner): its wall time there
+    ran_ahead_s: float | None = None
 
 
 class Executor(Protocol):

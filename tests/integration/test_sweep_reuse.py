@@ -177,6 +177,9 @@ def test_a_sweep_of_several_whose_units_are_all_cached_starts_no_fork_server(
     first = sweep(*both, "1.1,2.0", "--out", str(tmp_path / "first"))
     assert first.exit_code == 0, first.output
     assert len(started) == 1
+    # the units ran ahead, release by release: their lines say so, and how long each took there
+    ahead = [line for line in first.stderr.splitlines() if "(release by release, ahead of this sweep: " in line]
+    assert len(ahead) == 4 and "(0 s)" not in first.stderr, first.stderr
     second = sweep(*both, "1.1,2.0", "--out", str(tmp_path / "second"))
     assert second.exit_code == 0, second.output
     assert len(started) == 1 and "preload:" not in second.stderr
