@@ -28,6 +28,7 @@ from kvprobe.env.installer import pip_config
 from kvprobe.env.venv import Profile, load_profile
 from kvprobe.errors import DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.experiments.experiment import copy_into_bundle
+from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, ReleaseRecord, SweepReceipt
 from kvprobe.names import MAX_BUNDLE_FILES, SIDES, SWEEP_RECEIPT_SCHEMA
@@ -336,6 +337,12 @@ def sweep_experiment(
         local_env = executor.session.record if isinstance(executor, LocalExecutor) else None
         timings["resolve_s"] = time.monotonic() - clock  # units_s includes it, as before units had it
         expected = Expected(exp, staging, local_env)
+        # Ray: units are looked up by the env this host's cache holds for the profile (the
+        # workers' own is known only once one returns); a unit reused makes it the sweep's env
+        if local is not None or not opts.reuse:
+            lookup = expected
+        else:
+            lookup = Expected(exp, staging, _driver_env(exp, opts, reporter))
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
         kept.began = started.strftime("%Y-%m-%dT%H:%M:%SZ")  # the receipt's created_utc
@@ -343,10 +350,11 @@ def sweep_experiment(
         with reporter.step(f"sweeping {len(requests)} releases ({executor.name})"):
             todo = []
             for request in requests:  # a unit the cache holds goes through the same checks
-                entry = kept.reuse(request, expected, work)
+                entry = kept.reuse(request, lookup, work)
                 if entry is None:
                     todo.append(request)
                     continue
+                expected = lookup  # every unit of the sweep ran in the env of those reused
                 units[entry.version] = entry
                 reporter.note(progress_line(len(kept.reused), len(requests), entry))
             for done, outcome in enumerate(executor.run(todo), len(kept.reused) + 1):
@@ -436,6 +444,14 @@ def _cluster_executor(exp: Experiment, opts: SweepOptions, held: contextlib.Exit
 
     unit_timeout = opts.unit_timeout_s or opts.timeout_s * len(exp.probes) * opts.repeat + 600.0
     return held.enter_context(RayExecutor(opts.address, unit_timeout))
+
+
+def _driver_env(exp: Experiment, opts: SweepOptions, reporter: Reporter) -> EnvRecord | None:
+    """The env this host's cache holds for ``exp``'s profile (never built here), or None: what a
+    Ray sweep looks its cached units up by, as a worker on this kind of host builds the same."""
+    with CheckSession(exp, wheel_pin_set(exp), _session_settings(opts), reporter) as session:
+        env = session.cached()
+        return None if env is None else env.record
 
 
 def _unit_cache(

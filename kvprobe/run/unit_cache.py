@@ -19,9 +19,9 @@ Layout (kvprobe.env.cache lists and prunes it)::
 
 Only a unit that observed is kept: its wheel was had, every probe ran and wrote its output
 (a probe that crashed or timed out may not do so next time), and repeated, every case read
-the same in each run. Units are looked up
-only where the driver knows the env before units run (local units); with Ray, accepted
-units are kept, keyed by the env they ran in.
+the same in each run. Local units are looked up by the driver's env;
+Ray units, which run fresh, by the env the driver's own cache holds for the profile (a worker
+on the same kind of host builds the same), and kept keyed by the env they ran in.
 """
 
 from __future__ import annotations

@@ -263,3 +263,47 @@ def test_a_tampered_cached_unit_is_refused_said_so_and_observed_again(sweep, no_
     assert digest != hashlib.sha256((two / "unit.tar.gz").read_bytes()).hexdigest()
     assert sweep("sweep", "scrub-sweep", "--releases", "1.1,2.0", "--out", str(tmp_path / "third")).exit_code == 0
     assert None not in _reused(tmp_path / "third").values()
+
+
+class _Workers:
+    """Stands in for a Ray cluster: each unit runs as a worker runs it (produce_unit alone, its
+    env from the worker's own cache, its probes fresh) and the versions run are counted."""
+
+    name = "ray"
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def run(self, requests):
+        from kvprobe.run.sweep_unit import UnitOutcome, produce_unit
+
+        for request in requests:
+            self.ran.append(request.pin.version)
+            yield UnitOutcome(request, produce_unit(request))
+
+
+def test_a_sweep_on_workers_reuses_the_units_they_kept(no_units, world, tmp_path, monkeypatch):
+    """The Ray path looks cached units up as the local one does (by the env this host's cache
+    holds), through the same checks; a reused unit makes its env the sweep's."""
+    from kvprobe.experiments import experiment
+    from kvprobe.run.sweep_runner import SweepOptions, sweep_experiment
+
+    for name, value in _vars(world).items():
+        monkeypatch.setenv(name, value)
+    exp = experiment.load("scrub-sweep")
+
+    def swept(out: str, workers: _Workers, **options):
+        opts = SweepOptions(releases="1.1,2.0", out=tmp_path / out, cache_root=world["cache"], executor="ray")
+        return sweep_experiment(exp, SweepOptions(**{**vars(opts), **options}), executor=workers).receipt
+
+    first_workers, second_workers = _Workers(), _Workers()
+    first = swept("first", first_workers)
+    assert sorted(first_workers.ran) == ["1.1", "2.0"] and first.summary == {"affected": ["1.1"], "fixed": ["2.0"]}
+    assert {r.execution.probes[0].mode for r in first.releases if r.execution} == {"fresh"}
+    second = swept("second", second_workers)
+    assert second_workers.ran == []  # nothing went to the workers
+    assert all(r.reused is not None for r in second.releases) and second.summary == first.summary
+    assert second.env == first.env
+    assert CliRunner().invoke(main, ["verify", str(tmp_path / "second")], env=_vars(world)).exit_code == 0
+    swept("again", third := _Workers(), reuse=False)  # --no-reuse: the workers observe every release
+    assert sorted(third.ran) == ["1.1", "2.0"]
