@@ -108,6 +108,13 @@ def main(config_path: str) -> None:
             600, env=env,
         )  # fmt: skip
         results["cli"] = {"rc": cli.returncode, "stdout": cli.stdout, "stderr": cli.stderr[-4000:]}
+        again = _out(  # the units the first sweep kept: looked up, checked and reused, none sent
+            [sys.executable, "-m", "kvprobe", "sweep", "scrub-sweep", "--releases", "1.0,1.1,2.0,2.1",
+             "--executor", "ray", "--address", address, "--unit-timeout", str(config["unit_timeout"]),
+             "--out", config["out_again"], "--json"],
+            600, env=env,
+        )  # fmt: skip
+        results["again"] = {"rc": again.returncode, "stdout": again.stdout, "stderr": again.stderr[-4000:]}
         results["ss"] = _out(["ss", "-ltnp"], 10).stdout
         results["tampered"] = _tampered_sweep(address, config)
     finally:
@@ -126,7 +133,8 @@ def _tampered_sweep(address: str, config: dict) -> dict:
 
     scratch = Path(config["scratch"])
     scratch.mkdir(parents=True, exist_ok=True)
-    opts = SweepOptions(releases="1.1,2.0", out=Path(config["out_api"]), executor="ray", address=address)
+    # --no-reuse: the cached units of 1.1 and 2.0 would never reach the tampering worker
+    opts = SweepOptions(releases="1.1,2.0", out=Path(config["out_api"]), executor="ray", address=address, reuse=False)
     with RayExecutor(address, config["unit_timeout"]) as ray_exec:
         result = sweep_experiment(experiment.load("scrub-sweep"), opts, executor=TamperOne(ray_exec, "1.1", scratch))
     receipt = result.receipt.to_json()  # the typed sweep receipt, as written

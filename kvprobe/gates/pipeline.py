@@ -45,6 +45,7 @@ from kvprobe.gates.settings import collect_sources, gate3, gate4
 from kvprobe.gates.target import Target, resolve_target
 from kvprobe.model.gates_receipt import (
     DeploymentScope,
+    Gate4Basis,
     GatesReceipt,
     Inputs,
     MarkerRecord,
@@ -78,7 +79,7 @@ class GatesRun:
     findings: list[Finding]
     behaviour: BehaviourRun  # gates 2-4's probe records, what they were decided from and the env
     timings: dict[str, float]
-    gate4: dict[str, Any] = field(default_factory=dict)  # what gate 4's deferred checks were decided from
+    gate4: Gate4Basis | None = None  # what gate 4's deferred checks were decided from
 
 
 def run_gates(opts: GateOptions, reporter: Reporter | None = None) -> SealedBundle[GatesReceipt]:

@@ -21,6 +21,7 @@ from kvprobe.gates.environment import Environment
 from kvprobe.gates.fixmarkers import CodeSettings, CodeTree, find_all, markers
 from kvprobe.gates.gate import Gate
 from kvprobe.gates.inputs import InputFile
+from kvprobe.model.gates_receipt import DeferredWorkers, Gate4Basis, ReleaseFacts, WorkerFacts
 from kvprobe.rules import gate4 as gate4_rule
 from kvprobe.rules import markers as marker_rule
 from kvprobe.rules.gate_status import Check, Status, combine
@@ -224,10 +225,10 @@ def gate3(sources: Sources, tree: CodeTree | None, code: CodeSettings | None, fi
     )
 
 
-def release_facts(code: CodeSettings | None) -> gate4_rule.ReleaseFacts | None:
+def release_facts(code: CodeSettings | None) -> ReleaseFacts | None:
     if code is None:
         return None
-    return gate4_rule.ReleaseFacts(
+    return ReleaseFacts(
         declared=code.deferred_declared,
         default=code.deferred_default,
         evidence=code.deferred_evidence,
@@ -236,7 +237,7 @@ def release_facts(code: CodeSettings | None) -> gate4_rule.ReleaseFacts | None:
     )
 
 
-def deferred_workers(role: str, sources: Sources) -> list[gate4_rule.WorkerFacts]:
+def deferred_workers(role: str, sources: Sources) -> list[WorkerFacts]:
     """Each worker's deferred-release setting and backend: --env inputs first (the role's,
     then those without a role), else the "env" of its --server-args; no log shows it."""
     envs = sources.env.get(role, []) + sources.env.get(None, [])
@@ -274,27 +275,19 @@ def deferred_workers(role: str, sources: Sources) -> list[gate4_rule.WorkerFacts
         if args is not None:
             backend = args.values.get("disaggregation_transfer_backend", "mooncake" if args.full_dump else None)
         evidence = args.evidence.cite() if args is not None else (source or "-")
-        found.append(
-            gate4_rule.WorkerFacts(value, source, None if backend is None else str(backend), evidence, tuple(notes))
-        )
+        found.append(WorkerFacts(value, source, None if backend is None else str(backend), evidence, tuple(notes)))
     return found
 
 
 def gate4(
     sources: Sources, tree: CodeTree | None, code: CodeSettings | None, findings: list
-) -> tuple[Gate, dict[str, Any]]:
+) -> tuple[Gate, Gate4Basis]:
     """Gate 4, and what its deferred-release checks were decided from (the receipt's ``gate4``)."""
     checks = marker_checks(tree, 4, findings)
-    release = release_facts(code)
-    workers = {role: deferred_workers(role, sources) for role in ("prefill", "decode")}
-    for role in ("prefill", "decode"):
-        checks.append(gate4_rule.role_check(role, workers[role], release))
+    workers = DeferredWorkers(tuple(deferred_workers("prefill", sources)), tuple(deferred_workers("decode", sources)))
+    basis = Gate4Basis(gate4_rule.ALGORITHM, release_facts(code), workers)
+    checks += gate4_rule.checks_from_basis(basis)
     checks += _unassigned(sources)
-    basis = {
-        "algorithm": gate4_rule.ALGORITHM,
-        "release": None if release is None else release.to_json(),
-        "workers": {role: [w.to_json() for w in found] for role, found in workers.items()},
-    }
     gate = Gate(
         4,
         "lifetime/ownership: pages outlive in-flight writes (#40645 #41402 #41404 #41023 behave as fixed; "

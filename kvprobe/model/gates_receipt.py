@@ -131,6 +131,50 @@ class BehaviourBasis(Gate2Basis):
 
 
 @dataclass(frozen=True)
+class ReleaseFacts(Part):
+    """What the running code says about deferred release (from its environ.py and conn.py)."""
+
+    declared: bool | None  # environ.py declares the variable; None: no environ.py to read
+    default: bool | None
+    evidence: str
+    capability_flag: bool  # the release declares per-backend support at all
+    backends: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorkerFacts(Part):
+    """One worker's deferred-release setting and backend, and where each was read."""
+
+    env_value: str | None  # None: not given
+    env_source: str | None
+    backend: str | None  # None: not known (no server arguments say it)
+    evidence: str  # what the check cites: the worker's arguments or the env input
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeferredWorkers(Part):
+    """Each role's workers as gate 4 read them (none: no input names that role)."""
+
+    prefill: tuple[WorkerFacts, ...]
+    decode: tuple[WorkerFacts, ...]
+
+    def by_role(self) -> dict[str, tuple[WorkerFacts, ...]]:
+        """Prefill's workers, then decode's: the order the checks and the JSON keys have."""
+        return {"prefill": self.prefill, "decode": self.decode}
+
+
+@dataclass(frozen=True)
+class Gate4Basis(Part):
+    """What gate 4's deferred-release checks were decided from (``gate4``): the rule
+    (``rules.gate4``), the release's facts (None without target code) and each worker's."""
+
+    algorithm: str
+    release: ReleaseFacts | None
+    workers: DeferredWorkers
+
+
+@dataclass(frozen=True)
 class DeploymentScope(ScopeRecord):
     layer: str
 
@@ -155,7 +199,7 @@ class GatesReceipt(ReceiptHead):
     behaviour: tuple[BehaviourBasis, ...] | None = field(default=None, metadata=OPTIONAL)
     # what gate 4's deferred-release checks were decided from (rules/gate4 recomputes them);
     # absent before /3
-    gate4: Mapping[str, Any] | None = field(default=None, metadata=OPTIONAL)
+    gate4: Gate4Basis | None = field(default=None, metadata=OPTIONAL)
     gate2: Gate2Basis | None = field(default=None, metadata=OPTIONAL)  # /2 and /3 only
     # how the behavioural gates' probes ran (the run receipt's part; names are "<experiment>/<probe>"):
     # absent when no probe ran, and in receipts written before gate 2 forked its probes

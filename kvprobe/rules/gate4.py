@@ -11,16 +11,15 @@ than its own basis gives is refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
+from kvprobe.model.gates_receipt import Gate4Basis, ReleaseFacts, WorkerFacts
 from kvprobe.rules.gate_status import Check, Status, combine
 
 # The rule below, named in the receipt (bumped whenever its checks change for the same inputs).
 ALGORITHM = "kvprobe.gate4-deferred/1"
 ENV_KEY = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
-ROLES = ("prefill", "decode")
 LOG_IS_NOT_ENOUGH = (
     f"no SGLang release logs {ENV_KEY}, so a log alone cannot decide this: give the worker's "
     "environment with --env [ROLE=]FILE (an env file, or a container/pod spec as JSON)"
@@ -39,54 +38,6 @@ def as_bool(value: Any) -> bool | None:
     if text in ("0", "false", "no", "off", ""):
         return False
     return None
-
-
-@dataclass(frozen=True)
-class ReleaseFacts:
-    """What the running code says about deferred release (from its environ.py and conn.py)."""
-
-    declared: bool | None  # environ.py declares the variable; None: no environ.py to read
-    default: bool | None
-    evidence: str
-    capability_flag: bool  # the release declares per-backend support at all
-    backends: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "declared": self.declared,
-            "default": self.default,
-            "evidence": self.evidence,
-            "capability_flag": self.capability_flag,
-            "backends": list(self.backends),
-        }
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> ReleaseFacts:
-        return cls(doc["declared"], doc["default"], doc["evidence"], doc["capability_flag"], tuple(doc["backends"]))
-
-
-@dataclass(frozen=True)
-class WorkerFacts:
-    """One worker's setting and backend, and where each was read."""
-
-    env_value: str | None  # None: not given
-    env_source: str | None
-    backend: str | None  # None: not known (no server arguments say it)
-    evidence: str  # what the check cites: the worker's arguments or the env input
-    notes: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "env_value": self.env_value,
-            "env_source": self.env_source,
-            "backend": self.backend,
-            "evidence": self.evidence,
-            "notes": list(self.notes),
-        }
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> WorkerFacts:
-        return cls(doc["env_value"], doc["env_source"], doc["backend"], doc["evidence"], tuple(doc["notes"]))
 
 
 def worker_state(worker: WorkerFacts, release: ReleaseFacts | None) -> tuple[Status, str]:
@@ -143,9 +94,6 @@ def role_check(role: str, workers: Sequence[WorkerFacts], release: ReleaseFacts 
     return Check(name, status, detail + "".join(f"; {n}" for n in worker.notes), worker.evidence)
 
 
-def checks_from_basis(basis: Mapping[str, Any]) -> list[Check]:
+def checks_from_basis(basis: Gate4Basis) -> list[Check]:
     """The deferred-release checks a receipt's ``gate4`` record gives (verify's recomputation)."""
-    release = None if basis["release"] is None else ReleaseFacts.from_json(basis["release"])
-    return [
-        role_check(role, [WorkerFacts.from_json(w) for w in basis["workers"].get(role, [])], release) for role in ROLES
-    ]
+    return [role_check(role, workers, basis.release) for role, workers in basis.workers.by_role().items()]

@@ -89,6 +89,7 @@ class CheckSession:
         self._held = contextlib.ExitStack()  # the server (not a shared one) and the env's lease
         self._leases = share.leases if share is not None else self._held
         self._started = False
+        self._pending: tuple[Path, float] | None = None  # start(when_needed=True)'s, until launch()
         self._early = False  # the env was found by cached()
         self._lock = threading.Lock()  # units in threads wait on one server
 
@@ -163,13 +164,36 @@ class CheckSession:
 
     # --- the fork server -------------------------------------------------------------------
 
-    def start(self, work: Path, lifetime_s: float) -> None:
+    def start(self, work: Path, lifetime_s: float, *, when_needed: bool = False) -> None:
         """Start the fork server in the env's python (its preload runs while the caller goes
         on), once: nothing when the env is not known yet or the server was asked for already.
-        Its ``lifetime_s`` covers every check it serves; it works under ``work``."""
+        Its ``lifetime_s`` covers every check it serves; it works under ``work``.
+
+        ``when_needed``: only note what to start; :meth:`launch` starts it when a check is
+        about to run (a sweep whose every unit is reused from the cache starts none)."""
         if self.env is None or self._started:
             return
         self._started = True
+        if when_needed and self._share is None and self.settings.preload:
+            self._pending = (work, lifetime_s)
+            return
+        self._start(work, lifetime_s)
+
+    def launch(self) -> None:
+        """Start the server :meth:`start` was asked for with ``when_needed`` (once; nothing
+        when none is pending): a check is about to run."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self._start(*pending)
+
+    @property
+    def forks(self) -> bool:
+        """Whether its checks are to fork from a server: one started, or one :meth:`launch` starts."""
+        return self.server is not None or self._pending is not None
+
+    def _start(self, work: Path, lifetime_s: float) -> None:
+        assert self.env is not None, "start() checked the env is known"
         if self._share is not None:
             self.server, self.fresh_reason = self._share.get(self.env, self.settings, self.modules)
             return
@@ -190,7 +214,9 @@ class CheckSession:
             self._held.enter_context(self.server)
 
     def ready(self) -> ForkServer | None:
-        """The server once it has preloaded, or None (``fresh_reason`` says why)."""
+        """The server once it has preloaded (started first if it was pending), or None
+        (``fresh_reason`` says why)."""
+        self.launch()
         with self._lock:
             self.server, self.fresh_reason = server_ready(self.server, self.fresh_reason, self.reporter)
             return self.server

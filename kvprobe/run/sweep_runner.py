@@ -28,6 +28,7 @@ from kvprobe.env.installer import pip_config
 from kvprobe.env.venv import Profile, load_profile
 from kvprobe.errors import DigestMismatch, FetchError, KvprobeError, UsageError
 from kvprobe.experiments.experiment import copy_into_bundle
+from kvprobe.model.receipt import EnvRecord
 from kvprobe.model.records import Experiment, WheelPin
 from kvprobe.model.sweep_receipt import ListedRelease, Listing, ReleaseRecord, SweepReceipt
 from kvprobe.names import MAX_BUNDLE_FILES, SIDES, SWEEP_RECEIPT_SCHEMA
@@ -134,13 +135,15 @@ class SweepShare:
     def session(
         self, exp: Experiment, package: str, opts: SweepOptions, reporter: Reporter, releases_n: int
     ) -> CheckSession:
-        """The check session of ``exp``'s profile (its env and fork server), opened by the first sweep that needs it."""
+        """The check session of ``exp``'s profile (its env, and its fork server once a unit is to
+        run: CheckSession.launch), opened by the first sweep that needs it."""
         key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
         if key not in self._sessions:
             work = self._work / f"server-{len(self._sessions)}"
             work.mkdir()
             session = self._held.enter_context(open_session(exp, _session_settings(opts), reporter))
-            session.start(work, opts.timeout_s * self._probes * releases_n * opts.repeat + 600)
+            lifetime = opts.timeout_s * self._probes * releases_n * opts.repeat + 600
+            session.start(work, lifetime, when_needed=True)
             self._sessions[key] = session
         return self._sessions[key]
 
@@ -162,15 +165,16 @@ class SweepShare:
                 profile = load_profile(exp.profile)
                 available, _ = self.listing(package, flags)
                 _, served = _selected(exp, opts, available, profile)
-                # the env and its fork server first: the server preloads while the wheels resolve
                 session = self.session(exp, package, opts, reporter, len(available))
+                kept = _unit_cache(exp, dict(profile.env), opts, session, reporter)
+                if not kept.may_hold_all(served):  # a unit will run: the server preloads while the wheels resolve
+                    session.launch()
                 pins = self.resolve(package, flags, served, opts.jobs)
             except KvprobeError:
                 continue  # its own sweep says why
             key = (exp.profile, package, opts.torch_index or "", str(opts.cache_root), str(opts.preload))
             _, exps, units, _ = groups.setdefault(key, (session, [], {}, opts.jobs))
             exps.append(exp)
-            kept = _unit_cache(exp, dict(profile.env), opts, session, reporter)
             for pin in pins.values():
                 if isinstance(pin, str):
                     continue
@@ -179,7 +183,8 @@ class SweepShare:
                     units.setdefault(pin, []).append(request)
         for session, exps, units, jobs in groups.values():
             if not units:
-                continue
+                continue  # every unit is the cache's: no server started for them
+            session.launch()
             shares = session.server is not None and sum(len(exp.probes) for exp in exps) > 1  # see run_unit
             modules = release_modules(exps, next(iter(units)).package) if shares else []
             by_id = {exp.id: exp for exp in exps}
@@ -208,11 +213,12 @@ class SweepShare:
         work = Path(tempfile.mkdtemp(dir=self._work, prefix=f"release-{pin.version}-"))
         with opened_for(session, pin, modules, work) as release:
             for request in requests:
+                clock = time.monotonic()
                 try:
                     archive = produce_unit(request, session, reporter, by_id[request.experiment_id], release)
-                    outcome = UnitOutcome(request, archive)
+                    outcome = UnitOutcome(request, archive, ran_ahead_s=time.monotonic() - clock)
                 except KvprobeError as exc:
-                    outcome = UnitOutcome(request, None, f"the unit failed: {exc}")
+                    outcome = UnitOutcome(request, None, f"the unit failed: {exc}", time.monotonic() - clock)
                 self._done[request] = outcome
         reporter.note(f"{pin.version}: {len(requests)} experiments done")
         shutil.rmtree(work, ignore_errors=True)
@@ -303,8 +309,13 @@ def sweep_experiment(
             )
         elif executor is None:  # threads sharing the env the driver builds, and its fork server
             session = held.enter_context(open_session(exp, _session_settings(opts), reporter))
-            session.start(work, opts.timeout_s * len(exp.probes) * len(served) * opts.repeat + 600)
+            lifetime = opts.timeout_s * len(exp.probes) * len(served) * opts.repeat + 600
+            session.start(work, lifetime, when_needed=True)  # started by the first unit that runs
             executor = LocalExecutor(exp, session, opts.jobs, reporter)
+        local = executor.session if isinstance(executor, LocalExecutor) else None
+        kept = _unit_cache(exp, dict(profile.env), opts, local, reporter)
+        if local is not None and not kept.may_hold_all(served):  # a unit will run: preload while wheels resolve
+            local.launch()
         timings = {"environment_s": time.monotonic() - clock}  # the driver's (none with Ray)
         staging = workspace.stage(beside=True)
         copy_into_bundle(exp, staging)
@@ -326,27 +337,32 @@ def sweep_experiment(
         local_env = executor.session.record if isinstance(executor, LocalExecutor) else None
         timings["resolve_s"] = time.monotonic() - clock  # units_s includes it, as before units had it
         expected = Expected(exp, staging, local_env)
+        # Ray: units are looked up by the env this host's cache holds for the profile (the
+        # workers' own is known only once one returns); a unit reused makes it the sweep's env
+        if local is not None or not opts.reuse:
+            lookup = expected
+        else:
+            lookup = Expected(exp, staging, _driver_env(exp, opts, reporter))
         units = {v: failed_entry(exp, v, pin) for v, pin in pins.items() if isinstance(pin, str)}
         cache_root = opts.cache_root if local_env is not None else None  # Ray: each node's own cache
-        local = executor.session if isinstance(executor, LocalExecutor) else None
-        kept = _unit_cache(exp, dict(profile.env), opts, local, reporter)
         kept.began = started.strftime("%Y-%m-%dT%H:%M:%SZ")  # the receipt's created_utc
         requests = [_unit_request(exp, pin, opts, cache_root) for pin in pins.values() if not isinstance(pin, str)]
         with reporter.step(f"sweeping {len(requests)} releases ({executor.name})"):
             todo = []
             for request in requests:  # a unit the cache holds goes through the same checks
-                entry = kept.reuse(request, expected, work)
+                entry = kept.reuse(request, lookup, work)
                 if entry is None:
                     todo.append(request)
                     continue
+                expected = lookup  # every unit of the sweep ran in the env of those reused
                 units[entry.version] = entry
-                reporter.note(f"{len(kept.reused)}/{len(requests)} {entry.version} {_class_line(entry)}")
+                reporter.note(progress_line(len(kept.reused), len(requests), entry))
             for done, outcome in enumerate(executor.run(todo), len(kept.reused) + 1):
                 entry, env = accept_unit(outcome, expected, work, functools.partial(kept.keep, outcome))
                 if env is not None and expected.env is None:
                     expected = Expected(exp, staging, env)
                 units[outcome.request.pin.version] = entry
-                reporter.note(f"{done}/{len(requests)} {entry.version} {_class_line(entry)}")
+                reporter.note(progress_line(done, len(requests), entry, outcome))
         timings["units_s"] = time.monotonic() - clock
         ordered = tuple(units[v] for v in served)
         host = sweep_host(opts.jobs, executor.name)
@@ -430,12 +446,20 @@ def _cluster_executor(exp: Experiment, opts: SweepOptions, held: contextlib.Exit
     return held.enter_context(RayExecutor(opts.address, unit_timeout))
 
 
+def _driver_env(exp: Experiment, opts: SweepOptions, reporter: Reporter) -> EnvRecord | None:
+    """The env this host's cache holds for ``exp``'s profile (never built here), or None: what a
+    Ray sweep looks its cached units up by, as a worker on this kind of host builds the same."""
+    with CheckSession(exp, wheel_pin_set(exp), _session_settings(opts), reporter) as session:
+        env = session.cached()
+        return None if env is None else env.record
+
+
 def _unit_cache(
     exp: Experiment, settings: dict[str, str], opts: SweepOptions, session: CheckSession | None, reporter: Reporter
 ) -> SweepUnits:
     """The driver's unit cache for this sweep (its own cache, whatever the executor; ``session``:
     the local units' check session, None on Ray)."""
-    forked = session is not None and session.server is not None
+    forked = session is not None and session.forks
     repeat = opts.repeat  # `sweep --repeat N` records N runs: another unit
     return SweepUnits(
         exp,
@@ -448,12 +472,30 @@ def _unit_cache(
     )
 
 
-def _class_line(entry: ReleaseRecord) -> str:
-    """A release's progress line after its version: its class, and how long it took or when
-    the unit reused from the cache observed it."""
+def progress_line(done: int, total: int, entry: ReleaseRecord, outcome: UnitOutcome | None = None) -> str:
+    """A release's progress line: its class, and what its unit was: reused from the cache (and
+    when it observed), run ahead by the release-by-release pass (and how long it took there),
+    not observed (why), or run now (how long it took)."""
+    head = f"{done}/{total} {entry.version} {entry.classification.overall}"
     if entry.reused is not None:
-        return f"{entry.classification.overall} (reused from {entry.reused.observed_utc})"
-    return f"{entry.classification.overall} ({entry.duration_s:.0f} s)"
+        return f"{head} (reused from {entry.reused.observed_utc})"
+    if outcome is not None and outcome.ran_ahead_s is not None:
+        how = "release by release, ahead of this sweep"
+        took = f"{how}: {_seconds(outcome.ran_ahead_s)}"
+        return f"{head} ({took})" if entry.problem is None else f"{head} ({took}; {_clipped(entry.problem)})"
+    if not entry.probes and entry.problem is not None:  # nothing ran here: no time to give
+        return f"{head} ({_clipped(entry.problem)})"
+    return f"{head} ({_seconds(entry.duration_s)})"
+
+
+def _seconds(value: float) -> str:
+    """A duration as a line says it: tenths under 10 s (a unit under a second is not "0 s")."""
+    return f"{value:.1f} s" if value < 9.95 else f"{value:.0f} s"
+
+
+def _clipped(text: str, width: int = 100) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 def _resolve(package: str, flags: list[str], versions: list[str], work: Path, jobs: int) -> dict[str, WheelPin | str]:

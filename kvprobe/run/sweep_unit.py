@@ -81,6 +81,8 @@ class UnitOutcome:
     request: UnitRequest
     archive: bytes | None
     problem: str | None = None
+    # run ahead of its sweep by the release-by-release pass (run.sweep_runner): its wall time there
+    ran_ahead_s: float | None = None
 
 
 class Executor(Protocol):
@@ -188,6 +190,7 @@ def run_unit(
     records: list[RunProbeRecord] = []
     repeat_docs: dict[str, list[dict[str, Any] | None]] = {}  # runs 2..N per probe (sweep --repeat N)
     execution: ReleaseExecution | None = None
+    session.launch()  # a unit runs: the fork server its session waited to start until one did
     with contextlib.ExitStack() as held:  # probes write nothing into the tree: the cached one, used in place
         if release is None or release.version != version:  # a release of its own, for this unit alone
             reporter.update(f"{version}: wheel")

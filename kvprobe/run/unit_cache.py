@@ -19,9 +19,9 @@ Layout (kvprobe.env.cache lists and prunes it)::
 
 Only a unit that observed is kept: its wheel was had, every probe ran and wrote its output
 (a probe that crashed or timed out may not do so next time), and repeated, every case read
-the same in each run. Units are looked up
-only where the driver knows the env before units run (local units); with Ray, accepted
-units are kept, keyed by the env they ran in.
+the same in each run. Local units are looked up by the driver's env;
+Ray units, which run fresh, by the env the driver's own cache holds for the profile (a worker
+on the same kind of host builds the same), and kept keyed by the env they ran in.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -129,8 +129,11 @@ def _plain(value: Any) -> Any:
 def entry_name(facts: Mapping[str, Any]) -> str:
     """``<experiment>-<version>-<sha256 of the facts, 32 hex>``: readable in `cache ls`."""
     digest = hashlib.sha256(json_bytes(facts)).hexdigest()[:32]
-    version = re.sub(r"[^A-Za-z0-9.+!-]", "_", str(facts["request"]["pin"]["version"]))
-    return f"{facts['experiment']['id']}-{version}-{digest}"
+    return f"{_entry_prefix(facts['experiment']['id'], str(facts['request']['pin']['version']))}{digest}"
+
+
+def _entry_prefix(experiment: str, version: str) -> str:
+    return f"{experiment}-{re.sub(r'[^A-Za-z0-9.+!-]', '_', version)}-"
 
 
 def keepable(entry: ReleaseRecord) -> bool:
@@ -276,6 +279,19 @@ class SweepUnits:
         with contextlib.suppress(OSError):
             return (self.store.root / self.name(request, env) / MARKER).is_file()
         return False
+
+    def may_hold_all(self, versions: Sequence[str]) -> bool:
+        """Whether the cache has a complete entry of this experiment for every one of
+        ``versions`` (reuse on), before their wheels are resolved: False means some unit will
+        run (its fork server can start now); True only that each entry is to be looked up by
+        its key, which needs the wheel (:meth:`holds`)."""
+        if not self.reuse_units:
+            return False
+        try:
+            names = {p.parent.name for p in self.store.root.glob(f"*/{MARKER}")}
+        except OSError:
+            return False
+        return all(any(n.startswith(_entry_prefix(self.exp.id, v)) for n in names) for v in versions)
 
     def reuse(self, request: UnitRequest, expected: Expected, work: Path) -> ReleaseRecord | None:
         """The release's entry from a cached unit that passes :func:`accept_unit` (its raw

@@ -7,7 +7,7 @@ follow from the checks.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -24,7 +24,14 @@ from kvprobe.defects import (
     RecordMismatch,
 )
 from kvprobe.evidence.reader import Bundle
-from kvprobe.model.gates_receipt import CheckRecord, GateProbeRecord, GateRecord, GatesReceipt, TargetRecord
+from kvprobe.model.gates_receipt import (
+    CheckRecord,
+    Gate4Basis,
+    GateProbeRecord,
+    GateRecord,
+    GatesReceipt,
+    TargetRecord,
+)
 from kvprobe.names import PROBES_DIR, RECEIPT
 from kvprobe.rules import gate2, gate4, gate_probes, markers
 from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
@@ -94,19 +101,14 @@ def step_gates_consistency(bundle: Bundle, receipt: GatesReceipt) -> StepResult:
 def recompute_gate4(receipt: GatesReceipt) -> tuple[list[Check] | None, list[BundleDefect]]:
     """Gate 4's deferred-release checks from the receipt's ``gate4`` record (each worker's
     setting and backend, the release's facts), by :mod:`kvprobe.rules.gate4`; None for
-    receipts before /3, which record no such basis. The record stays the mapping rules/gate4
-    wrote and reads."""
-    if receipt.gate4 is None:
+    receipts before /3, which record no such basis."""
+    basis = receipt.gate4
+    if basis is None:
         return None, []
-    algorithm = receipt.gate4["algorithm"]
-    if algorithm != gate4.ALGORITHM:
-        why = f"gate 4 was decided by {algorithm!r}; this kvprobe computes {gate4.ALGORITHM!r}"
+    if basis.algorithm != gate4.ALGORITHM:
+        why = f"gate 4 was decided by {basis.algorithm!r}; this kvprobe computes {gate4.ALGORITHM!r}"
         return None, [ComparisonAlgorithmUnknown(RECEIPT, why)]
-    try:
-        checks = gate4.checks_from_basis(receipt.gate4)
-    except (KeyError, TypeError, ValueError) as exc:
-        return None, [RecomputeFailed(RECEIPT, f"gate 4's basis cannot be read: {type(exc).__name__}: {exc}")]
-    return checks, gate4_basis_defects(receipt, receipt.gate4)
+    return gate4.checks_from_basis(basis), gate4_basis_defects(receipt, basis)
 
 
 def marker_check_defects(target: TargetRecord | None, gates: Sequence[GateRecord]) -> list[BundleDefect]:
@@ -144,26 +146,26 @@ def marker_check_defects(target: TargetRecord | None, gates: Sequence[GateRecord
     return found
 
 
-def gate4_basis_defects(receipt: GatesReceipt, basis: Mapping[str, Any]) -> list[BundleDefect]:
+def gate4_basis_defects(receipt: GatesReceipt, basis: Gate4Basis) -> list[BundleDefect]:
     """The basis agrees with the rest of the receipt: release facts only with a target, and the
     same as the target's settings; every environment source is an input the receipt lists."""
-    release, target = basis["release"], receipt.target
+    release, target = basis.release, receipt.target
     found: list[BundleDefect] = []
     if (release is None) != (target is None or target.settings is None):
         found.append(RecordMismatch(RECEIPT, "gate 4's basis states release facts, but the receipt has no target code"))
     elif release is not None and target is not None and target.settings is not None:
         settings = target.settings
-        stated = (release["default"], release["backends"] if release["capability_flag"] else None)
+        stated = (release.default, list(release.backends) if release.capability_flag else None)
         recorded = (settings.get("deferred_default"), settings.get("deferred_backends"))
-        if stated != recorded or release.get("declared") != settings.get("deferred_declared", release.get("declared")):
+        if stated != recorded or release.declared != settings.get("deferred_declared", release.declared):
             found.append(
                 RecordMismatch(RECEIPT, f"gate 4's release facts {stated} are not the target's settings {recorded}")
             )
     inputs = receipt.inputs
     names = {i.name for i in (*inputs.logs, *inputs.server_args, *(inputs.env or ())) if i.name is not None}
-    for role, workers in basis["workers"].items():
+    for role, workers in basis.workers.by_role().items():
         for worker in workers:
-            source = worker["env_source"]
+            source = worker.env_source
             if source is not None and not any(source.startswith((f"{n}:", f"{n} ")) for n in names):
                 found.append(RecordMismatch(RECEIPT, f"gate 4's {role} setting cites {source!r}, not an input"))
     return found

@@ -13,12 +13,13 @@ import pytest
 from kvprobe.gates import settings
 from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
 from kvprobe.gates.target import resolve_target
+from kvprobe.model.gates_receipt import WorkerFacts
 from kvprobe.progress import Reporter
 from kvprobe.rules import gate4
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
-ON = gate4.WorkerFacts("1", "decode.env:1", "mooncake", "-")
+ON = WorkerFacts("1", "decode.env:1", "mooncake", "-")
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """`kvprobe sweep --executor ray` on a real local Ray cluster: a small sweep over the local
 fake index (tests/integration/test_sweep_local_index.py's package), one unit that runs past
-its limit on a worker (could-not-observe, the sweep completes), one unit whose returned
-bundle is tampered (refused by the driver), and both sweep bundles verified.
+its limit on a worker (could-not-observe, the sweep completes), the same sweep again (every
+unit the first kept reused from the driver's cache, none sent), one unit whose returned
+bundle is tampered (refused by the driver), and every sweep bundle verified.
 
 The cluster and the driver run in a private network namespace whose only interface is
 loopback (tests/raynetns.py says why): Ray 2.60.0 listens on every interface otherwise."""
@@ -72,6 +73,7 @@ def _in_namespace(world: Path, tmp_path: Path) -> dict:
         "unit_timeout": UNIT_TIMEOUT,
         "out_cli": str(tmp_path / "sweep-cli"),
         "out_api": str(tmp_path / "sweep-tampered"),
+        "out_again": str(tmp_path / "sweep-again"),
         "scratch": str(tmp_path / "tamper"),
         "results": str(tmp_path / "results.json"),
     }
@@ -126,6 +128,18 @@ def test_sweep_on_a_real_ray_cluster(world, tmp_path, monkeypatch):
     assert receipt["host"]["executor"] == "ray"
     assert receipt["env"]["lock_name"]  # the env the workers ran in, from their unit bundles
 
+    again = results["again"]  # every unit the first sweep kept, reused from the driver's cache
+    assert again["rc"] == 3, again["stderr"]
+    reused = json.loads((tmp_path / "sweep-again" / "receipt.json").read_text())
+    assert {r["version"]: bool(r.get("reused")) for r in reused["releases"]} == dict.fromkeys(
+        ["1.0", "1.1", "2.0", "2.1"], True
+    )
+    assert reused["env"] == receipt["env"] and json.loads(again["stdout"])["summary"] == {
+        "affected": ["1.0", "1.1"],
+        "fixed": ["2.0"],
+        "not-present": ["2.1"],
+    }
+
     tampered = results["tampered"]
     assert tampered["summary"] == {"could-not-observe": ["1.1"], "fixed": ["2.0"]}
     refused = tampered["releases"][0]
@@ -133,6 +147,6 @@ def test_sweep_on_a_real_ray_cluster(world, tmp_path, monkeypatch):
     assert "release 1.1 is stated 'fixed'; its raw outputs give 'affected'" in refused["problem"]
 
     runner = CliRunner()
-    for bundle in (out, tmp_path / "sweep-tampered"):
+    for bundle in (out, tmp_path / "sweep-again", tmp_path / "sweep-tampered"):
         verified = runner.invoke(main, ["verify", str(bundle)], catch_exceptions=False)
         assert verified.exit_code == 0, verified.stdout

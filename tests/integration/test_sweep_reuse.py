@@ -41,10 +41,11 @@ def world(tmp_path_factory):
     flag = root / "hold-1.9"
     wheels = make_index(root, {**RELEASES, "1.9": _held_release(flag)})
     make_index(root / "early", {v: RELEASES[v] for v in ("1.0", "1.1")})
-    folder = root / "probes" / "scrub-sweep"
-    folder.mkdir(parents=True)
-    (folder / "experiment.toml").write_text(experiment_toml(wheels))
-    (folder / "scrub.py").write_text(PROBE)
+    for exp_id in ("scrub-sweep", "scrub-again"):  # two experiments on one profile: a sweep of several
+        folder = root / "probes" / exp_id
+        folder.mkdir(parents=True)
+        (folder / "experiment.toml").write_text(experiment_toml(wheels).replace('"scrub-sweep"', f'"{exp_id}"'))
+        (folder / "scrub.py").write_text(PROBE)
     shutil.copytree(REPO / "probes" / "profiles", root / "probes" / "profiles")
     cache = root / "cache"
     saved = dict(os.environ)
@@ -84,6 +85,22 @@ def no_units(world):
     shutil.rmtree(world["cache"] / "units", ignore_errors=True)
 
 
+def _count_servers(monkeypatch) -> list[str]:
+    """The python of every fork server the sweeps in this process start, from now on."""
+    from kvprobe.checks.forkserver import ForkServer
+    from kvprobe.run import session
+
+    started: list[str] = []
+
+    class Counted(ForkServer):
+        def __init__(self, python: str, *args, **kwargs) -> None:
+            started.append(python)
+            super().__init__(python, *args, **kwargs)
+
+    monkeypatch.setattr(session, "ForkServer", Counted)
+    return started
+
+
 def _receipt(bundle: Path) -> dict:
     return json.loads((bundle / "receipt.json").read_text())
 
@@ -96,9 +113,13 @@ def _reused(bundle: Path) -> dict[str, dict | None]:
     return {r["version"]: r.get("reused") for r in _receipt(bundle)["releases"]}
 
 
-def test_a_second_sweep_reuses_every_unit_and_no_reuse_observes_them_again(sweep, no_units, world, tmp_path):
+def test_a_second_sweep_reuses_every_unit_and_no_reuse_observes_them_again(
+    sweep, no_units, world, tmp_path, monkeypatch
+):
     spec = "1.0..2.1"
+    started = _count_servers(monkeypatch)
     first = sweep("sweep", "scrub-sweep", "--releases", spec, "--out", str(tmp_path / "first"))
+    assert len(started) == 1 and "preload: fork server started" in first.stderr
     assert first.exit_code == 3, first.output  # 2.1: not present
     assert set(_reused(tmp_path / "first").values()) == {None}
     assert "reused" not in (tmp_path / "first" / "README.md").read_text()
@@ -109,6 +130,7 @@ def test_a_second_sweep_reuses_every_unit_and_no_reuse_observes_them_again(sweep
 
     second = sweep("sweep", "scrub-sweep", "--releases", spec, "--out", str(tmp_path / "second"))
     assert second.exit_code == 3, second.output
+    assert len(started) == 1 and "preload:" not in second.stderr  # every unit reused: no server started
     first_receipt, receipt = _receipt(tmp_path / "first"), _receipt(tmp_path / "second")
     reused = _reused(tmp_path / "second")
     assert set(reused) == {"1.0", "1.1", "1.9", "2.0", "2.1"} and None not in reused.values()
@@ -143,6 +165,33 @@ def test_a_second_sweep_reuses_every_unit_and_no_reuse_observes_them_again(sweep
     rerun = sweep("verify", str(tmp_path / "third"), "--rerun", "--trust-bundle-code", "--release", "2.0", "--json")
     assert rerun.exit_code == 0, rerun.stdout
     assert "re-ran scrub-sweep on 1 of 1 releases: 2.0 fixed" in json.loads(rerun.stdout)["steps"][5]["summary"]
+
+
+def test_a_sweep_of_several_whose_units_are_all_cached_starts_no_fork_server(
+    sweep, no_units, world, tmp_path, monkeypatch
+):
+    """The release-by-release pass and each sweep start the profile's server only for a unit
+    that runs: none when the cache holds them all, one again when a release is new."""
+    started = _count_servers(monkeypatch)
+    both = ("sweep", "scrub-sweep", "scrub-again", "--releases")
+    first = sweep(*both, "1.1,2.0", "--out", str(tmp_path / "first"))
+    assert first.exit_code == 0, first.output
+    assert len(started) == 1
+    # the units ran ahead, release by release: their lines say so, and how long each took there
+    ahead = [line for line in first.stderr.splitlines() if "(release by release, ahead of this sweep: " in line]
+    assert len(ahead) == 4 and "(0 s)" not in first.stderr, first.stderr
+    second = sweep(*both, "1.1,2.0", "--out", str(tmp_path / "second"))
+    assert second.exit_code == 0, second.output
+    assert len(started) == 1 and "preload:" not in second.stderr
+    for name in ("scrub-sweep", "scrub-again"):
+        assert None not in _reused(tmp_path / "second" / name).values()
+    third = sweep(*both, "1.0,1.1,2.0", "--out", str(tmp_path / "third"))  # 1.0: not in the cache
+    assert third.exit_code == 0, third.output
+    assert len(started) == 2
+    assert {name: _reused(tmp_path / "third" / name)["1.0"] for name in ("scrub-sweep", "scrub-again")} == {
+        "scrub-sweep": None,
+        "scrub-again": None,
+    }
 
 
 def test_a_release_new_on_the_index_is_the_only_one_observed(sweep, no_units, world, tmp_path, monkeypatch):
@@ -214,3 +263,47 @@ def test_a_tampered_cached_unit_is_refused_said_so_and_observed_again(sweep, no_
     assert digest != hashlib.sha256((two / "unit.tar.gz").read_bytes()).hexdigest()
     assert sweep("sweep", "scrub-sweep", "--releases", "1.1,2.0", "--out", str(tmp_path / "third")).exit_code == 0
     assert None not in _reused(tmp_path / "third").values()
+
+
+class _Workers:
+    """Stands in for a Ray cluster: each unit runs as a worker runs it (produce_unit alone, its
+    env from the worker's own cache, its probes fresh) and the versions run are counted."""
+
+    name = "ray"
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def run(self, requests):
+        from kvprobe.run.sweep_unit import UnitOutcome, produce_unit
+
+        for request in requests:
+            self.ran.append(request.pin.version)
+            yield UnitOutcome(request, produce_unit(request))
+
+
+def test_a_sweep_on_workers_reuses_the_units_they_kept(no_units, world, tmp_path, monkeypatch):
+    """The Ray path looks cached units up as the local one does (by the env this host's cache
+    holds), through the same checks; a reused unit makes its env the sweep's."""
+    from kvprobe.experiments import experiment
+    from kvprobe.run.sweep_runner import SweepOptions, sweep_experiment
+
+    for name, value in _vars(world).items():
+        monkeypatch.setenv(name, value)
+    exp = experiment.load("scrub-sweep")
+
+    def swept(out: str, workers: _Workers, **options):
+        opts = SweepOptions(releases="1.1,2.0", out=tmp_path / out, cache_root=world["cache"], executor="ray")
+        return sweep_experiment(exp, SweepOptions(**{**vars(opts), **options}), executor=workers).receipt
+
+    first_workers, second_workers = _Workers(), _Workers()
+    first = swept("first", first_workers)
+    assert sorted(first_workers.ran) == ["1.1", "2.0"] and first.summary == {"affected": ["1.1"], "fixed": ["2.0"]}
+    assert {r.execution.probes[0].mode for r in first.releases if r.execution} == {"fresh"}
+    second = swept("second", second_workers)
+    assert second_workers.ran == []  # nothing went to the workers
+    assert all(r.reused is not None for r in second.releases) and second.summary == first.summary
+    assert second.env == first.env
+    assert CliRunner().invoke(main, ["verify", str(tmp_path / "second")], env=_vars(world)).exit_code == 0
+    swept("again", third := _Workers(), reuse=False)  # --no-reuse: the workers observe every release
+    assert sorted(third.ran) == ["1.1", "2.0"]

@@ -14,9 +14,19 @@ from rich.console import Console
 from kvprobe.cli import main
 from kvprobe.cli.console import print_gate_diagnostics
 from kvprobe.errors import UsageError
+from kvprobe.files import json_bytes
 from kvprobe.gates import environment, inputs, settings
 from kvprobe.gates.fixmarkers import CodeTree, Presence, code_settings, find_all
-from kvprobe.model.gates_receipt import DeploymentScope, GateRecord, GatesReceipt, Inputs, TargetRecord
+from kvprobe.model.gates_receipt import (
+    DeploymentScope,
+    Gate4Basis,
+    GateRecord,
+    GatesReceipt,
+    Inputs,
+    TargetRecord,
+    WorkerFacts,
+)
+from kvprobe.model.load import load
 from kvprobe.model.receipt import Tool
 from kvprobe.model.records import GateStatus
 from kvprobe.rules import gate4 as gate4_rule
@@ -185,7 +195,7 @@ def test_gate_4_decides_from_the_given_environment(tmp_path):
     assert "a log alone cannot decide this" in decode.detail and "--env" in decode.detail
     on, basis = settings.gate4(_sources(tmp_path, f"{KEY}=1\n", role=None), tree, code, [])
     assert on.status is Status.PASS
-    assert basis["workers"]["decode"][0]["env_source"] == "worker.env:1"
+    assert basis.workers.decode[0].env_source == "worker.env:1"
     assert "taken for every worker" in next(c for c in on.checks if c.name == "decode: deferred KV release").detail
     off, _ = settings.gate4(_sources(tmp_path, f"{KEY}=0\n"), tree, code, [])
     check = next(c for c in off.checks if c.name == "decode: deferred KV release")
@@ -217,6 +227,19 @@ def test_the_cli_takes_env_and_records_it_by_name_and_digest(tmp_path):
     decode = next(c for c in receipt["gates"][3]["checks"] if c["name"] == "decode: deferred KV release")
     assert decode["status"] == "fail"  # off decides without --sglang
     assert receipt["gates"][3]["status"] == "fail"
+
+
+def test_the_gate4_basis_is_read_as_typed_parts_and_written_back_byte_for_byte(tmp_path):
+    """The receipt's ``gate4`` is a Gate4Basis of typed workers (no mapping past the reader), and
+    the bytes on disk are what the model writes back."""
+    env = write(tmp_path, "decode.env", f"{KEY}=0\n")
+    data = (_bundle(tmp_path, "--env", f"decode={env}") / "receipt.json").read_bytes()
+    typed = load(json.loads(data))
+    assert isinstance(typed, GatesReceipt) and isinstance(typed.gate4, Gate4Basis)
+    assert typed.gate4.release is None and [w.env_value for w in typed.gate4.workers.prefill] == [None]
+    [decode] = typed.gate4.workers.decode
+    assert isinstance(decode, WorkerFacts) and (decode.env_value, decode.env_source) == ("0", "decode.env:1")
+    assert json_bytes(typed.to_json()) == data
 
 
 def test_verify_recomputes_the_deferred_checks_from_the_recorded_basis(tmp_path):

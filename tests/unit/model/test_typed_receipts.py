@@ -99,9 +99,6 @@ def test_every_verdict_status_and_outcome_has_its_exit_code():
 # Reads by a receipt key of documents that are not the receipt, or of a part the model keeps as
 # a mapping: (module, function, key) -> what is read. Nothing else is exempt, and no module is.
 NOT_A_RECEIPT_READ = {
-    # GatesReceipt.gate4 is Mapping[str, Any] in the model: gate 4's basis as rules/gate4 writes
-    # and reads it whole (checks_from_basis); verify reads its algorithm id before handing it on.
-    ("kvprobe/verify/gates_consistency.py", "recompute_gate4", "algorithm"),
     # a raw test-run document (raw/<side>/tests/...), held to the receipt's TestRecord
     ("kvprobe/verify/run_consistency.py", "_test_record", "side"),
     # the comparison rules.compare recomputes from the raw outputs (a dict), not the stated one
@@ -119,14 +116,14 @@ NOT_A_RECEIPT_READ = {
 # execution, tests_from, overlay, exit_code), the env build record and profile (env.venv:
 # key, torch, torch_index, installer, lock_*, packages, serves), a pytest report's tool, a
 # wheel's materialized identity (fetched_via), the fork server's request (env), a server log's
-# settings (mode, key, source, env), gate 4's basis (workers) and rules.compare's observation
+# settings (mode, key, source, env) and rules.compare's observation
 # rows and unstable table (unstable: run --repeat; a run receipt keeps both as the comparison's
 # free-form rows and ``other``, a sweep its Classification.unstable). Reading these by key is
 # reading those records, not a receipt.
 SHARED_WITH_RECORDS = {
     "raw", "junit", "problem", "repeats", "pin", "source", "execution", "tests_from", "overlay", "exit_code",
     "key", "torch", "torch_index", "installer", "lock_name", "lock_sha256", "packages", "serves",
-    "tool", "fetched_via", "env", "mode", "workers", "unstable",
+    "tool", "fetched_via", "env", "mode", "unstable",
 }  # fmt: skip
 
 
@@ -224,13 +221,13 @@ def test_the_check_finds_dict_reads_of_a_receipt(tmp_path):
 
 
 def test_an_exemption_covers_its_one_function_and_key_only(tmp_path):
-    module = tmp_path / "kvprobe" / "verify" / "gates_consistency.py"
+    module = tmp_path / "kvprobe" / "verify" / "run_consistency.py"
     module.parent.mkdir(parents=True)
     module.write_text(
-        "def recompute_gate4(receipt):\n"
-        "    return receipt.gate4['algorithm'], receipt['overall']\n"
-        "def other(receipt):\n"
-        "    return receipt.gate4['algorithm']\n"
+        "def recompute_defects(comparison, receipt):\n"
+        "    return comparison['verdict'], receipt['overall']\n"
+        "def other(comparison):\n"
+        "    return comparison['verdict']\n"
     )
     found = receipt_reads(tmp_path)
     assert [line.split(":")[1] for line in found] == ["2", "4"]

@@ -70,3 +70,38 @@ def test_the_execution_gives_fresh_checks_the_sessions_reason_and_keeps_their_ow
         ("c", FORKED, None),
     ]
     assert record.preloaded == {}
+
+
+def test_a_server_started_when_needed_waits_for_launch_and_starts_once(monkeypatch):
+    """start(when_needed=True) only notes the server (its checks still count as forked, so a
+    unit's cache key does not change); launch(), or ready(), starts it, once."""
+    started: list[tuple[str, float]] = []
+
+    def fork_server(python, env_vars, work, lifetime_s, preload, *rest):
+        started.append((python, lifetime_s))
+        return None, "stands in for a server"
+
+    monkeypatch.setattr("kvprobe.run.session.fork_server", fork_server)
+    with _model() as session:
+        session.environment()
+        session.start(Path("unused-work"), 60.0, when_needed=True)
+        session.start(Path("unused-work"), 90.0, when_needed=True)
+        assert started == [] and session.forks and session.server is None
+        session.launch()
+        session.launch()
+        assert started == [(sys.executable, 60.0)]
+        assert not session.forks  # the stand-in gave none: the checks run fresh
+        assert session.ready() is None and session.fresh_reason == "stands in for a server"
+    with _model() as session:
+        session.environment()
+        session.start(Path("unused-work"), 60.0, when_needed=True)
+        assert session.ready() is None and len(started) == 2  # ready() launches a pending server
+
+
+def test_without_preload_nothing_waits_and_nothing_forks(monkeypatch):
+    exp = experiment.load("model")
+    settings = SessionSettings(Path("unused-cache"), preload=False)
+    with CheckSession(exp, exp.pin_sets[exp.default_pin_set], settings) as session:
+        session.environment()
+        session.start(Path("unused-work"), 60.0, when_needed=True)
+        assert not session.forks and session.fresh_reason == "--no-preload"

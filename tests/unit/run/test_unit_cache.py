@@ -106,6 +106,24 @@ def test_a_kept_unit_reads_back_and_a_bad_entry_says_why(tmp_path):
     assert store.read("exp-1.0-abc") is None and not (tmp_path / "units" / "exp-1.0-abc").exists()
 
 
+def test_may_hold_all_is_false_once_a_release_has_no_complete_entry(exp, tmp_path):
+    """The hint a sweep starts its fork server by, before the wheels are resolved: a release
+    with no entry of the experiment at all will run."""
+    units = unit_cache.SweepUnits(exp, tmp_path, {}, "forked")
+    assert not units.may_hold_all(["0.5.20"])  # no units/ yet
+    units.store.write(_name(exp), b"packed unit", {})
+    units.store.write(
+        unit_cache.entry_name({"experiment": {"id": "other"}, "request": {"pin": {"version": "0.5.21"}}}), b"x", {}
+    )
+    (tmp_path / "units" / "experiment-a-0.5.22-half").mkdir()  # no marker: not complete
+    assert units.may_hold_all(["0.5.20"])
+    assert not units.may_hold_all(["0.5.20", "0.5.21"])  # another experiment's entry for 0.5.21
+    assert not units.may_hold_all(["0.5.20", "0.5.22"])
+    assert not units.may_hold_all(["0.5.2"])  # 0.5.20's entry is not 0.5.2's
+    units.reuse_units = False  # --no-reuse: every unit runs
+    assert not units.may_hold_all(["0.5.20"])
+
+
 def test_cache_ls_counts_units_and_prune_kind_unit_removes_only_them(tmp_path):
     store = unit_cache.UnitStore(tmp_path)
     for version in ("1.0", "1.1"):
