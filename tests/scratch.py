@@ -47,9 +47,30 @@ class Scratch:
 
 
 def session(tier: str) -> Iterator[Scratch]:
-    """A Scratch for one tier's session; its directory is gone when the generator closes."""
-    base = Path(tempfile.mkdtemp(prefix=f"kvprobe-{tier}-", dir=parent()))
+    """A Scratch for one tier's session; its directory is gone when the generator closes.
+    Directories of sessions whose process is gone (killed before its end) are removed first:
+    in RAM they would hold memory until the machine restarts."""
+    where = parent()
+    _remove_orphans(Path(where or tempfile.gettempdir()), tier)
+    base = Path(tempfile.mkdtemp(prefix=f"kvprobe-{tier}-{os.getpid()}-", dir=where))
     try:
         yield Scratch(base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _remove_orphans(where: Path, tier: str) -> None:
+    for old in where.glob(f"kvprobe-{tier}-*-*"):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and not _alive(int(pid)) and old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
