@@ -1,0 +1,62 @@
+"""Claims a verifying bundle could make that its raw outputs do not support (hostile review 2).
+
+Each attack starts from a genuine bundle (a committed one, or a fresh `kvprobe gates` bundle),
+rewrites a claim a reviewer or an export reads, and re-derives everything a forger can
+(README where kvprobe renders it, hashes): `verify` must refuse it, and `report` must write
+no export of it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import forge
+from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed
+
+pytestmark = pytest.mark.attack
+
+# experiment B: a security fix on release wheels, so OpenVEX states affected/fixed from it
+(EXP_B_RELEASE,) = sorted(COMMITTED.glob("experiment-b-release-*"))
+AUTHOR = "Security Team <sec@example.com>"
+
+
+@pytest.fixture
+def release_b(sandbox) -> Path:
+    return copy_committed(EXP_B_RELEASE, sandbox, "release-b")
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        # kvprobe's caveat "CPU only; no GPU, RDMA or model weights" dropped: the OpenVEX notes
+        # then state no limit at all
+        [],
+        # kvprobe's own words replaced by the publisher's
+        ["host: GPU cluster with RDMA transport and production weights: the cross-tenant leak reproduced end to end"],
+    ],
+)
+def test_run_limits_rewritten_are_refused(sandbox, release_b, limits):
+    """Attack: evidence.limits, which the Markdown and OpenVEX exports quote as kvprobe's own
+    caveats, were the receipt's say-so: rewritten (README re-rendered, re-hashed), the bundle
+    verified and `report --format openvex` quoted the publisher's words."""
+    forge.edit_receipt(release_b, lambda r: r["evidence"].__setitem__("limits", limits))
+    result = sandbox.run("verify", release_b)
+    assert_outcome(sandbox, result, 1, "record-mismatch", "evidence.limits")
+    exported = sandbox.run("report", release_b, "--format", "openvex", "--author", AUTHOR)
+    assert_outcome(sandbox, exported, 1, "evidence.limits")
+    assert exported.out == ""
+
+
+def test_run_readme_of_a_claimed_other_kvprobe_is_refused(sandbox, release_b):
+    """Attack: README.md (what a reviewer reads first) was held to kvprobe's rendering only
+    when the receipt said this kvprobe made it; `tool.version` is the receipt's own claim, so
+    naming another version let any README through with a note."""
+    forge.edit_receipt(release_b, lambda r: r["tool"].__setitem__("version", "0.0.9"))
+    (release_b / "README.md").write_text(
+        "# experiment-b: REPRODUCED a cross-tenant KV cache leak on production GPUs\n", encoding="utf-8"
+    )
+    forge.rehash(release_b)
+    result = sandbox.run("verify", release_b)
+    assert_outcome(sandbox, result, 1, "readme-mismatch", "README.md")
