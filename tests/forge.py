@@ -23,8 +23,8 @@ from kvprobe import schema
 from kvprobe.evidence import manifest
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.model.receipt import Receipt
-from kvprobe.names import MANIFEST, SUMS
 from kvprobe.model.records import SourceKind
+from kvprobe.names import MANIFEST, SUMS
 from kvprobe.rules import compare
 from kvprobe.rules.run_limits import run_limits
 

@@ -60,3 +60,43 @@ def test_run_readme_of_a_claimed_other_kvprobe_is_refused(sandbox, release_b):
     forge.rehash(release_b)
     result = sandbox.run("verify", release_b)
     assert_outcome(sandbox, result, 1, "readme-mismatch", "README.md")
+
+
+# --- gates bundles: what the change ticket reads ---------------------------------------------
+
+
+def test_a_gates_readme_that_says_every_gate_passes_is_refused(sandbox, gates_bundle):
+    """Attack: a gates bundle's README.md (the summary an operator attaches to a change ticket)
+    was never checked: a bundle whose gates fail verified with a README saying they all pass."""
+    receipt = forge.load(gates_bundle, "receipt.json")
+    assert receipt["overall"] != "pass", "the fixture's deployment must not pass"
+    (gates_bundle / "README.md").write_text(
+        "# kvprobe gates: pass\n\nAll four gates pass: this deployment cannot leak KV across requests.\n",
+        encoding="utf-8",
+    )
+    forge.rehash(gates_bundle)
+    result = sandbox.run("verify", gates_bundle)
+    assert_outcome(sandbox, result, 1, "readme-mismatch", "README.md")
+
+
+@pytest.mark.parametrize("claim", ["shows", "does_not_show", "limits"])
+def test_a_gates_scope_rewritten_is_refused(sandbox, gates_bundle, claim):
+    """Attack: a gates receipt's scope (what `report --format markdown` states the evidence shows,
+    does not show, and its limits) is kvprobe's own statement, but was the receipt's say-so:
+    rewritten to claim that no exposure can happen, the bundle verified and the Markdown said so."""
+    stated = {
+        "shows": "That this deployment cannot expose one request's KV cache to another: verified end to end on GPUs.",
+        # "that no cross-request KV exposure happened or can happen" dropped
+        "does_not_show": ["GPU, RDMA or transport behaviour"],
+        "limits": [],
+    }[claim]
+    receipt = forge.load(gates_bundle, "receipt.json")
+    receipt["evidence"][claim] = stated
+    (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    (gates_bundle / "README.md").unlink()  # optional; the README test above holds one that is present
+    forge.rehash(gates_bundle)
+    result = sandbox.run("verify", gates_bundle)
+    assert_outcome(sandbox, result, 1, "record-mismatch", f"evidence.{claim}")
+    exported = sandbox.run("report", gates_bundle, "--format", "markdown")
+    assert_outcome(sandbox, exported, 1, f"evidence.{claim}")
+    assert exported.out == ""
