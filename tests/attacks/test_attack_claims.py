@@ -8,6 +8,7 @@ no export of it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,84 @@ def test_a_gates_scope_rewritten_is_refused(sandbox, gates_bundle, claim):
     exported = sandbox.run("report", gates_bundle, "--format", "markdown")
     assert_outcome(sandbox, exported, 1, f"evidence.{claim}")
     assert exported.out == ""
+
+
+# --- sweep advisories: what OSV and OpenVEX draw from the classes ----------------------------
+
+(EXP_B_SWEEP,) = sorted(COMMITTED.glob("experiment-b-sweep-*"))
+SWEEP_RAW = "raw/{}/probes/prefill_result_cleanup.json"
+FIXED_CASE = "result.aborted_final"
+
+
+def _reobserve(bundle: Path, outputs: dict[str, dict]) -> None:
+    """Give releases other raw outputs (``{version: probe output}``) and re-derive all a sweep
+    writer derives from them: the classification, the summary, the observed range, README.md,
+    the timeline and the hashes. The bundle stays self-consistent."""
+    from kvprobe.evidence.sweep_view import TIMELINE, recomputed_range, render_readme, timeline_svg
+    from kvprobe.model.sweep_receipt import SweepReceipt
+    from kvprobe.rules.sweep_classification import classify_release, summary
+
+    receipt = forge.load(bundle, "receipt.json")
+    for release in receipt["releases"]:
+        doc = outputs.get(release["version"])
+        if doc is None:
+            continue
+        (probe,) = release["probes"]
+        (bundle / probe["raw"]["path"]).write_bytes(forge.dumps(doc))
+        probe["raw"]["sha256"] = forge.sha((bundle / probe["raw"]["path"]).read_bytes())
+        release["classification"] = classify_release(receipt["expectations"], {probe["name"]: doc}, {})
+    typed = SweepReceipt.from_json(receipt)
+    receipt["summary"] = summary(typed.releases)
+    receipt["observed"] = recomputed_range(typed).to_json()
+    (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    resealed = SweepReceipt.from_json(receipt)
+    (bundle / "README.md").write_text(render_readme(resealed), encoding="utf-8")
+    (bundle / TIMELINE).write_text(timeline_svg(resealed), encoding="utf-8")
+    forge.rehash(bundle)
+
+
+@pytest.fixture
+def early_fixed_sweep(sandbox) -> Path:
+    """Experiment B's sweep, its two oldest releases re-observed: 0.5.13 behaves as fixed and
+    0.5.13.post1 as neither (mixed: one case as fixed, the rest as the bug), every later
+    release as published (0.5.14-0.5.19 affected, 0.5.20 on fixed). It verifies."""
+    bundle = copy_committed(EXP_B_SWEEP, sandbox, "sweep-b")
+    fixed = forge.load(bundle, SWEEP_RAW.format("0.5.20"))
+    own = forge.load(bundle, SWEEP_RAW.format("0.5.13.post1"))
+    mixed = {
+        **fixed,
+        "cases": [
+            c if c["name"] != FIXED_CASE else next(o for o in own["cases"] if o["name"] == FIXED_CASE)
+            for c in fixed["cases"]
+        ],
+    }
+    _reobserve(bundle, {"0.5.13": fixed, "0.5.13.post1": mixed})
+    classes = forge.load(bundle, "receipt.json")["summary"]
+    assert classes["fixed"][0] == "0.5.13" and classes["mixed"] == ["0.5.13.post1"], classes
+    return bundle
+
+
+def test_osv_never_states_a_release_observed_fixed_as_affected(sandbox, early_fixed_sweep):
+    """Attack: the first range opened at "0" whenever the release right before the oldest
+    affected one was not itself observed unaffected, so OSV stated 0.5.13, observed fixed,
+    affected (introduced "0", fixed 0.5.20)."""
+    assert sandbox.run("verify", early_fixed_sweep).code == 0
+    result = sandbox.run("report", early_fixed_sweep, "--format", "osv", "--osv-id", "GHSA-aaaa-bbbb-cccc")
+    assert_outcome(sandbox, result, 0)
+    record = json.loads(result.out)
+    (affected,) = record["affected"]
+    assert affected["ranges"][0]["events"] == [{"introduced": "0.5.13.post1"}, {"fixed": "0.5.20"}]
+    assert "0.5.13" not in affected["versions"]
+    assert affected["database_specific"]["kvprobe_introduced"].startswith("not observed: 0.5.13 was observed fixed")
+
+
+def test_openvex_never_advises_upgrading_to_an_older_release(sandbox, early_fixed_sweep):
+    """Attack: an affected release's action statement named every release observed fixed,
+    0.5.13 included: "upgrade to 0.5.13" from 0.5.14 is a downgrade to a release no fix reached."""
+    result = sandbox.run("report", early_fixed_sweep, "--format", "openvex", "--author", AUTHOR)
+    assert_outcome(sandbox, result, 0)
+    statements = json.loads(result.out)["statements"]
+    actions = {s["products"][0]["@id"]: s.get("action_statement") for s in statements if s["status"] == "affected"}
+    assert actions["pkg:pypi/sglang@0.5.14"] == (
+        "Upgrade sglang to a later release kvprobe observed fixed (0.5.20, 0.5.21, 0.5.22, 0.5.23)"
+    )
