@@ -100,10 +100,11 @@ def ranges_of(obs: Observations) -> list[dict[str, Any]]:
     nothing observed: it starts at the release the index lists right after the last release
     observed unaffected, the first run's as every other's, so no release observed unaffected
     falls inside a range and none the sweep skipped falls outside one; ``"0"`` (OSV's "every
-    earlier version") only where no earlier release was observed unaffected. Never the profile's floor: a release the profile cannot import
-    is unobserved, not unaffected. A run closes with ``fixed`` where the next release on the index was
-    observed fixed, with ``last_affected`` where a later release exists but the next was not
-    observed fixed, and stays open where nothing later was swept."""
+    earlier version") only where no earlier release was observed unaffected. Never the
+    profile's floor: a release the profile cannot import is unobserved, not unaffected. A run
+    closes with ``fixed`` where the next release on the index was observed fixed, with
+    ``last_affected`` where a later release exists but the next was not observed fixed, and
+    stays open where nothing later was swept."""
     classes = list(obs.classes)
     runs: list[list[int]] = []
     for i, (version, cls) in enumerate(classes):

@@ -401,7 +401,14 @@ def readme_defects(bundle: Bundle, receipt: Receipt) -> tuple[list[BundleDefect]
     data = read_bytes(bundle, README, _MAX_README_BYTES, found)
     if data is None:
         return [ReadmeMismatch(README, d.detail) for d in found], []
-    if data != render_readme(receipt).encode("utf-8"):
+    try:
+        rendered = render_readme(receipt).encode("utf-8")
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # the schema leaves the comparison's tables open: one the renderer cannot read is a
+        # defect (step 4's recompute names what is wrong with it), never a crash
+        why = f"cannot be rendered from receipt.json to compare ({type(exc).__name__}: {exc})"
+        return [ReadmeMismatch(README, why)], []
+    if data != rendered:
         made_by = receipt.tool.version
         other = f", or rendered by kvprobe {made_by}: verify it with that kvprobe" if made_by != __version__ else ""
         why = f"not the summary kvprobe renders from receipt.json (edited after the run{other})"

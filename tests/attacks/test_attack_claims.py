@@ -182,3 +182,62 @@ def test_openvex_never_advises_upgrading_to_an_older_release(sandbox, early_fixe
     assert actions["pkg:pypi/sglang@0.5.14"] == (
         "Upgrade sglang to a later release kvprobe observed fixed (0.5.20, 0.5.21, 0.5.22, 0.5.23)"
     )
+
+
+# --- receipts the schema admits but the renderers cannot read --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("counts", {}),  # the schema leaves the comparison's tables open
+        ("cases", {"base": "not a table"}),
+        ("observations", [{}]),
+    ],
+)
+def test_a_comparison_the_readme_renderer_cannot_read_is_a_defect_not_a_crash(sandbox, forged, where, value):
+    """Attack: a run receipt whose comparison table passes the schema but not the README
+    renderer; verify re-rendered README.md to compare it and crashed (exit 4, 'a bug in
+    kvprobe') instead of refusing the bundle."""
+    forge.edit_receipt(forged, lambda r: r["comparison"].__setitem__(where, value))
+    result = sandbox.run("verify", forged)
+    assert_outcome(sandbox, result, 1, "readme-mismatch", "cannot be rendered")
+    exported = sandbox.run("report", forged, "--format", "markdown")
+    assert_outcome(sandbox, exported, 1)
+    assert exported.out == ""
+
+
+# --- a user's output path that is the evidence -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "force"),
+    [
+        ("report", "report.md", False),  # a new file beside the evidence: the bundle no longer verifies
+        ("report", "receipt.json", True),  # --force: the receipt replaced by the export drawn from it
+        ("pack", "bundle.tar.gz", False),
+    ],
+)
+def test_an_output_inside_the_bundle_is_refused(sandbox, release_b, command, name, force):
+    """Bad input: `report -o BUNDLE/report.md` (or `bundle pack -o` into the bundle) wrote into
+    the bundle it read: the next `kvprobe verify` failed on an unlisted file, and with --force
+    the receipt itself was replaced by its own Markdown."""
+    target = release_b / name
+    if command == "report":
+        argv = ["report", release_b, "--format", "markdown", "-o", target]
+    else:
+        argv = ["bundle", "pack", release_b, "-o", target]
+    result = sandbox.run(*argv, *(["--force"] if force else []))
+    assert_outcome(sandbox, result, 2, "inside the bundle")
+    assert sandbox.run("verify", release_b).code == 0
+
+
+def test_a_report_over_its_own_archive_is_refused(sandbox, release_b):
+    """Bad input: `report B.tar.gz -o B.tar.gz --force` replaced the bundle with its export."""
+    packed = sandbox.run("bundle", "pack", release_b, "-o", sandbox.inputs / "b.tar.gz")
+    assert packed.code == 0, packed.describe()
+    archive = sandbox.inputs / "b.tar.gz"
+    before = archive.read_bytes()
+    result = sandbox.run("report", archive, "--format", "markdown", "-o", archive, "--force")
+    assert_outcome(sandbox, result, 2, "the bundle being read")
+    assert archive.read_bytes() == before
