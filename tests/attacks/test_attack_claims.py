@@ -241,3 +241,20 @@ def test_a_report_over_its_own_archive_is_refused(sandbox, release_b):
     result = sandbox.run("report", archive, "--format", "markdown", "-o", archive, "--force")
     assert_outcome(sandbox, result, 2, "the bundle being read")
     assert archive.read_bytes() == before
+
+
+def test_an_intoto_archive_subject_that_is_not_the_bundle_is_refused(sandbox, release_b):
+    """Attack: `report --format intoto --subject-archive A` named A by sha256 as the bundle
+    packed once A's manifest.json was byte for byte the bundle's, whatever else A held: an
+    archive with the genuine manifest.json beside a rewritten raw output became an attested
+    subject of the genuine bundle's statement (a consumer checks the archive by that digest)."""
+    tampered = forge.copy(release_b, sandbox.inputs / "tampered")
+    raw = tampered / "raw" / "head" / "probes" / "prefill_result_cleanup.json"
+    doc = json.loads(raw.read_bytes())
+    doc["description"] = "rewritten after the run"
+    raw.write_bytes(forge.dumps(doc))  # manifest.json and SHA256SUMS left as the bundle's
+    archive = forge.tar_of(tampered, sandbox.inputs / "tampered.tar.gz")
+    assert (tampered / "manifest.json").read_bytes() == (release_b / "manifest.json").read_bytes()
+    result = sandbox.run("report", release_b, "--format", "intoto", "--subject-archive", archive)
+    assert_outcome(sandbox, result, 2, "--subject-archive", "does not verify")
+    assert result.out == ""
