@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import forge
-from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed
+from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed, line_naming
 
 pytestmark = pytest.mark.attack
 
@@ -258,3 +258,35 @@ def test_an_intoto_archive_subject_that_is_not_the_bundle_is_refused(sandbox, re
     result = sandbox.run("report", release_b, "--format", "intoto", "--subject-archive", archive)
     assert_outcome(sandbox, result, 2, "--subject-archive", "does not verify")
     assert result.out == ""
+
+
+# --- a planted cache ---------------------------------------------------------------------------
+
+
+def test_cache_verify_on_planted_tree_entries_names_them_and_reads_nothing_outside(sandbox):
+    """Planted cache: tree entries whose `tree` is missing, a file, or a symlink out of the
+    cache, and a listing that names a path out of the tree. `cache verify` crashed on the first
+    (exit 4) and hashed files outside the cache for the others; each is now DAMAGED, by name."""
+    outside = sandbox.inputs / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("not the cache's\n")
+    trees = sandbox.cache / "trees"
+    record = {"sha256": "0" * 64, "size": 1, "mtime_ns": 1}
+    plants = {
+        "no-tree": {},
+        "file-tree": {},
+        "linked-tree": {"secret": record},
+        "escaping": {"../../../inputs/outside/secret": record},
+    }
+    for key, files in plants.items():
+        (trees / key).mkdir(parents=True)
+        (trees / key / "kvprobe-tree.json").write_text(json.dumps({"files": files}))
+    (trees / "file-tree" / "tree").write_text("a file where the tree goes\n")
+    (trees / "linked-tree" / "tree").symlink_to(outside)
+    (trees / "escaping" / "tree").mkdir()
+    result = sandbox.run("cache", "verify")
+    assert_outcome(sandbox, result, 1, "no-tree", "tree", "unreadable")
+    assert line_naming(result.err, "file-tree", "not a directory"), result.describe()
+    assert line_naming(result.err, "linked-tree", "not a directory"), result.describe()
+    assert line_naming(result.err, "escaping", "not a path inside the tree"), result.describe()
+    assert line_naming(result.out, "4 trees", "4 damaged"), result.describe()
