@@ -290,3 +290,18 @@ def test_cache_verify_on_planted_tree_entries_names_them_and_reads_nothing_outsi
     assert line_naming(result.err, "linked-tree", "not a directory"), result.describe()
     assert line_naming(result.err, "escaping", "not a path inside the tree"), result.describe()
     assert line_naming(result.out, "4 trees", "4 damaged"), result.describe()
+
+
+@pytest.mark.parametrize("kind", ["trees", "units"])
+def test_a_bundle_out_inside_the_cache_is_refused(sandbox, kind):
+    """Bad input: `gates --out ~/.cache/kvprobe/trees/today` wrote the bundle where the next
+    plain `kvprobe cache prune` (no --all) removes it as a half-written cache entry."""
+    from tests.attacks.gatelogs import CONTEXT, startup_log
+
+    log = sandbox.inputs / "prefill.log"
+    log.write_text(startup_log("prefill", CONTEXT, canary=True))
+    (sandbox.cache / kind).mkdir()
+    out = sandbox.cache / kind / "gates-today"
+    result = sandbox.run("gates", "--log", f"prefill={log}", "--out", out)
+    assert_outcome(sandbox, result, 2, "inside kvprobe's cache")
+    assert not out.exists()
