@@ -305,3 +305,49 @@ def test_a_bundle_out_inside_the_cache_is_refused(sandbox, kind):
     result = sandbox.run("gates", "--log", f"prefill={log}", "--out", out)
     assert_outcome(sandbox, result, 2, "inside kvprobe's cache")
     assert not out.exists()
+
+
+# --- a file system that serves a file differently to two reads ----------------------------------
+
+TWO_FACED = '''
+import os
+from kvprobe.evidence import safetree
+
+_read, _served = safetree.Tree.read_bytes, set()
+
+
+def read_bytes(self, rel, cap):
+    """The first read of receipt.json gets the forged copy; every later read (and step 3's
+    hashing, which opens the file itself) the genuine bytes on disk."""
+    if rel == "receipt.json" and rel not in _served:
+        _served.add(rel)
+        with open(os.environ["KV_FORGED_RECEIPT"], "rb") as forged:
+            return forged.read()
+    return _read(self, rel, cap)
+
+
+safetree.Tree.read_bytes = read_bytes
+'''
+
+
+def test_a_receipt_served_differently_to_the_parse_and_the_hash_is_refused(sandbox, release_b):
+    """Attack (a hostile or changing file system: a FUSE or network mount the publisher serves,
+    simulated here by a sitecustomize in the child): step 2 parsed one receipt.json and step 3
+    hashed a second read of it, so a forged receipt parsed and exported while the genuine bytes
+    matched the published manifest digest: `report --expect-manifest-sha256` called it anchored."""
+    import hashlib
+
+    from tests.attacks.harness import REPO
+
+    shim = sandbox.inputs / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(TWO_FACED)
+    receipt = forge.load(release_b, "receipt.json")
+    receipt["env"]["python"] = "3.11.7 (FORGED: served to the parser only)"
+    forged = sandbox.inputs / "forged-receipt.json"
+    forged.write_bytes(forge.dumps(receipt))
+    digest = hashlib.sha256((release_b / "manifest.json").read_bytes()).hexdigest()
+    env = {"PYTHONPATH": f"{shim}:{REPO}", "KV_FORGED_RECEIPT": str(forged)}
+    result = sandbox.run("report", release_b, "--format", "markdown", "--expect-manifest-sha256", digest, env=env)
+    assert_outcome(sandbox, result, 1, "receipt.json", "changed while it was read")
+    assert "FORGED" not in result.out
