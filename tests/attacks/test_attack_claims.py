@@ -351,3 +351,24 @@ def test_a_receipt_served_differently_to_the_parse_and_the_hash_is_refused(sandb
     result = sandbox.run("report", release_b, "--format", "markdown", "--expect-manifest-sha256", digest, env=env)
     assert_outcome(sandbox, result, 1, "receipt.json", "changed while it was read")
     assert "FORGED" not in result.out
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "A" * 300,  # crashed before the fix
+        "sglang-cpu\u0000",  # held: regression guards beside it
+        "../../../etc/profile",
+    ],
+)
+def test_a_sweep_naming_an_impossible_profile_is_refused_not_a_crash(sandbox, name):
+    """Attack: a sweep receipt's profile name is looked up among the installed profiles (which
+    releases it serves); a 300-character name crashed verify (OSError ENAMETOOLONG, exit 4), and
+    a name is now never a path to look up (it was, outside the profiles folder)."""
+    bundle = copy_committed(EXP_B_SWEEP, sandbox, "sweep-b")
+    receipt = forge.load(bundle, "receipt.json")
+    receipt["profile"]["name"] = name
+    (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    _reobserve(bundle, {})
+    result = sandbox.run("verify", bundle)
+    assert_outcome(sandbox, result, 1, "experiment-mismatch", "profile")
