@@ -372,3 +372,11 @@ def test_a_sweep_naming_an_impossible_profile_is_refused_not_a_crash(sandbox, na
     _reobserve(bundle, {})
     result = sandbox.run("verify", bundle)
     assert_outcome(sandbox, result, 1, "experiment-mismatch", "profile")
+
+
+@pytest.mark.parametrize(("flag", "target"), [("--log", "dir"), ("--server-args", "/dev/zero")])
+def test_a_gates_input_that_is_no_regular_file_is_named_for_what_it_is(sandbox, flag, target):
+    """Bad input: `gates --log DIR` (or a device) said "no such file" of a path that exists."""
+    path = sandbox.inputs if target == "dir" else target
+    result = sandbox.run("gates", flag, path)
+    assert_outcome(sandbox, result, 2, flag, "not a regular file")
