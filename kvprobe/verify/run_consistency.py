@@ -440,7 +440,7 @@ def pin_defects(receipt: Receipt) -> list[BundleDefect]:
         pin, source = receipt.sides[side].pin, receipt.sides[side].source
         try:
             well_formed = pin_identity(kind, pin) == pin
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             well_formed, why = False, f"{type(exc).__name__}: {exc}"
         else:
             why = f"not exactly a {kind} pin identity: {short(pin)}"

@@ -380,3 +380,11 @@ def test_a_gates_input_that_is_no_regular_file_is_named_for_what_it_is(sandbox, 
     path = sandbox.inputs if target == "dir" else target
     result = sandbox.run("gates", flag, path)
     assert_outcome(sandbox, result, 2, flag, "not a regular file")
+
+
+def test_a_wheel_pin_field_of_another_type_is_a_bad_pin_not_a_crash(sandbox, release_b):
+    """Attack: a run receipt's wheel pin whose file name is null passes the schema; checking
+    the pin crashed verify (AttributeError, exit 4) instead of naming a bad pin."""
+    forge.edit_receipt(release_b, lambda r: r["sides"]["head"]["pin"].__setitem__("filename", None))
+    result = sandbox.run("verify", release_b)
+    assert_outcome(sandbox, result, 1, "bad-pin", "sides.head.pin")
