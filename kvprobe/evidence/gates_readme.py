@@ -19,7 +19,7 @@ def render_readme(receipt: GatesReceipt) -> str:
         lines += [
             f"## Gate {gate.number}: {gate.status}",
             "",
-            gate.title,
+            for_markdown(gate.title),  # the receipt's text: no link or HTML of its own
             "",
             "| check | status | detail | evidence |",
             "| --- | --- | --- | --- |",

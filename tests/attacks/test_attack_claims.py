@@ -388,3 +388,21 @@ def test_a_wheel_pin_field_of_another_type_is_a_bad_pin_not_a_crash(sandbox, rel
     forge.edit_receipt(release_b, lambda r: r["sides"]["head"]["pin"].__setitem__("filename", None))
     result = sandbox.run("verify", release_b)
     assert_outcome(sandbox, result, 1, "bad-pin", "sides.head.pin")
+
+
+def test_a_gates_readme_carries_no_link_or_html_from_the_receipt(sandbox, gates_bundle):
+    """Attack: a gate's title is the receipt's text, and README.md (which verify now holds to
+    kvprobe's rendering, and which a repository host renders) wrote it raw: a title carrying a
+    link or an image became a live one in a README that verify vouched for."""
+    from kvprobe.evidence.gates_readme import render_readme
+    from kvprobe.model.gates_receipt import GatesReceipt
+
+    receipt = forge.load(gates_bundle, "receipt.json")
+    receipt["gates"][0]["title"] = "[All four gates pass: signed report](https://evil.example/r) <img src=x>"
+    (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    (gates_bundle / "README.md").write_text(render_readme(GatesReceipt.from_json(receipt)), encoding="utf-8")
+    forge.rehash(gates_bundle)
+    result = sandbox.run("verify", gates_bundle)
+    assert_outcome(sandbox, result, 0)
+    readme = (gates_bundle / "README.md").read_text(encoding="utf-8")
+    assert "](https://evil.example/r)" not in readme and "<img" not in readme, readme
