@@ -225,6 +225,12 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
     ranges = ranges_of(obs)
     observed = dict(obs.classes)
     affected_versions = [v for v, cls in obs.classes if cls == AFFECTED]
+    if not affected_versions:
+        # an affected entry without ranges or versions is read as every version affected (or none)
+        raise UsageError(
+            "the sweep observed no release affected: an OSV record would name the package affected with no "
+            "range kvprobe observed (--format openvex or markdown state each release's class)"
+        )
     exp = r.experiment
     caveats = view.provenance.caveats()
     details = " ".join(

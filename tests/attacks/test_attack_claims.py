@@ -406,3 +406,18 @@ def test_a_gates_readme_carries_no_link_or_html_from_the_receipt(sandbox, gates_
     assert_outcome(sandbox, result, 0)
     readme = (gates_bundle / "README.md").read_text(encoding="utf-8")
     assert "](https://evil.example/r)" not in readme and "<img" not in readme, readme
+
+
+def test_an_osv_record_of_a_sweep_that_observed_no_affected_release_is_refused(sandbox):
+    """Attack: a sweep that observed no release affected still exported an OSV record of the
+    vulnerability for the package, its `affected` entry without ranges or versions: consumers
+    read such an entry as every version affected (or none), a claim nothing observed."""
+    bundle = copy_committed(EXP_B_SWEEP, sandbox, "sweep-b")
+    fixed = forge.load(bundle, SWEEP_RAW.format("0.5.20"))
+    receipt = forge.load(bundle, "receipt.json")
+    _reobserve(bundle, {r["version"]: fixed for r in receipt["releases"]})
+    assert set(forge.load(bundle, "receipt.json")["summary"]) == {"fixed"}
+    assert sandbox.run("verify", bundle).code == 0
+    result = sandbox.run("report", bundle, "--format", "osv", "--osv-id", "GHSA-aaaa-bbbb-cccc")
+    assert_outcome(sandbox, result, 2, "no release", "affected")
+    assert result.out == ""
