@@ -91,6 +91,22 @@ def read_regular(path: Path, max_bytes: int) -> bytes:
         os.close(fd)
 
 
+def input_refusal(path: Path, source: Path) -> str | None:
+    """Why a command may not write its output at ``path`` when it reads the bundle ``source``
+    (a directory or an archive), or None when it may: into the bundle, a file the manifest does
+    not list (or one it does, with --force) breaks the evidence the output was drawn from, and
+    the input itself is never replaced. Symlinks are resolved on both sides."""
+    out, src = Path(os.path.realpath(path)), Path(os.path.realpath(source))
+    if out == src:
+        return f"{path} is the bundle being read ({source}); refusing to write over it"
+    if src in out.parents:
+        return (
+            f"{path} is inside the bundle {source}: a file written there changes the evidence "
+            "(one its manifest does not list fails verification); write it outside the bundle"
+        )
+    return None
+
+
 def output_refusal(path: Path, force: bool) -> str | None:
     """Why a command may not write its output file at ``path``, or None when it may: the one
     rule of every ``-o``. A path that exists is kept unless ``force``; one that is anything

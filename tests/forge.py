@@ -25,8 +25,10 @@ from kvprobe import schema
 from kvprobe.evidence import manifest
 from kvprobe.evidence.bundle_readme import render_readme
 from kvprobe.model.receipt import Receipt
+from kvprobe.model.records import SourceKind
 from kvprobe.names import MANIFEST, SUMS
 from kvprobe.rules import compare
+from kvprobe.rules.run_limits import run_limits
 
 EXP_ID = "forge-exp"
 PIN_SET = "commits"
@@ -269,7 +271,7 @@ def _receipt(exp_ref, sides, expectations, comparison) -> dict[str, Any]:
             "shows": "a forged difference",
             "does_not_show": ["anything real"],
             "mocks": {PROBE: {"sender": "MagicMock KV sender"}},
-            "limits": [],
+            "limits": ["host: Linux x86_64, CPU only; no GPU, RDMA or model weights"],
         },
         "timings": {"checks_s": 0.1},
     }
@@ -295,11 +297,26 @@ def edit_receipt(root: Path, change: Callable[[dict], None]) -> None:
     receipt = load(root, "receipt.json")
     readme = root / "README.md"
     derived = readme.is_file() and not readme.is_symlink() and readme.read_bytes() == _rendered(receipt)
+    limits = _limits(receipt)
+    stated = receipt.get("evidence", {}).get("limits") if isinstance(receipt.get("evidence"), dict) else None
     change(receipt)
+    if limits is not None and limits == stated and receipt.get("evidence", {}).get("limits") == stated:
+        # a writer derives the limits from the host, pin set and env (rules/run_limits): re-derive
+        # them where they were derived and the change left them alone
+        receipt["evidence"]["limits"] = _limits(receipt) or stated
     (root / "receipt.json").write_bytes(dumps(receipt))
     if derived and _rendered(receipt) is not None:
         readme.write_bytes(_rendered(receipt))
     rehash(root)
+
+
+def _limits(receipt: dict) -> list[str] | None:
+    try:
+        ps, env = receipt["pin_set"], receipt["env"]
+        commit = (ps.get("tests_from") or {}).get("commit")
+        return run_limits(receipt["host"], SourceKind(ps["kind"]), commit, env.get("torch"), env.get("torch_index"))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # not a run receipt, or a tamper that breaks its shape
 
 
 def _rendered(receipt: dict) -> bytes | None:

@@ -20,8 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvprobe.evidence.gates_readme import render_readme
 from kvprobe.experiments import experiment
 from kvprobe.gates import fixmarkers
+from kvprobe.model.gates_receipt import GatesReceipt
 from kvprobe.rules import gate_probes
 from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Status, combine
 from tests import forge
@@ -164,7 +166,14 @@ def graft(
         gate["status"] = combine(Status(c["status"]) for c in gate["checks"] if c["decides"]).value
     overall = combine(Status(g["status"]) for g in receipt["gates"])
     receipt.update(overall=overall.value, exit_code=RECORDED_EXIT_CODE[overall])
+    reseal(bundle, receipt)
+
+
+def reseal(bundle: Path, receipt: dict[str, Any]) -> None:
+    """Write ``receipt``, README.md as kvprobe renders it from the receipt, and the hashes: what a
+    writer derives, so only what the receipt states is left to verify."""
     (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    (bundle / "README.md").write_text(render_readme(GatesReceipt.from_json(receipt)), encoding="utf-8")
     forge.rehash(bundle)
 
 

@@ -138,7 +138,7 @@ def report_cmd(
     if output is None:
         streams.document(text)
     else:
-        write_atomic(output, text, force=force)
+        write_atomic(output, text, force=force, source=bundle)
         streams.result(f"wrote {for_terminal(output)} ({fmt})")
     return EXIT_OK
 

@@ -293,6 +293,6 @@ def attest_cmd(
         streams.document(signed.text)
         streams.diagnostic(f"{said} -> stdout")
     else:
-        write_atomic(output, signed.text, force=force)
+        write_atomic(output, signed.text, force=force, source=bundle)
         streams.result(f"{said} -> {for_terminal(str(output))}")
     return EXIT_OK

@@ -69,6 +69,9 @@ class Profile:
         return hashlib.sha256(self.lock_bytes).hexdigest()
 
 
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
 def load_profile(name: str) -> Profile:
     """Find ``profiles/<name>.toml`` on the experiment search path and check it whole.
 
@@ -76,6 +79,10 @@ def load_profile(name: str) -> Profile:
     outside its folder, or whose lock has a line that is not hash-pinned: all before any
     fetch or env build, and the lock is never read from outside the profile folder.
     """
+    if not isinstance(name, str) or not _PROFILE_NAME.match(name):
+        # a name from an experiment file or a bundle's receipt: never a path, never unbounded
+        shown = str(name)[:80]
+        raise ExperimentError(f"bad dependency profile name {shown!r}: letters, digits, '.', '_' and '-' only")
     for directory in experiment_dirs():
         path = directory / "profiles" / f"{name}.toml"
         if path.is_file():

@@ -8,6 +8,7 @@ caller's list, never an exception: verification reports every defect it finds.
 
 from __future__ import annotations
 
+import hashlib
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ class Bundle:
     # a gates receipt's gate-2 experiment files, by bundle path (step 2 read and schema-checked them)
     experiment_docs: dict[str, Any] = field(default_factory=dict)
     receipt_family: str = "kvprobe.receipt"
+    # the sha256 of the bytes each read_bytes returned, by path: what was parsed must be what
+    # the manifest lists, not only what a second read for hashing found (verify/integrity)
+    read_digests: dict[str, str] = field(default_factory=dict)
 
     def listed(self) -> dict[str, dict[str, Any]]:
         return {f["path"]: f for f in (self.manifest or {}).get("files", [])}
@@ -66,7 +70,9 @@ def read_bytes(bundle: Bundle, rel: str, cap: int, defects: list[BundleDefect]) 
         defects.append(Unreadable(str(rel), problem))
         return None
     try:
-        return bundle.tree.read_bytes(rel, cap)
+        data = bundle.tree.read_bytes(rel, cap)
+        bundle.read_digests[rel] = hashlib.sha256(data).hexdigest()
+        return data
     except FileNotFoundError:
         defects.append(Unreadable(rel, "missing"))
     except NotRegularFile as exc:

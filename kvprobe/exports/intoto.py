@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from kvprobe import files
+from kvprobe.defects import NotABundle
 from kvprobe.errors import UsageError
-from kvprobe.evidence.archive import extracted
-from kvprobe.evidence.safetree import Limits
 from kvprobe.exports.bundle_view import BundleView, project, purl, wheel_purl
 from kvprobe.model.receipt import Receipt
 from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import INTOTO_PREDICATE_TYPE, MANIFEST, SIDES
+from kvprobe.verify.steps import VerifyOptions, verify
 
 INTOTO_SCHEMA = "in-toto/statement-v1"  # a key of kvprobe.schema.KNOWN
 INTOTO_STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -24,20 +24,29 @@ PREDICATE_TYPE = INTOTO_PREDICATE_TYPE
 
 def archive_subject(view: BundleView, archive: Path) -> dict[str, Any]:
     """``archive`` as a subject (file name, sha256), once it is known to be this bundle packed:
-    its manifest.json is byte for byte the bundle's. UsageError otherwise."""
+    it verifies as `kvprobe verify` reads an archive (every member its manifest lists, by
+    sha256), its manifest.json is byte for byte the bundle's, and its bytes did not change
+    while they were read. UsageError otherwise: a matching manifest.json alone says nothing
+    of the archive's other members, and the statement vouches for the archive's digest."""
     if not archive.is_file():
         raise UsageError(f"--subject-archive {archive}: no such file")
-    with extracted(archive, Limits()) as (root, defects):
-        if root is None or not (root / MANIFEST).is_file():
-            why = defects[0].message if defects else "it holds no manifest.json"
-            raise UsageError(f"--subject-archive {archive}: not a bundle archive ({why})")
-        packed = files.sha256_file(root / MANIFEST)
-    if packed != view.manifest_sha256:
+    digest = files.sha256_file(archive)
+    try:
+        report = verify(archive, VerifyOptions())
+    except NotABundle as exc:
+        raise UsageError(f"--subject-archive {archive}: not a bundle archive ({exc.message})") from None
+    if not report.ok:
+        found = report.defects
+        why = found[0].message if found else report.outcome
+        raise UsageError(f"--subject-archive {archive}: does not verify, so it is not this bundle packed ({why})")
+    if report.manifest_sha256 != view.manifest_sha256:
         raise UsageError(
-            f"--subject-archive {archive}: its manifest.json sha256 is {packed}, not this bundle's "
+            f"--subject-archive {archive}: its manifest.json sha256 is {report.manifest_sha256}, not this bundle's "
             f"{view.manifest_sha256}: it is another bundle"
         )
-    return {"name": archive.name, "digest": {"sha256": files.sha256_file(archive)}}
+    if files.sha256_file(archive) != digest:
+        raise UsageError(f"--subject-archive {archive}: it changed while it was read")
+    return {"name": archive.name, "digest": {"sha256": digest}}
 
 
 def intoto(view: BundleView, *, archive: Path | None = None) -> dict[str, Any]:

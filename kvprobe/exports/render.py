@@ -113,13 +113,17 @@ def _refusal(kind: str, fmt: str) -> str:
     )
 
 
-def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
+def write_atomic(path: Path, text: str, *, force: bool = False, source: Path | None = None) -> None:
     """Write ``text`` to ``path`` atomically; an existing file is replaced only with ``force``
-    (the same policy as `bundle pack -o`). UsageError when the directory does not exist."""
+    (the same policy as `bundle pack -o`). UsageError when the directory does not exist, or
+    ``path`` is the bundle ``source`` the text was drawn from or lies inside it."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise UsageError(f"{path}: directory {directory} does not exist")
+    inside = files.input_refusal(path, source) if source is not None else None
+    if inside is not None:
+        raise UsageError(inside)
     refusal = files.output_refusal(path, force)
     if refusal is not None:
         raise BundleExistsError(refusal)

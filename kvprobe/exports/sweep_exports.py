@@ -96,12 +96,15 @@ def ranges_of(obs: Observations) -> list[dict[str, Any]]:
     A run is affected releases that are neighbours on the index. It opens with ``introduced``
     at its first release only where the release right before it on the index was observed
     not affected (``not-present``: the code path does not exist yet; or ``fixed``): that is an
-    observed boundary. Otherwise the start is unknown: ``"0"`` (OSV's "every earlier
-    version") for the first run, and for a later one the release after the last one observed
-    unaffected. Never the profile's floor: a release the profile cannot import is unobserved,
-    not unaffected. A run closes with ``fixed`` where the next release on the index was
-    observed fixed, with ``last_affected`` where a later release exists but the next was not
-    observed fixed, and stays open where nothing later was swept."""
+    observed boundary. Otherwise the start is unknown, and the range takes in the releases
+    nothing observed: it starts at the release the index lists right after the last release
+    observed unaffected, the first run's as every other's, so no release observed unaffected
+    falls inside a range and none the sweep skipped falls outside one; ``"0"`` (OSV's "every
+    earlier version") only where no earlier release was observed unaffected. Never the
+    profile's floor: a release the profile cannot import is unobserved, not unaffected. A run
+    closes with ``fixed`` where the next release on the index was observed fixed, with
+    ``last_affected`` where a later release exists but the next was not observed fixed, and
+    stays open where nothing later was swept."""
     classes = list(obs.classes)
     runs: list[list[int]] = []
     for i, (version, cls) in enumerate(classes):
@@ -112,9 +115,9 @@ def ranges_of(obs: Observations) -> list[dict[str, Any]]:
         else:
             runs.append([i])
     ranges: list[dict[str, Any]] = []
-    for n, run in enumerate(runs):
+    for run in runs:
         last = classes[run[-1]][0]
-        events: list[dict[str, str]] = [{"introduced": _introduced(obs, run[0], first=n == 0)}]
+        events: list[dict[str, str]] = [{"introduced": _introduced(obs, run[0])}]
         after = run[-1] + 1
         if after < len(classes) and classes[after][1] == FIXED and obs.neighbours(last, classes[after][0]):
             events.append({"fixed": classes[after][0]})
@@ -124,15 +127,18 @@ def ranges_of(obs: Observations) -> list[dict[str, Any]]:
     return ranges
 
 
-def _introduced(obs: Observations, i: int, *, first: bool) -> str:
+def _introduced(obs: Observations, i: int) -> str:
+    """The start of the run opening at ``classes[i]``: the release right after the last one
+    observed unaffected before it, on the index (so a release the sweep skipped is inside the
+    range, not outside it); ``"0"`` where none before it was observed unaffected."""
     classes = obs.classes
-    version = classes[i][0]
-    if i > 0 and classes[i - 1][1] in _UNAFFECTED and obs.neighbours(classes[i - 1][0], version):
-        return version
-    unaffected = [j for j in range(i) if classes[j][1] in _UNAFFECTED]
-    if first or not unaffected:
+    bounds = [j for j in range(i) if classes[j][1] in _UNAFFECTED]
+    if not bounds:
         return "0"
-    return classes[unaffected[-1] + 1][0]
+    last = classes[bounds[-1]][0]
+    if last in obs.listing and obs.listing.index(last) + 1 < len(obs.listing):
+        return obs.listing[obs.listing.index(last) + 1]
+    return classes[bounds[-1] + 1][0]
 
 
 def introduced_text(obs: Observations, ranges: Sequence[Mapping[str, Any]]) -> str:
@@ -140,10 +146,18 @@ def introduced_text(obs: Observations, ranges: Sequence[Mapping[str, Any]]) -> s
     if not ranges:
         return "no release was observed affected"
     start = ranges[0]["events"][0]["introduced"]
+    classes = dict(obs.classes)
     if start != "0":
-        before = [v for v, c in obs.classes if _key(v) < _key(start)][-1]
-        cls = dict(obs.classes)[before]
-        return f"observed: {before} was observed {cls} and {start}, the next release on the index, affected"
+        before = [v for v, c in obs.classes if _key(v) < _key(start) and c in _UNAFFECTED][-1]
+        cls = classes[before]
+        if classes.get(start) == AFFECTED and obs.neighbours(before, start):
+            return f"observed: {before} was observed {cls} and {start}, the next release on the index, affected"
+        oldest = next(v for v, c in obs.classes if c == AFFECTED)
+        return (
+            f"not observed: {before} was observed {cls} and {oldest} is the oldest release observed affected; "
+            f"{start}, the next release on the index, was {classes.get(start, 'not swept')}, so the range "
+            "starts there"
+        )
     oldest = next(v for v, c in obs.classes if c == AFFECTED)
     return (
         f'unknown ("0"): {oldest} is the oldest release observed affected and no older release was '
@@ -211,6 +225,12 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
     ranges = ranges_of(obs)
     observed = dict(obs.classes)
     affected_versions = [v for v, cls in obs.classes if cls == AFFECTED]
+    if not affected_versions:
+        # an affected entry without ranges or versions is read as every version affected (or none)
+        raise UsageError(
+            "the sweep observed no release affected: an OSV record would name the package affected with no "
+            "range kvprobe observed (--format openvex or markdown state each release's class)"
+        )
     exp = r.experiment
     caveats = view.provenance.caveats()
     details = " ".join(
@@ -299,11 +319,16 @@ def openvex(view: BundleView, *, author: str, issued: str, role: str | None = No
             ),
         }
         if status == "affected":
-            fixed = [x.version for x in r.releases if x.classification.overall is FIXED]
+            # only releases after this one: a release observed fixed before it is a downgrade
+            fixed = [
+                x.version
+                for x in sorted(r.releases, key=lambda x: _key(x.version))
+                if x.classification.overall is FIXED and _key(x.version) > _key(release.version)
+            ]
             statement["action_statement"] = (
-                f"Upgrade {wheel.package} to a release kvprobe observed fixed ({', '.join(fixed)})"
+                f"Upgrade {wheel.package} to a later release kvprobe observed fixed ({', '.join(fixed)})"
                 if fixed
-                else f"No release kvprobe observed is fixed; backport {prs_text(r, links=False)}"
+                else f"No later release kvprobe observed is fixed; backport {prs_text(r, links=False)}"
             )
         statements.append(statement)
     if not statements:
@@ -360,7 +385,8 @@ def markdown(view: BundleView, author: str | None = None) -> str:
         out += [
             f"Oldest release observed: {cell(obs.classes[0][0])}. Releases older than it were not observed: "
             f"the sweep selected {cell(obs.swept)}{floor}. An OSV record's `introduced` is therefore an "
-            'observed boundary or `"0"` (unknown), never the profile\'s floor.',
+            "observed boundary, the first release after the last one observed unaffected, or "
+            '`"0"` (unknown), never the profile\'s floor.',
             "",
         ]
     return "\n".join(out)

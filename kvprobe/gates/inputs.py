@@ -24,7 +24,11 @@ def split_role(spec: str, what: str) -> tuple[str | None, Path]:
     if sep and name in serverlog.ROLES and rest:
         role, path = name, Path(rest)
     if not path.is_file():
-        raise UsageError(f"{what} {spec!r}: no such file")
+        try:
+            found = f"{files.kind_of(path.stat().st_mode)}, not a regular file"
+        except OSError:
+            found = "no such file"
+        raise UsageError(f"{what} {spec!r}: {found}")
     return role, path
 
 

@@ -21,7 +21,6 @@ arguments (they can hold keys): it records their sha256 and the lines that decid
 from __future__ import annotations
 
 import contextlib
-import platform
 import time
 import uuid
 from collections.abc import Iterable
@@ -34,6 +33,7 @@ from kvprobe import __version__
 from kvprobe.env.venv import check_index_url
 from kvprobe.errors import UsageError
 from kvprobe.evidence.bundle import host_facts
+from kvprobe.evidence.gates_readme import render_readme
 from kvprobe.gates import serverlog
 from kvprobe.gates.behaviour import BehaviourRun, ProbeGate, run_behaviour, start_server
 from kvprobe.gates.environment import Environment
@@ -54,9 +54,9 @@ from kvprobe.model.gates_receipt import (
 from kvprobe.model.receipt import Tool
 from kvprobe.names import GATES_RECEIPT_SCHEMA
 from kvprobe.progress import Reporter
+from kvprobe.rules import gate_scope
 from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Status, combine
 from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
-from kvprobe.text import for_markdown
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,7 @@ def overall(gates: Iterable[Gate]) -> Status:
 def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
     logs, files, started = inputs.logs, inputs.files, run.started
     verdict = overall(run.gates)
+    host = host_facts()
     return GatesReceipt(
         schema=GATES_RECEIPT_SCHEMA,
         tool=Tool(__version__),
@@ -171,8 +172,8 @@ def build_receipt(inputs: GateInputs, run: GatesRun) -> GatesReceipt:
         behaviour=run.behaviour.bases,
         gate4=run.gate4,
         env=run.behaviour.env,
-        host=host_facts(),
-        evidence=_SCOPE,
+        host=host,
+        evidence=DeploymentScope.from_json(gate_scope.scope(GATES_RECEIPT_SCHEMA, host)),
         timings={k: round(v, 3) for k, v in run.timings.items()},
         execution=run.behaviour.execution,
     )
@@ -204,30 +205,6 @@ def _target(target: Target, code: CodeSettings | None, findings: list[Finding]) 
         }
     spec = target.spec if target.kind == "version" else Path(target.spec).name
     return TargetRecord(spec, target.kind, target.identity, markers, settings)
-
-
-_SCOPE = DeploymentScope(
-    layer="deployment",
-    shows=(
-        "What this deployment's own startup logs, server arguments and SGLang code say about the "
-        "four acceptance gates, and how the experiment A-F probes behave on that code, head side (CPU, "
-        "mocked transport): A/B for gate 2, F for gate 3, C/D/E for gate 4."
-    ),
-    does_not_show=(
-        "that no cross-request KV exposure happened or can happen: nothing here serves a request",
-        "GPU, RDMA or transport behaviour: the gates' probes mock the KV transport, pools and scheduler "
-        "(gate 3's checksum digest is a CPU stand-in for SGLang's CUDA kernel)",
-        "settings the process really ran with beyond what its log and the given files show: "
-        "no SGLang release logs SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, so deferred release "
-        "is seen only in an environment given with --env (or an args file's env object)",
-    ),
-    limits=(
-        f"host: {platform.system()} {platform.machine()}, CPU only",
-        "fix markers are code patterns measured on 0.5.13..0.5.23, supporting detail only; a refactor "
-        "may read as unknown",
-        "operator logs and argument files are not copied into the bundle: their sha256 and the deciding lines are",
-    ),
-)
 
 
 def _startup_json(startup: serverlog.Startup) -> dict[str, Any]:
@@ -290,37 +267,3 @@ def _worker_json(log: serverlog.WorkerLog) -> dict[str, Any]:
         "problems": list(log.problems),
         "lines": log.lines,
     }
-
-
-def render_readme(receipt: GatesReceipt) -> str:
-    lines = [
-        f"# kvprobe gates: {receipt.overall}",
-        "",
-        f"Layer: deployment. Exit code: {receipt.exit_code} (0 all pass, 1 a gate failed, 3 could not decide).",
-        "",
-    ]
-    for gate in receipt.gates:
-        lines += [
-            f"## Gate {gate.number}: {gate.status}",
-            "",
-            gate.title,
-            "",
-            "| check | status | detail | evidence |",
-            "| --- | --- | --- | --- |",
-        ]
-        for c in gate.checks:
-            status = c.status if c.decides else f"{c.status} (info)"
-            lines.append(f"| {_md(c.name)} | {status} | {_md(c.detail)} | {_md(c.evidence)} |")
-        lines.append("")
-    lines += [
-        "What this does not show:",
-        *[f"- {x}" for x in receipt.evidence.does_not_show],
-        "",
-        "Check the files: `sha256sum -c --strict SHA256SUMS`.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _md(text: str) -> str:
-    return for_markdown(text)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -42,6 +41,7 @@ from kvprobe.model.records import Experiment, GitPin, PinSet, Side, SourceKind, 
 from kvprobe.names import PROBES_DIR, RECEIPT_SCHEMA, SIDES
 from kvprobe.progress import Reporter
 from kvprobe.rules import compare
+from kvprobe.rules.run_limits import run_limits
 from kvprobe.run.session import CheckSession, SessionEnv, SessionSettings, env_lease, fork_server, preload_modules
 from kvprobe.run.side import CheckContext, run_side
 from kvprobe.run.workspace import SealedBundle, Workspace, bundle_path
@@ -525,6 +525,7 @@ def _receipt(plan: RunPlan, out: RunOutputs, repeat: int = 1) -> Receipt:
         )
     )
     records = compare.probe_records(probe_docs)
+    host = host_facts()
     return Receipt(
         schema=RECEIPT_SCHEMA,
         tool=Tool(__version__),
@@ -547,7 +548,7 @@ def _receipt(plan: RunPlan, out: RunOutputs, repeat: int = 1) -> Receipt:
         ),
         sides=side_records,
         env=out.env,
-        host=host_facts(),
+        host=host,
         settings=dict(sorted(out.env_vars.items())),
         expectations=expectations,
         comparison=comparison,
@@ -557,7 +558,7 @@ def _receipt(plan: RunPlan, out: RunOutputs, repeat: int = 1) -> Receipt:
             shows=exp.scope.shows,
             does_not_show=exp.scope.does_not_show,
             mocks=mocks,
-            limits=tuple(_limits(exp, pin_set, out.env)),
+            limits=tuple(_limits(pin_set, out.env, host)),
             configuration=records["configuration"],
             absorbed=records["absorbed"],
         ),
@@ -589,19 +590,7 @@ def _probe_record(ran: dict[str, Any], probe_dir: Path, staging: Path) -> RunPro
     )
 
 
-def _limits(exp: Experiment, pin_set: PinSet, env: EnvRecord) -> list[str]:
-    limits = [f"host: {platform.system()} {platform.machine()}, CPU only; no GPU, RDMA or model weights"]
-    if pin_set.kind is SourceKind.WHEEL and pin_set.tests_commit is not None:
-        limits.append(
-            f"code from release wheels, test files from upstream commit {pin_set.tests_commit.commit}: "
-            "the same tests on both sides, run against release code they were not written with"
-        )
-    elif pin_set.kind is SourceKind.WHEEL:
-        limits.append("release wheels carry no upstream tests: only the probes ran on these pins")
-    if env.torch:
-        t = env.torch
-        limits.append(
-            f"torch {t.get('version')} (cuda build {t.get('cuda')}, cuda available: "
-            f"{t.get('cuda_available')}) from {env.torch_index}"
-        )
-    return limits
+def _limits(pin_set: PinSet, env: EnvRecord, host: dict[str, Any]) -> list[str]:
+    """The receipt's limits, by the rule verify recomputes them with (rules/run_limits)."""
+    tests_commit = pin_set.tests_commit.commit if pin_set.tests_commit is not None else None
+    return run_limits(host, pin_set.kind, tests_commit, env.torch, env.torch_index)

@@ -9,13 +9,15 @@ both: nothing half-written is left. :func:`bundle_path` is the ``--out`` rule.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from kvprobe.errors import BundleExistsError, CheckRunError
+from kvprobe.env.cache import default_cache_root
+from kvprobe.errors import BundleExistsError, CheckRunError, UsageError
 from kvprobe.evidence.bundle import seal_bundle
 from kvprobe.verify.steps import VerifyOptions, verify
 
@@ -36,8 +38,15 @@ class SealedBundle(Generic[R]):
 
 def bundle_path(out: Path | None, bundles_dir: Path, name: str) -> Path:
     """Where a bundle goes: ``--out`` (BundleExistsError when it exists and is not an empty
-    directory), else ``bundles_dir/name``."""
+    directory; UsageError inside kvprobe's cache, whose `cache prune` removes what it does not
+    know there), else ``bundles_dir/name``."""
     if out is not None:
+        cache = Path(os.path.realpath(default_cache_root()))
+        if cache in Path(os.path.realpath(out)).parents or Path(os.path.realpath(out)) == cache:
+            raise UsageError(
+                f"--out {out} is inside kvprobe's cache ({cache}): `kvprobe cache prune` removes a directory "
+                "it does not know there; write the bundle outside the cache"
+            )
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise BundleExistsError(f"--out {out} exists and is not empty; refusing to overwrite")
         return out.resolve()

@@ -163,20 +163,46 @@ def _listing(entry: Path) -> dict[str, dict] | None:
         return None
 
 
+def _record_problem(rel: str, want: object) -> str | None:
+    """Why a listing record cannot be checked, or None: a path that is not plain and inside the
+    tree (absolute, ``..``, empty parts) is never opened, and a record is a symlink's target
+    or a file's sha256, size and mtime. A planted listing makes problems, not crashes."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in rel:
+        return "not a path inside the tree"
+    if not isinstance(want, dict):
+        return "not a file record"
+    if "symlink" in want:
+        return None if isinstance(want["symlink"], str) else "not a file record"
+    fields = (want.get("sha256"), want.get("size"), want.get("mtime_ns"))
+    if not isinstance(fields[0], str) or not all(isinstance(n, int) and not isinstance(n, bool) for n in fields[1:]):
+        return "not a file record"
+    return None
+
+
 def quick_problems(entry: Path) -> list[Problem]:
-    """Cheap check (stat only): the marker's files, sizes and mtimes, symlink targets, nothing writable."""
+    """Cheap check (stat only): the marker's files, sizes and mtimes, symlink targets, nothing
+    writable. The entry's ``tree`` must be a directory itself (never a symlink out of the cache)."""
     listing = _listing(entry)
     if listing is None:
         return [Problem(MARKER, "missing or unreadable (half-written entry)")]
-    found = _scan(entry / "tree")
-    problems = [Problem(p, "not in the listing") for p in sorted(set(found) - set(listing))]
-    problems += [Problem(p, "missing") for p in sorted(set(listing) - set(found))]
+    tree = entry / "tree"
+    try:
+        if not stat.S_ISDIR(os.lstat(tree).st_mode):
+            return [Problem("tree", "not a directory (a file or a symlink stands in its place)")]
+        found = _scan(tree)
+    except OSError as exc:
+        return [Problem("tree", f"unreadable ({exc.strerror or exc})")]
+    bad = {rel: why for rel, want in listing.items() if (why := _record_problem(rel, want))}
+    problems = [Problem(rel, why) for rel, why in sorted(bad.items())]
+    problems += [Problem(p, "not in the listing") for p in sorted(set(found) - set(listing))]
+    problems += [Problem(p, "missing") for p in sorted(set(listing) - set(found) - set(bad))]
     for rel, st in found.items():
         want = listing.get(rel)
-        if want is None:
+        if want is None or rel in bad:
             continue
         if "symlink" in want:
-            if not stat.S_ISLNK(st.st_mode) or os.readlink(entry / "tree" / rel) != want["symlink"]:
+            if not stat.S_ISLNK(st.st_mode) or os.readlink(tree / rel) != want["symlink"]:
                 problems.append(Problem(rel, "symlink changed"))
         elif not stat.S_ISREG(st.st_mode):
             problems.append(Problem(rel, "not a regular file"))
@@ -186,12 +212,18 @@ def quick_problems(entry: Path) -> list[Problem]:
 
 
 def verify(entry: Path) -> list[Problem]:
-    """Full check: the quick one, then every file's sha256 against the listing."""
+    """Full check: the quick one, then every file's sha256 against the listing (only where the
+    quick check found the tree itself sound: nothing outside it is ever read)."""
     problems = quick_problems(entry)
+    if any(p.path in (MARKER, "tree") for p in problems):
+        return problems
     listing = _listing(entry) or {}
+    found = _scan(entry / "tree")  # a regular file under the tree itself, never one through a symlink
     for rel, want in sorted(listing.items()):
-        path = entry / "tree" / rel
-        if "sha256" in want and path.is_file() and not path.is_symlink() and sha256_file(path) != want["sha256"]:
+        st = found.get(rel)
+        if _record_problem(rel, want) is not None or "sha256" not in want or st is None or not stat.S_ISREG(st.st_mode):
+            continue
+        if sha256_file(entry / "tree" / rel) != want["sha256"]:
             problems.append(Problem(rel, "sha256 differs from the listing"))
     return problems
 
@@ -256,7 +288,12 @@ def cache_tag(python: str) -> str:
 
 
 def discard(path: Path) -> None:
-    """Remove a (frozen) tree: renamed aside first, so no reader sees it half deleted."""
+    """Remove a (frozen) tree: renamed aside first, so no reader sees it half deleted. An entry
+    that is a symlink is only unlinked: os.walk enters a symlinked top directory, and its
+    chmod would reach outside the cache."""
+    if path.is_symlink():
+        path.unlink()
+        return
     if not path.exists():
         return
     aside = path.with_name(f".trash-{path.name}-{uuid.uuid4().hex[:8]}")

@@ -20,10 +20,12 @@ from kvprobe.defects import (
     ComparisonMismatch,
     ExperimentMismatch,
     ForgedVerdict,
+    ReadmeMismatch,
     RecomputeFailed,
     RecordMismatch,
 )
-from kvprobe.evidence.reader import Bundle
+from kvprobe.evidence.gates_readme import render_readme
+from kvprobe.evidence.reader import Bundle, read_bytes
 from kvprobe.model.gates_receipt import (
     CheckRecord,
     Gate4Basis,
@@ -32,8 +34,8 @@ from kvprobe.model.gates_receipt import (
     GatesReceipt,
     TargetRecord,
 )
-from kvprobe.names import PROBES_DIR, RECEIPT
-from kvprobe.rules import gate2, gate4, gate_probes, markers
+from kvprobe.names import PROBES_DIR, README, RECEIPT
+from kvprobe.rules import gate2, gate4, gate_probes, gate_scope, markers
 from kvprobe.rules.gate_status import RECORDED_EXIT_CODE, Check, Status, combine
 from kvprobe.verify.consistency import citation_defects, cited_files, json_diff, probe_record, summary
 from kvprobe.verify.result import StepResult, step_result
@@ -84,6 +86,7 @@ def step_gates_consistency(bundle: Bundle, receipt: GatesReceipt) -> StepResult:
                 f"the gates give {overall.value!r}",
             )
         )
+    defects += scope_defects(receipt) + readme_defects(bundle, receipt)
     notes = []
     if receipt.behaviour is None:
         notes.append(
@@ -93,6 +96,36 @@ def step_gates_consistency(bundle: Bundle, receipt: GatesReceipt) -> StepResult:
     return step_result(
         4, defects, f"gates receipt {receipt.overall.value!r} recomputed from its checks and raw outputs", notes
     )
+
+
+# --- what the exports and README.md quote ------------------------------------------------
+
+_MAX_README_BYTES = 1 << 20
+
+
+def scope_defects(receipt: GatesReceipt) -> list[BundleDefect]:
+    """The evidence block is kvprobe's own statement for the receipt's version
+    (rules/gate_scope), its host line the receipt's host: what the Markdown export and README.md
+    say the evidence shows, does not show, and its limits."""
+    stated = receipt.evidence.to_json()
+    diffs = json_diff(stated, gate_scope.scope(receipt.schema, receipt.host), "evidence")
+    if not diffs:
+        return []
+    return [RecordMismatch(RECEIPT, f"not what kvprobe states for a {receipt.schema} receipt: {summary(diffs)}")]
+
+
+def readme_defects(bundle: Bundle, receipt: GatesReceipt) -> list[BundleDefect]:
+    """README.md, when present, is byte for byte what kvprobe renders from the receipt: an
+    operator attaches it to a change ticket, and nothing else ties its words to the gates."""
+    if README not in bundle.listed():
+        return []
+    found: list[BundleDefect] = []
+    data = read_bytes(bundle, README, _MAX_README_BYTES, found)
+    if data is None:
+        return [ReadmeMismatch(README, d.detail) for d in found]
+    if data != render_readme(receipt).encode("utf-8"):
+        return [ReadmeMismatch(README, "not the summary kvprobe renders from receipt.json (edited after the run)")]
+    return []
 
 
 # --- gate 4's deferred-release checks and the fix markers ---------------------------------

@@ -114,6 +114,22 @@ def file_defects(bundle: Bundle, entry: dict[str, Any]) -> list[BundleDefect]:
     return []
 
 
+def reread_defects(bundle: Bundle) -> list[BundleDefect]:
+    """Every listed file verify parsed (receipt, raw outputs, experiment, README) had the
+    manifest's sha256 in the bytes it parsed: step 3 hashes a second read, and a file served
+    differently to the two reads (a hostile or changing file system) must not pass."""
+    listed = bundle.listed()
+    return [
+        FileDigestMismatch(
+            rel,
+            f"the bytes verify parsed have sha256 {digest}, {MANIFEST} lists {listed[rel]['sha256']}: "
+            "the file changed while it was read",
+        )
+        for rel, digest in sorted(bundle.read_digests.items())
+        if rel in listed and listed[rel].get("sha256") != digest
+    ]
+
+
 def unlisted_defects(bundle: Bundle) -> list[BundleDefect]:
     listed = set(bundle.listed()) | {MANIFEST, SUMS}
     return [

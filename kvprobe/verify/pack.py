@@ -19,7 +19,7 @@ from typing import BinaryIO
 from kvprobe.defects import NotABundle
 from kvprobe.errors import BundleExistsError, UsageError
 from kvprobe.evidence.safetree import Limits, Tree, path_problem
-from kvprobe.files import output_refusal
+from kvprobe.files import input_refusal, output_refusal
 from kvprobe.verify.steps import VerifyOptions, verify_dir
 
 _DIR_MODE, _FILE_MODE = 0o755, 0o644
@@ -48,6 +48,9 @@ def pack(bundle: Path, out: Path | None = None, limits: Limits = Limits(), *, fo
     """
     if not Path(bundle).is_dir():
         raise NotABundle(f"{bundle}: not a bundle directory")
+    inside = input_refusal(Path(out), Path(bundle)) if out else None
+    if inside is not None:
+        raise UsageError(inside)
     report = verify_dir(Path(bundle), VerifyOptions(limits=limits))
     if not report.ok:
         raise UsageError(

@@ -36,6 +36,7 @@ from kvprobe.model.receipt import FileRef, ProbeRepeat, Receipt, RunProbeRecord,
 from kvprobe.model.records import GitPin, ModelPin, WheelPin
 from kvprobe.names import PROBES_DIR, README, RECEIPT, SIDES
 from kvprobe.rules import compare
+from kvprobe.rules.run_limits import run_limits
 from kvprobe.verify.consistency import (
     Cited,
     citation_defects,
@@ -54,7 +55,7 @@ def step_consistency(bundle: Bundle, receipt: Receipt) -> StepResult:
     defects = citation_defects(citations(receipt), bundle.listed()) + placement_defects(receipt)
     defects += record_defects(bundle, receipt)
     defects += recompute_defects(bundle, receipt)
-    defects += pin_defects(receipt) + run_id_defects(receipt)
+    defects += pin_defects(receipt) + run_id_defects(receipt) + limits_defects(receipt)
     readme, notes = readme_defects(bundle, receipt)
     defects += readme
     if bundle.experiment is not None:
@@ -370,6 +371,20 @@ def _receipt_view(receipt: Receipt) -> dict[str, Any]:
     }
 
 
+def limits_defects(receipt: Receipt) -> list[BundleDefect]:
+    """evidence.limits are the words kvprobe writes from the receipt's host, pin set and env
+    (rules/run_limits): the exports quote them as kvprobe's caveats, so none may be dropped,
+    reworded or added."""
+    ps, env = receipt.pin_set, receipt.env
+    tests_from = ps.tests_from or {}
+    commit = tests_from.get("commit") if isinstance(tests_from.get("commit"), str) else None
+    derived = run_limits(receipt.host, ps.kind, commit, env.torch, env.torch_index)
+    diffs = json_diff(list(receipt.evidence.limits), derived, "evidence.limits")
+    if diffs:
+        return [RecordMismatch(RECEIPT, f"evidence.limits are not what kvprobe writes for this run: {summary(diffs)}")]
+    return []
+
+
 # --- README.md ---------------------------------------------------------------------------
 
 _MAX_README_BYTES = 1 << 20
@@ -377,19 +392,27 @@ _MAX_README_BYTES = 1 << 20
 
 def readme_defects(bundle: Bundle, receipt: Receipt) -> tuple[list[BundleDefect], list[str]]:
     """README.md, when present, is byte for byte the summary this kvprobe renders from the
-    receipt: a reviewer reads it first, and nothing else ties its claims to the evidence. A
-    bundle from another kvprobe version may render differently: then it is said to be unchecked."""
+    receipt: a reviewer reads it first, and nothing else ties its claims to the evidence. The
+    receipt's ``tool.version`` is its own claim, so it never exempts a README from the check (a
+    sweep's is held the same way); one rendered by another kvprobe is refused, naming it."""
     if README not in bundle.listed():
         return [], []
-    made_by = receipt.tool.version
-    if made_by != __version__:
-        return [], [f"README.md not checked: made by kvprobe {made_by}, whose rendering this kvprobe does not have"]
     found: list[BundleDefect] = []
     data = read_bytes(bundle, README, _MAX_README_BYTES, found)
     if data is None:
         return [ReadmeMismatch(README, d.detail) for d in found], []
-    if data != render_readme(receipt).encode("utf-8"):
-        return [ReadmeMismatch(README, "not the summary kvprobe renders from receipt.json (edited after the run)")], []
+    try:
+        rendered = render_readme(receipt).encode("utf-8")
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # the schema leaves the comparison's tables open: one the renderer cannot read is a
+        # defect (step 4's recompute names what is wrong with it), never a crash
+        why = f"cannot be rendered from receipt.json to compare ({type(exc).__name__}: {exc})"
+        return [ReadmeMismatch(README, why)], []
+    if data != rendered:
+        made_by = receipt.tool.version
+        other = f", or rendered by kvprobe {made_by}: verify it with that kvprobe" if made_by != __version__ else ""
+        why = f"not the summary kvprobe renders from receipt.json (edited after the run{other})"
+        return [ReadmeMismatch(README, why)], []
     return [], []
 
 
@@ -417,7 +440,7 @@ def pin_defects(receipt: Receipt) -> list[BundleDefect]:
         pin, source = receipt.sides[side].pin, receipt.sides[side].source
         try:
             well_formed = pin_identity(kind, pin) == pin
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             well_formed, why = False, f"{type(exc).__name__}: {exc}"
         else:
             why = f"not exactly a {kind} pin identity: {short(pin)}"

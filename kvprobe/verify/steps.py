@@ -38,7 +38,7 @@ from kvprobe.model.sweep_receipt import SweepReceipt
 from kvprobe.names import MANIFEST, PROBES_DIR, PYTEST_REPORT_SCHEMA, RECEIPT, SUMS, TEST_RUN_SCHEMA
 from kvprobe.verify.anchor import Anchor, compare_experiment, compare_installed
 from kvprobe.verify.gates_consistency import behaviour_experiments, step_gates_consistency
-from kvprobe.verify.integrity import integrity_defects
+from kvprobe.verify.integrity import integrity_defects, reread_defects
 from kvprobe.verify.result import STEP_NAMES, StepResult, VerifyOutcome, step_result
 from kvprobe.verify.run_consistency import cited_outputs, step_consistency
 from kvprobe.verify.sweep_consistency import step_sweep_consistency
@@ -213,6 +213,7 @@ def verify_dir(root: Path, opts: VerifyOptions) -> Report:
         steps.append(
             step_consistency_of(bundle, receipt) if receipt is not None and bundle.manifest is not None else _skip(4, 2)
         )
+        _reread_check(steps[2], bundle)
         steps.append(step_authenticity(bundle, receipt, opts.expect_manifest_sha256, opts.check_installed))
         if opts.rerun is not None:
             steps.append(_rerun_step(bundle, steps, opts.rerun))
@@ -429,6 +430,17 @@ def step_integrity(bundle: Bundle) -> StepResult:
     defects = integrity_defects(bundle)
     listed = bundle.listed()
     return step_result(3, defects, f"{len(listed)} listed files: size, sha256; SHA256SUMS == manifest.json")
+
+
+def _reread_check(integrity: StepResult, bundle: Bundle) -> None:
+    """After steps 2-4 read what they parse: step 3 fails where those bytes are not the ones
+    the manifest lists (it hashed a second read)."""
+    if integrity.status == "skipped":
+        return
+    found = reread_defects(bundle)
+    if found:
+        integrity.defects += found
+        integrity.status = "fail"
 
 
 # --- step 5: authenticity ----------------------------------------------------------------

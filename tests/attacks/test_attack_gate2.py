@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from kvprobe.rules import gate_scope
 from tests import forge, forge_gate2
 from tests.attacks.harness import assert_outcome
 
@@ -78,8 +79,8 @@ def test_a_downgrade_to_schema_1_does_not_escape_the_recompute(sandbox, gates_bu
     forge_gate2.as_schema_3(receipt)
     del receipt["gate2"], receipt["gate4"], receipt["inputs"]["env"]
     receipt["schema"] = "kvprobe.gates-receipt/1"
-    (gates_bundle / "receipt.json").write_bytes(forge.dumps(receipt))
-    forge.rehash(gates_bundle)
+    receipt["evidence"] = gate_scope.scope(receipt["schema"], receipt["host"])  # /1's own words
+    forge_gate2.reseal(gates_bundle, receipt)
     result = sandbox.run("verify", gates_bundle)
     assert_outcome(sandbox, result, 1, "forged-verdict", "gate 2", CASE)
 

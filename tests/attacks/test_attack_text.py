@@ -41,7 +41,8 @@ EXP_TOML = f"probes/{forge.EXP_ID}/experiment.toml"
 
 def retitle(bundle, title: str, limit: str) -> None:
     """A self-consistent bundle whose title (experiment.toml and receipt) and one receipt
-    limit carry ``title`` / ``limit``: it verifies."""
+    limit carry ``title`` / ``limit`` (the limit through host.system, which the limits are
+    derived from): it verifies."""
     path = bundle / EXP_TOML
     path.write_text(
         path.read_text().replace('title = "A forged but valid experiment"', f"title = {json.dumps(title)}", 1)
@@ -50,7 +51,7 @@ def retitle(bundle, title: str, limit: str) -> None:
     def change(receipt):
         receipt["experiment"]["title"] = title
         receipt["experiment"]["sha256"] = forge.sha(path.read_bytes())
-        receipt["evidence"]["limits"].append(limit)
+        receipt["host"]["system"] = "Linux " + limit
 
     forge.edit_receipt(bundle, change)
     forge.recite(bundle, EXP_TOML)

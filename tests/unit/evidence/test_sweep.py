@@ -303,3 +303,28 @@ def test_a_release_with_the_feature_behaves_as_head_and_an_absence_never_holds_o
     assert got["overall"] == "fixed" and {c["class"] for c in got["cases"].values()} == {"fixed"}
     got = classify_release(FEATURE, docs(case("check", aborted=False), case("off", aborted=False)), {})
     assert got["overall"] == "mixed" and got["cases"]["p/check"]["class"] == "neither"
+
+
+def test_osv_never_folds_a_release_observed_unaffected_into_a_range():
+    """The first range starts after the last release observed unaffected, not at "0", when an
+    unobserved release stands between it and the oldest affected one."""
+    r = receipt(
+        [("0.5.17", "not-present"), ("0.5.18", "could-not-observe"), ("0.5.19", "affected"), ("0.5.20", "fixed")]
+    )
+    events = sweep_exports.osv_ranges(SweepReceipt.from_json(r))[0]["events"]
+    assert events == [{"introduced": "0.5.18"}, {"fixed": "0.5.20"}]
+    text = sweep_exports.introduced_text(sweep_exports.observations(SweepReceipt.from_json(r)), [{"events": events}])
+    assert text.startswith("not observed: 0.5.17 was observed not-present") and "could-not-observe" in text
+
+
+def test_osv_range_takes_in_a_listed_release_the_sweep_skipped():
+    r = receipt([("0.5.17", "not-present"), ("0.5.19", "affected")], spec="0.5.17,0.5.19")
+    listed_too(r, "0.5.18")
+    assert sweep_exports.osv_ranges(SweepReceipt.from_json(r))[0]["events"][0] == {"introduced": "0.5.18"}
+
+
+def test_openvex_advises_only_a_later_release_observed_fixed():
+    r = receipt([("0.5.18", "fixed"), ("0.5.19", "affected"), ("0.5.20", "fixed")])
+    doc = json.loads(render(view(r), "openvex", ExportOptions(author="a <a@b>", issued="2026-12-01T00:00:00Z")))
+    (affected,) = [s for s in doc["statements"] if s["status"] == "affected"]
+    assert affected["action_statement"] == "Upgrade sglang to a later release kvprobe observed fixed (0.5.20)"

@@ -9,6 +9,7 @@ differs per release is the server_args field set (0.5.21 added disaggregation_en
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 
 from kvprobe.cli import main
 from kvprobe.errors import SchemaError
+from kvprobe.evidence.gates_readme import render_readme
 from kvprobe.files import json_bytes
 from kvprobe.gates import pool, serverlog, settings
 from kvprobe.gates.fixmarkers import (
@@ -30,6 +32,7 @@ from kvprobe.gates.fixmarkers import (
     markers,
 )
 from kvprobe.model.gates_receipt import GatesReceipt
+from kvprobe.rules import gate_scope
 from kvprobe.rules.gate_status import Status
 
 GLM_CONTEXT = 1_048_576
@@ -571,8 +574,13 @@ def _rewrite_receipt(bundle: Path, change) -> str:
     from kvprobe.evidence import manifest
 
     receipt = json.loads((bundle / "receipt.json").read_text())
+    readme = bundle / "README.md"
+    derived = readme.is_file() and readme.read_text() == render_readme(GatesReceipt.from_json(receipt))
     change(receipt)
     (bundle / "receipt.json").write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n")
+    if derived:  # kvprobe renders README.md from the receipt it wrote
+        with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+            readme.write_text(render_readme(GatesReceipt.from_json(receipt)))
     manifest.write(bundle)
     result = CliRunner().invoke(main, ["verify", str(bundle), "--json"], catch_exceptions=False)
     return json.loads(result.stdout)["outcome"]
@@ -582,6 +590,7 @@ def _as_schema_3(receipt: dict) -> None:
     """A receipt as kvprobe wrote /3: gate 2 the only behavioural gate (its basis ``gate2``, probes
     without ``gate``), gates 3 and 4 decided by their fix markers."""
     receipt["schema"] = "kvprobe.gates-receipt/3"
+    receipt["evidence"] = gate_scope.scope(receipt["schema"], receipt["host"])  # /3's words
     basis = next(b for b in receipt.pop("behaviour") if b["gate"] == 2)
     receipt["gate2"] = {"algorithm": basis["algorithm"], "experiments": basis["experiments"]}
     receipt["probes"] = [{k: v for k, v in p.items() if k != "gate"} for p in receipt["probes"] if p["gate"] == 2]
@@ -596,6 +605,7 @@ def _as_schema_2(receipt: dict) -> None:
     """A receipt as kvprobe wrote /2: no --env inputs, no gate4 basis."""
     _as_schema_3(receipt)
     receipt["schema"] = "kvprobe.gates-receipt/2"
+    receipt["evidence"] = gate_scope.scope(receipt["schema"], receipt["host"])
     del receipt["gate4"]
     del receipt["inputs"]["env"]
 
@@ -604,6 +614,7 @@ def _as_schema_1(receipt: dict) -> None:
     """A receipt as kvprobe wrote /1 after inputs went by name: no gate2 basis."""
     _as_schema_2(receipt)
     receipt["schema"] = "kvprobe.gates-receipt/1"
+    receipt["evidence"] = gate_scope.scope(receipt["schema"], receipt["host"])
     del receipt["gate2"]
 
 

@@ -109,13 +109,16 @@ def test_an_edited_readme_is_a_defect(model):
     assert [(d["code"], d["path"]) for d in step(doc, 4)["defects"]] == [("readme-mismatch", "README.md")]
 
 
-def test_a_readme_from_another_kvprobe_version_is_said_to_be_unchecked(bundle):
+def test_a_readme_of_a_claimed_other_kvprobe_version_is_still_checked(bundle):
+    """tool.version is the receipt's own claim: it never exempts README.md from the check."""
     forge.edit_receipt(bundle, lambda r: r["tool"].update(version="0.0.9"))
     (bundle / "README.md").write_text("# rendered by 0.0.9\n")
     forge.rehash(bundle)
     code, doc, _ = cli_verify(bundle)
-    assert code == 0
-    assert any("README.md not checked: made by kvprobe 0.0.9" in n for n in step(doc, 4)["notes"])
+    assert code == 1
+    (defect,) = step(doc, 4)["defects"]
+    assert (defect["code"], defect["path"]) == ("readme-mismatch", "README.md")
+    assert "rendered by kvprobe 0.0.9" in defect["detail"]
 
 
 # --- step 6: consent before a bundle's own code runs -------------------------------------
