@@ -248,6 +248,14 @@ def _selected(
     return chosen, served
 
 
+def _shown(versions: list[str], most: int = 6) -> str:
+    """``versions`` for one progress line: the first and last few, and how many between."""
+    if len(versions) <= most:
+        return ", ".join(versions)
+    half = most // 2
+    return f"{', '.join(versions[:half])}, ... ({len(versions) - most} more), {', '.join(versions[-half:])}"
+
+
 def _unit_request(exp: Experiment, pin: WheelPin, opts: SweepOptions, cache_root: Path | None) -> UnitRequest:
     """The one request for ``exp``'s unit on ``pin``: the pass ahead (run_by_release) and the
     sweep must ask alike, as the sweep takes the pass's outcome by its request."""
@@ -298,6 +306,11 @@ def sweep_experiment(
                 read_utc = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         chosen, served = _selected(exp, opts, available, profile)
         unserved = [v for v in chosen if v not in served]
+        if unserved:  # said before anything runs: these are selected, and will never be observed here
+            reporter.note(
+                f"not run: {len(unserved)} selected release(s) profile {profile.name} does not serve "
+                f"({profile.serves}): {_shown(unserved)}"
+            )
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
             executor = LocalExecutor(

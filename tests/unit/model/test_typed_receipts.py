@@ -92,6 +92,8 @@ def test_every_verdict_status_and_outcome_has_its_exit_code():
     assert base.sweep_exit({"affected": ["1"], "fixed": ["2"]}) == 0
     assert base.sweep_exit({"affected": ["1"], "not-present": ["0"]}) == 3
     assert base.sweep_exit({"fixed": ["2"], "could-not-observe": ["3"]}) == 3
+    # a selected release the profile does not serve was never observed: not "every release observed"
+    assert base.sweep_exit({"affected": ["1"], "fixed": ["2"]}, ["0.9"]) == 3
 
 
 # --- no reader indexes a receipt as a dict -------------------------------------------------
