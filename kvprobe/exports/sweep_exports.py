@@ -54,12 +54,20 @@ class Observations:
     receipt's ``listing.versions``, which verify's step 4 holds the release set to), oldest
     first: two releases are neighbours only there, never by the --releases text.
     ``unserved``: versions in the range the profile does not serve (nothing ran on them).
+    ``not_observed_reason``: why the listed versions older than the oldest observed release
+    were not observed (the receipt's ``observed``, which verify recomputes; None: none are).
     """
 
     classes: tuple[tuple[str, str], ...]
     listing: tuple[str, ...]
     unserved: tuple[str, ...]
     swept: str
+    not_observed_reason: str | None = None
+
+    def older_not_observed(self) -> str:
+        """Why the releases older than the oldest one swept say nothing: never "not swept"
+        where the range selected them and the profile could not run them."""
+        return f"not observed ({self.not_observed_reason})" if self.not_observed_reason else "not observed"
 
     def neighbours(self, older: str, newer: str) -> bool:
         """``newer`` comes right after ``older`` on the index."""
@@ -82,7 +90,8 @@ def observations(r: SweepReceipt) -> Observations:
     classes = tuple(sorted(((x.version, str(x.classification.overall)) for x in r.releases), key=lambda t: _key(t[0])))
     unserved = tuple(sorted(r.unserved, key=_key))
     listing = tuple(sorted(r.listing.versions, key=_key))
-    return Observations(classes, listing, unserved, r.spec or "every release on the index the profile serves")
+    swept = r.spec or "every release on the index the profile serves"
+    return Observations(classes, listing, unserved, swept, r.observed.not_observed_reason)
 
 
 def osv_ranges(r: SweepReceipt) -> list[dict[str, Any]]:
@@ -96,12 +105,13 @@ def ranges_of(obs: Observations) -> list[dict[str, Any]]:
     A run is affected releases that are neighbours on the index. It opens with ``introduced``
     at its first release only where the release right before it on the index was observed
     not affected (``not-present``: the code path does not exist yet; or ``fixed``): that is an
-    observed boundary. Otherwise the start is unknown: ``"0"`` (OSV's "every earlier
-    version") for the first run, and for a later one the release after the last one observed
-    unaffected. Never the profile's floor: a release the profile cannot import is unobserved,
-    not unaffected. A run closes with ``fixed`` where the next release on the index was
-    observed fixed, with ``last_affected`` where a later release exists but the next was not
-    observed fixed, and stays open where nothing later was swept."""
+    observed boundary. Otherwise the start is unknown: the release after the last one observed
+    unaffected, on the index (never earlier: that one was observed), or ``"0"`` (OSV's "every
+    earlier version") where no older release was observed unaffected. Never the profile's
+    floor: a release the profile cannot import is unobserved, not unaffected. A run closes
+    with ``fixed`` where the next release on the index was observed fixed, with
+    ``last_affected`` where a later release exists but the next was not observed fixed, and
+    stays open where nothing later was swept."""
     classes = list(obs.classes)
     runs: list[list[int]] = []
     for i, (version, cls) in enumerate(classes):
@@ -112,9 +122,9 @@ def ranges_of(obs: Observations) -> list[dict[str, Any]]:
         else:
             runs.append([i])
     ranges: list[dict[str, Any]] = []
-    for n, run in enumerate(runs):
+    for run in runs:
         last = classes[run[-1]][0]
-        events: list[dict[str, str]] = [{"introduced": _introduced(obs, run[0], first=n == 0)}]
+        events: list[dict[str, str]] = [{"introduced": _introduced(obs, run[0])}]
         after = run[-1] + 1
         if after < len(classes) and classes[after][1] == FIXED and obs.neighbours(last, classes[after][0]):
             events.append({"fixed": classes[after][0]})
@@ -124,15 +134,23 @@ def ranges_of(obs: Observations) -> list[dict[str, Any]]:
     return ranges
 
 
-def _introduced(obs: Observations, i: int, *, first: bool) -> str:
+def _introduced(obs: Observations, i: int) -> str:
     classes = obs.classes
     version = classes[i][0]
     if i > 0 and classes[i - 1][1] in _UNAFFECTED and obs.neighbours(classes[i - 1][0], version):
         return version
     unaffected = [j for j in range(i) if classes[j][1] in _UNAFFECTED]
-    if first or not unaffected:
+    if not unaffected:
         return "0"
-    return classes[unaffected[-1] + 1][0]
+    # the start is unknown, but no earlier than the release after one observed unaffected
+    return _after(obs, classes[unaffected[-1]][0]) or classes[unaffected[-1] + 1][0]
+
+
+def _after(obs: Observations, version: str) -> str | None:
+    """The release right after ``version`` on the index (None: it is not listed, or last)."""
+    if version not in obs.listing or obs.listing.index(version) + 1 >= len(obs.listing):
+        return None
+    return obs.listing[obs.listing.index(version) + 1]
 
 
 def introduced_text(obs: Observations, ranges: Sequence[Mapping[str, Any]]) -> str:
@@ -140,14 +158,19 @@ def introduced_text(obs: Observations, ranges: Sequence[Mapping[str, Any]]) -> s
     if not ranges:
         return "no release was observed affected"
     start = ranges[0]["events"][0]["introduced"]
-    if start != "0":
-        before = [v for v, c in obs.classes if _key(v) < _key(start)][-1]
-        cls = dict(obs.classes)[before]
-        return f"observed: {before} was observed {cls} and {start}, the next release on the index, affected"
     oldest = next(v for v, c in obs.classes if c == AFFECTED)
+    if start != "0":
+        before = [v for v, c in obs.classes if _key(v) < _key(start) and c in _UNAFFECTED][-1]
+        cls = dict(obs.classes)[before]
+        if start == oldest:
+            return f"observed: {before} was observed {cls} and {start}, the next release on the index, affected"
+        return (
+            f"unknown, from {start}: {before} was observed {cls}, {oldest} is the oldest release observed "
+            "affected, and the releases between them were not observed (a later start cannot be ruled out)"
+        )
     return (
         f'unknown ("0"): {oldest} is the oldest release observed affected and no older release was '
-        f"observed unaffected; releases older than {obs.classes[0][0]} were not swept"
+        f"observed unaffected; releases older than {obs.classes[0][0]} were {obs.older_not_observed()}"
     )
 
 
@@ -248,7 +271,7 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
                             "listed_not_observed": obs.not_observed_before(affected_versions[0])
                             if affected_versions
                             else [],
-                            "older": f"every release older than {oldest}: not swept",
+                            "older": f"every release older than {oldest}: {obs.older_not_observed()}",
                         }
                         if oldest
                         else {}
