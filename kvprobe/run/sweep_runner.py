@@ -240,9 +240,10 @@ def _selected(
     chosen = releases.select(opts.releases, available) if opts.releases else available
     served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
     if not served:
+        why = f" ({profile.serves_why})" if profile.serves_why else ""
         raise UsageError(
-            f"no selected release is served by profile {profile.name!r} (serves {profile.serves}); "
-            f"selected: {', '.join(chosen) or 'none'}"
+            f"no selected release is served by profile {profile.name!r} (serves {profile.serves}){why}: "
+            f"nothing would be observed; selected: {', '.join(chosen) or 'none'}"
         )
     _repeat_fits(exp, opts.repeat, len(served))
     return chosen, served
@@ -309,7 +310,7 @@ def sweep_experiment(
         if unserved:  # said before anything runs: these are selected, and will never be observed here
             reporter.note(
                 f"not run: {len(unserved)} selected release(s) profile {profile.name} does not serve "
-                f"({profile.serves}): {_shown(unserved)}"
+                f"({profile.serves}): {_shown(unserved)}" + (f" ({profile.serves_why})" if profile.serves_why else "")
             )
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
@@ -344,7 +345,7 @@ def sweep_experiment(
             share.index() if share is not None else index_url(),
             read_utc,
             tuple(available),
-            tuple(_listed(v, pins[v], profile.name, profile.serves) for v in chosen),
+            tuple(_listed(v, pins[v], profile.name, profile.serves, profile.serves_why) for v in chosen),
         )
         pins = {v: pins[v] for v in served}
         local_env = executor.session.record if isinstance(executor, LocalExecutor) else None
@@ -437,10 +438,10 @@ def index_url() -> str:
     return " ".join([config.index_url or PYPI_SIMPLE, *config.extra_index_urls, *links])
 
 
-def _listed(version: str, pin: WheelPin | str, profile: str, serves: str | None) -> ListedRelease:
+def _listed(version: str, pin: WheelPin | str, profile: str, serves: str | None, why: str | None) -> ListedRelease:
     """A selected version as the listing records it: its wheel (or why the index named none),
-    and why the sweep does not run it (the profile does not serve it)."""
-    reason = unserved_reason(profile, serves, version)
+    and why the sweep does not run it (the profile does not serve it, and the profile's why)."""
+    reason = unserved_reason(profile, serves, version, why)
     if isinstance(pin, str):
         return ListedRelease(version, None, None, pin, reason)
     return ListedRelease(version, pin.filename, pin.sha256, None, reason)
