@@ -657,6 +657,69 @@ def declared_cases(source: str, variable: str) -> list[tuple[str, str, str | Non
 from kvprobe_autospec import lazy_autospec  # noqa: E402 - at the end on purpose (above)
 
 
+# --- an absent name says nothing where the release does not import here ----------------------
+def _package_imports(directory: str, top: str) -> list[str]:
+    """The modules of package ``top`` that the probe's own code (every file in ``directory``)
+    imports at module level, in file order; for ``from M import N`` also ``M.N`` (N may be a
+    submodule; one that is not is skipped as absent)."""
+    found: list[str] = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".py"):
+            continue
+        try:
+            tree = _parsed(os.path.join(directory, name))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [n for n in names if _top(n) == top and n not in found]
+    return found
+
+
+def unless_unimportable(missing: NotPresent, modules: list[str]) -> Exception:
+    """``missing``, unless one of ``modules`` (what the probe's own code imports of the release)
+    fails to import here for a reason outside the package (a dependency this env lacks, or one
+    whose API the release no longer fits): then CannotObserve naming both, since nothing of the
+    release is observable in this env and the absence of a set-up name is no evidence that the
+    code path is absent. A module that is itself absent is skipped."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+            continue
+        except ImportError as exc:
+            failure = import_failure(exc, [module])
+            if isinstance(failure, NotPresent):
+                continue
+            reason = str(failure)
+        except Exception as exc:  # a release module raising on import is what this env says of it
+            reason = f"importing {module} raised {_qualname(type(exc))}: {str(exc)[:500]}"
+        error = CannotObserve(
+            f"{reason}; this env cannot import the release, so that it lacks {', '.join(missing.missing)} "
+            "(which the probe's own code imports) says nothing of the code path"
+        )
+        error.__cause__ = missing
+        return error
+    return missing
+
+
+def _failed_import_here(self: Probe, exc: ImportError) -> Exception:
+    """:meth:`Probe._failed_import`, then :func:`unless_unimportable` over the probe's imports."""
+    failure = _failed_import_of_the_probe(self, exc)
+    if isinstance(failure, NotPresent) and self.directory:
+        failure = unless_unimportable(failure, _package_imports(self.directory, _top(failure.missing[0])))
+    return failure
+
+
+# Set here, not in the class above, for the rule of this section's heading (lines stay put).
+_failed_import_of_the_probe = Probe._failed_import
+Probe._failed_import = _failed_import_here  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
     # ``python kvprobe_probe.py PROBE_FILE --out OUT``: the probe imports this file as
     # ``kvprobe_probe``; run through that one module, not this ``__main__`` copy.

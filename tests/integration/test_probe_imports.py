@@ -153,3 +153,21 @@ def test_an_import_before_any_probe_is_declared_is_still_a_crash(tmp_path):
     result = run(tmp_path, {"fakedoor/door.py": DOOR_OLD}, "", probe_text=crash)
     assert not result.ok and result.exit_code != 0
     assert "cannot import name 'retire'" in (tmp_path / "logs" / "doors.stderr").read_text()
+
+
+def test_an_absent_name_is_unobserved_where_the_release_does_not_import_in_this_env(tmp_path):
+    """The helper's import of ``retire`` fails (absent) before the probe reaches its import of
+    ``fakedoor.sched``, which this env cannot import (a kernel it lacks): nothing of the release
+    is observable here, so neither case may claim the code path absent (measured on SGLang
+    0.5.2-0.5.11, whose probe world lacks a set-up name and whose scheduler needs sgl_kernel)."""
+    helper = "from fakedoor.door import add, retire\nimport fakedoor.sched\n"
+    package = {"fakedoor/door.py": DOOR_OLD, "fakedoor/sched.py": "import kvprobe_no_such_kernel\n"}
+    found = cases(run(tmp_path, package, "from doorworld import add, retire", {"doorworld.py": helper}))
+    for case in found.values():
+        assert (case["observation"], case["missing"]) == ("unobserved", []), case
+        assert "kvprobe_no_such_kernel" in case["reason"] and "fakedoor.door.retire" in case["reason"]
+        assert "says nothing of the code path" in case["reason"]
+    # the same release with a scheduler this env imports: the name is absent, as before
+    package["fakedoor/sched.py"] = "X = 1\n"
+    found = cases(run(tmp_path / "importable", package, "from doorworld import add, retire", {"doorworld.py": helper}))
+    assert {(c["observation"], c["missing"][0]) for c in found.values()} == {("not-present", "fakedoor.door.retire")}
