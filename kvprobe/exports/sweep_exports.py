@@ -372,9 +372,10 @@ def markdown(view: BundleView, author: str | None = None) -> str:
     out += [*_release_table(r), ""]
     if r.unserved:
         shown = ", ".join(sorted(r.unserved, key=_key))
+        why = f" Why: {cell(profile.serves_why)}." if profile.serves_why else ""
         out += [
             f"Not run: {len(r.unserved)} selected releases that profile {code_span(profile.name)} does not "
-            f"serve: {cell(shown)}.",
+            f"serve: {cell(shown)}.{why}",
             "",
         ]
     obs = observations(r)

@@ -297,6 +297,9 @@ def test_releases_selected_but_not_served_are_not_observed_never_not_swept():
     assert specific["kvprobe_introduced"].endswith(f"releases older than 0.5.13 were not observed ({floor})")
     assert "not swept" not in json.dumps(specific)
     assert specific["kvprobe_not_served"] == ["0.5.10", "0.5.11", "0.5.12"]
+    r["profile"]["serves_why"] = "they need sgl_kernel"
+    text = render.render(test_sweep.view(r), "markdown", OSV_OPTS)
+    assert "does not serve: 0.5.10, 0.5.11, 0.5.12. Why: they need sgl_kernel." in text
 
 
 def test_an_unknown_start_never_reaches_back_over_a_release_observed_unaffected():
