@@ -720,9 +720,43 @@ _failed_import_of_the_probe = Probe._failed_import
 Probe._failed_import = _failed_import_here  # type: ignore[method-assign]
 
 
+def run_file_reporting(path: str, argv: list[str]) -> None:
+    """:func:`run_file`, and where an import statement of the probe's own code raised something
+    other than ImportError (a release module that does not fit this env's dependencies, e.g.
+    transformers refusing its image processor classes), each declared case says so
+    (could not observe, naming the module that raised) instead of a probe that died without
+    output. Anything else still propagates: it is no statement about the release."""
+    try:
+        run_file(path, argv)
+    except Exception as exc:
+        probes = [v for v in vars(sys.modules.get("__main__", types.ModuleType("_"))).values() if isinstance(v, Probe)]
+        directory = os.path.dirname(os.path.abspath(path))
+        requested = _import_statement(exc, directory)
+        if isinstance(exc, ImportError) or len(probes) != 1 or requested is None:
+            raise
+        failing = _raising_module(exc) or "an unknown module"
+        failure = CannotObserve(
+            f"importing {', '.join(requested)} raised {_qualname(type(exc))} in {failing}: {str(exc)[:500]}; "
+            "this env cannot import the release"
+        )
+        failure.__cause__ = exc
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+        variable = next(k for k, v in vars(sys.modules["__main__"]).items() if v is probes[0])
+        probe = probes[0]
+        args = _arguments(probe, argv)
+
+        def fail(_obs: Observations) -> None:
+            raise failure
+
+        declared = declared_cases(source, variable)
+        probe._cases = [(name, description, decision, fail) for name, description, decision in declared]
+        _write(probe, args.out, probe.run(args.case))
+
+
 if __name__ == "__main__":
     # ``python kvprobe_probe.py PROBE_FILE --out OUT``: the probe imports this file as
     # ``kvprobe_probe``; run through that one module, not this ``__main__`` copy.
     import kvprobe_probe
 
-    kvprobe_probe.run_file(sys.argv[1], sys.argv[2:])
+    kvprobe_probe.run_file_reporting(sys.argv[1], sys.argv[2:])

@@ -171,3 +171,15 @@ def test_an_absent_name_is_unobserved_where_the_release_does_not_import_in_this_
     package["fakedoor/sched.py"] = "X = 1\n"
     found = cases(run(tmp_path / "importable", package, "from doorworld import add, retire", {"doorworld.py": helper}))
     assert {(c["observation"], c["missing"][0]) for c in found.values()} == {("not-present", "fakedoor.door.retire")}
+
+
+def test_a_release_module_that_raises_at_import_is_unobserved_per_case_not_a_dead_probe(tmp_path):
+    """SGLang 0.5.1 and 0.5.5.post1-0.5.10.post1 raise ValueError in transformers 5.12.1 while the
+    probe imports them: each declared case says so, where the probe used to die without output."""
+    package = {"fakedoor/door.py": "raise ValueError('Image processor class must inherit from BaseImageProcessor')\n"}
+    found = cases(run(tmp_path, package, "from fakedoor.door import add, retire"))
+    assert list(found) == ["door.retire", "door.add"]
+    for case in found.values():
+        assert (case["observation"], case["missing"]) == ("unobserved", []), case
+        assert case["reason"].startswith("importing fakedoor.door raised ValueError in fakedoor.door: Image processor")
+        assert case["reason"].endswith("this env cannot import the release")
