@@ -384,7 +384,8 @@ def markdown(view: BundleView, author: str | None = None) -> str:
         out += [
             f"Oldest release observed: {cell(obs.classes[0][0])}. Releases older than it were not observed: "
             f"the sweep selected {cell(obs.swept)}{floor}. An OSV record's `introduced` is therefore an "
-            'observed boundary or `"0"` (unknown), never the profile\'s floor.',
+            'observed boundary, the release after one observed unaffected, or `"0"` (unknown), never the '
+            "profile's floor.",
             "",
         ]
     return "\n".join(out)
