@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,10 +47,13 @@ def gates_exit(status: GateStatus) -> int:
     return {GateStatus.PASS: EXIT_OK, GateStatus.FAIL: EXIT_FAIL, GateStatus.UNKNOWN: EXIT_UNOBSERVED}[status]
 
 
-def sweep_exit(summary: Mapping[str, list[str]]) -> int:
-    """3 when a release could not be observed or lacked the probed code, else 0."""
+def sweep_exit(summary: Mapping[str, list[str]], unserved: Sequence[str] = ()) -> int:
+    """3 when a release could not be observed or lacked the probed code, or a selected one was
+    not run at all (``unserved``: the profile cannot import it), else 0."""
     from kvprobe.model.records import SweepClass
 
+    if unserved:
+        return EXIT_UNOBSERVED
     return EXIT_UNOBSERVED if {SweepClass.UNOBSERVED, SweepClass.NOT_PRESENT} & set(summary) else EXIT_OK
 
 

@@ -393,12 +393,19 @@ def print_run_summary(console: Console, receipt: Receipt, bundle: str, digest: s
 
 
 def print_sweep_summary(console: Console, receipt: SweepReceipt, bundle: str, digest: str) -> None:
-    """One line per release in version order (its class, and why when it is not affected or
-    fixed), the bundle and its digest: `kvprobe sweep`'s results on stdout."""
+    """One line per selected release in version order (its class, and why when it is not
+    affected or fixed; a release the profile does not serve as ``not-served`` with the reason
+    the listing records), the bundle and its digest: `kvprobe sweep`'s results on stdout."""
+    from kvprobe.rules.sweep_classification import NOT_SERVED
     from kvprobe.rules.sweep_listing import ascending
 
     by_version = {r.version: r for r in receipt.releases}
-    for version in ascending(list(by_version)):
+    not_run = {e.version: e.not_run for e in receipt.listing.selected if e.not_run is not None}
+    for version in ascending([*by_version, *(v for v in receipt.unserved if v not in by_version)]):
+        if version not in by_version:
+            why = not_run.get(version) or "not run: the profile does not serve it"
+            console.print(f"{data(version)}  {NOT_SERVED}  {data(why)}", highlight=False)
+            continue
         cls = by_version[version].classification
         why = f"  {data('; '.join(cls.reasons[:2]))}" if cls.reasons else ""
         reused = by_version[version].reused

@@ -390,16 +390,22 @@ def sweep_cmd(
     if streams.results:
         print_sweep_summary(streams.out, receipt, str(result.bundle), result.manifest_sha256)
     if as_json:
-        emit_json({"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": receipt.summary})
-    return sweep_exit(receipt.summary)
+        emit_json(_sweep_summary(result))
+    return _sweep_exit(result)
 
 
 def _sweep_summary(result: SealedBundle[SweepReceipt]) -> dict[str, Any]:
-    return {"bundle": str(result.bundle), "manifest_sha256": result.manifest_sha256, "summary": result.receipt.summary}
+    receipt = result.receipt
+    return {
+        "bundle": str(result.bundle),
+        "manifest_sha256": result.manifest_sha256,
+        "summary": receipt.summary,
+        "unserved": list(receipt.unserved),
+    }
 
 
 def _sweep_exit(result: SealedBundle[SweepReceipt]) -> int:
-    return sweep_exit(result.receipt.summary)
+    return sweep_exit(result.receipt.summary, result.receipt.unserved)
 
 
 def _sweep_several(ids: list[str], opts: list[SweepOptions], as_json: bool) -> int:

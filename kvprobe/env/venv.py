@@ -62,6 +62,7 @@ class Profile:
     torch_requirements: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     serves: str | None = None  # the releases whose code this env imports (a PEP 440 specifier set)
+    serves_why: str | None = None  # why it imports no other release: every not-run reason says it
     preload: tuple[str, ...] | None = None  # what the checks' fork server imports; None: its default
 
     @property
@@ -109,6 +110,7 @@ def _read_profile(path: Path) -> Profile:
         torch_requirements=tuple(torch_index.get("requirements", ())),
         env=tuple(sorted((k, str(v)) for k, v in data.get("env", {}).items())),
         serves=data.get("serves"),
+        serves_why=None if data.get("serves_why") is None else str(data.get("serves_why")),
         preload=_preload(path, data.get("preload")),
     )
 

@@ -54,12 +54,20 @@ class Observations:
     receipt's ``listing.versions``, which verify's step 4 holds the release set to), oldest
     first: two releases are neighbours only there, never by the --releases text.
     ``unserved``: versions in the range the profile does not serve (nothing ran on them).
+    ``not_observed_reason``: why the listed versions older than the oldest observed release
+    were not observed (the receipt's ``observed``, which verify recomputes; None: none are).
     """
 
     classes: tuple[tuple[str, str], ...]
     listing: tuple[str, ...]
     unserved: tuple[str, ...]
     swept: str
+    not_observed_reason: str | None = None
+
+    def older_not_observed(self) -> str:
+        """Why the releases older than the oldest one swept say nothing: never "not swept"
+        where the range selected them and the profile could not run them."""
+        return f"not observed ({self.not_observed_reason})" if self.not_observed_reason else "not observed"
 
     def neighbours(self, older: str, newer: str) -> bool:
         """``newer`` comes right after ``older`` on the index."""
@@ -82,7 +90,8 @@ def observations(r: SweepReceipt) -> Observations:
     classes = tuple(sorted(((x.version, str(x.classification.overall)) for x in r.releases), key=lambda t: _key(t[0])))
     unserved = tuple(sorted(r.unserved, key=_key))
     listing = tuple(sorted(r.listing.versions, key=_key))
-    return Observations(classes, listing, unserved, r.spec or "every release on the index the profile serves")
+    swept = r.spec or "every release on the index the profile serves"
+    return Observations(classes, listing, unserved, swept, r.observed.not_observed_reason)
 
 
 def osv_ranges(r: SweepReceipt) -> list[dict[str, Any]]:
@@ -128,17 +137,22 @@ def ranges_of(obs: Observations) -> list[dict[str, Any]]:
 
 
 def _introduced(obs: Observations, i: int) -> str:
-    """The start of the run opening at ``classes[i]``: the release right after the last one
-    observed unaffected before it, on the index (so a release the sweep skipped is inside the
-    range, not outside it); ``"0"`` where none before it was observed unaffected."""
     classes = obs.classes
-    bounds = [j for j in range(i) if classes[j][1] in _UNAFFECTED]
-    if not bounds:
+    version = classes[i][0]
+    if i > 0 and classes[i - 1][1] in _UNAFFECTED and obs.neighbours(classes[i - 1][0], version):
+        return version
+    unaffected = [j for j in range(i) if classes[j][1] in _UNAFFECTED]
+    if not unaffected:
         return "0"
-    last = classes[bounds[-1]][0]
-    if last in obs.listing and obs.listing.index(last) + 1 < len(obs.listing):
-        return obs.listing[obs.listing.index(last) + 1]
-    return classes[bounds[-1] + 1][0]
+    # the start is unknown, but no earlier than the release after one observed unaffected
+    return _after(obs, classes[unaffected[-1]][0]) or classes[unaffected[-1] + 1][0]
+
+
+def _after(obs: Observations, version: str) -> str | None:
+    """The release right after ``version`` on the index (None: it is not listed, or last)."""
+    if version not in obs.listing or obs.listing.index(version) + 1 >= len(obs.listing):
+        return None
+    return obs.listing[obs.listing.index(version) + 1]
 
 
 def introduced_text(obs: Observations, ranges: Sequence[Mapping[str, Any]]) -> str:
@@ -146,22 +160,19 @@ def introduced_text(obs: Observations, ranges: Sequence[Mapping[str, Any]]) -> s
     if not ranges:
         return "no release was observed affected"
     start = ranges[0]["events"][0]["introduced"]
-    classes = dict(obs.classes)
+    oldest = next(v for v, c in obs.classes if c == AFFECTED)
     if start != "0":
         before = [v for v, c in obs.classes if _key(v) < _key(start) and c in _UNAFFECTED][-1]
-        cls = classes[before]
-        if classes.get(start) == AFFECTED and obs.neighbours(before, start):
+        cls = dict(obs.classes)[before]
+        if start == oldest:
             return f"observed: {before} was observed {cls} and {start}, the next release on the index, affected"
-        oldest = next(v for v, c in obs.classes if c == AFFECTED)
         return (
-            f"not observed: {before} was observed {cls} and {oldest} is the oldest release observed affected; "
-            f"{start}, the next release on the index, was {classes.get(start, 'not swept')}, so the range "
-            "starts there"
+            f"unknown, from {start}: {before} was observed {cls}, {oldest} is the oldest release observed "
+            "affected, and the releases between them were not observed (a later start cannot be ruled out)"
         )
-    oldest = next(v for v, c in obs.classes if c == AFFECTED)
     return (
         f'unknown ("0"): {oldest} is the oldest release observed affected and no older release was '
-        f"observed unaffected; releases older than {obs.classes[0][0]} were not swept"
+        f"observed unaffected; releases older than {obs.classes[0][0]} were {obs.older_not_observed()}"
     )
 
 
@@ -268,7 +279,7 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
                             "listed_not_observed": obs.not_observed_before(affected_versions[0])
                             if affected_versions
                             else [],
-                            "older": f"every release older than {oldest}: not swept",
+                            "older": f"every release older than {oldest}: {obs.older_not_observed()}",
                         }
                         if oldest
                         else {}
@@ -374,9 +385,10 @@ def markdown(view: BundleView, author: str | None = None) -> str:
     out += [*_release_table(r), ""]
     if r.unserved:
         shown = ", ".join(sorted(r.unserved, key=_key))
+        why = f" Why: {cell(profile.serves_why)}." if profile.serves_why else ""
         out += [
             f"Not run: {len(r.unserved)} selected releases that profile {code_span(profile.name)} does not "
-            f"serve: {cell(shown)}.",
+            f"serve: {cell(shown)}.{why}",
             "",
         ]
     obs = observations(r)

@@ -43,10 +43,12 @@ class SweepExperimentRef(Part):
 
 @dataclass(frozen=True)
 class ProfileRef(Part):
-    """The dependency profile the probes ran in, and the releases it serves (None: every one)."""
+    """The dependency profile the probes ran in, the releases it serves (None: every one), and
+    why it does not serve the others (``serves_why``; absent in receipts from before it)."""
 
     name: str
     serves: str | None
+    serves_why: str | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)

@@ -657,9 +657,106 @@ def declared_cases(source: str, variable: str) -> list[tuple[str, str, str | Non
 from kvprobe_autospec import lazy_autospec  # noqa: E402 - at the end on purpose (above)
 
 
+# --- an absent name says nothing where the release does not import here ----------------------
+def _package_imports(directory: str, top: str) -> list[str]:
+    """The modules of package ``top`` that the probe's own code (every file in ``directory``)
+    imports at module level, in file order; for ``from M import N`` also ``M.N`` (N may be a
+    submodule; one that is not is skipped as absent)."""
+    found: list[str] = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".py"):
+            continue
+        try:
+            tree = _parsed(os.path.join(directory, name))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*")]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [n for n in names if _top(n) == top and n not in found]
+    return found
+
+
+def unless_unimportable(missing: NotPresent, modules: list[str]) -> Exception:
+    """``missing``, unless one of ``modules`` (what the probe's own code imports of the release)
+    fails to import here for a reason outside the package (a dependency this env lacks, or one
+    whose API the release no longer fits): then CannotObserve naming both, since nothing of the
+    release is observable in this env and the absence of a set-up name is no evidence that the
+    code path is absent. A module that is itself absent is skipped."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+            continue
+        except ImportError as exc:
+            failure = import_failure(exc, [module])
+            if isinstance(failure, NotPresent):
+                continue
+            reason = str(failure)
+        except Exception as exc:  # a release module raising on import is what this env says of it
+            reason = f"importing {module} raised {_qualname(type(exc))}: {str(exc)[:500]}"
+        error = CannotObserve(
+            f"{reason}; this env cannot import the release, so that it lacks {', '.join(missing.missing)} "
+            "(which the probe's own code imports) says nothing of the code path"
+        )
+        error.__cause__ = missing
+        return error
+    return missing
+
+
+def _failed_import_here(self: Probe, exc: ImportError) -> Exception:
+    """:meth:`Probe._failed_import`, then :func:`unless_unimportable` over the probe's imports."""
+    failure = _failed_import_of_the_probe(self, exc)
+    if isinstance(failure, NotPresent) and self.directory:
+        failure = unless_unimportable(failure, _package_imports(self.directory, _top(failure.missing[0])))
+    return failure
+
+
+# Set here, not in the class above, for the rule of this section's heading (lines stay put).
+_failed_import_of_the_probe = Probe._failed_import
+Probe._failed_import = _failed_import_here  # type: ignore[method-assign]
+
+
+def run_file_reporting(path: str, argv: list[str]) -> None:
+    """:func:`run_file`, and where an import statement of the probe's own code raised something
+    other than ImportError (a release module that does not fit this env's dependencies, e.g.
+    transformers refusing its image processor classes), each declared case says so
+    (could not observe, naming the module that raised) instead of a probe that died without
+    output. Anything else still propagates: it is no statement about the release."""
+    try:
+        run_file(path, argv)
+    except Exception as exc:
+        probes = [v for v in vars(sys.modules.get("__main__", types.ModuleType("_"))).values() if isinstance(v, Probe)]
+        directory = os.path.dirname(os.path.abspath(path))
+        requested = _import_statement(exc, directory)
+        if isinstance(exc, ImportError) or len(probes) != 1 or requested is None:
+            raise
+        failing = _raising_module(exc) or "an unknown module"
+        failure = CannotObserve(
+            f"importing {', '.join(requested)} raised {_qualname(type(exc))} in {failing}: {str(exc)[:500]}; "
+            "this env cannot import the release"
+        )
+        failure.__cause__ = exc
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+        variable = next(k for k, v in vars(sys.modules["__main__"]).items() if v is probes[0])
+        probe = probes[0]
+        args = _arguments(probe, argv)
+
+        def fail(_obs: Observations) -> None:
+            raise failure
+
+        declared = declared_cases(source, variable)
+        probe._cases = [(name, description, decision, fail) for name, description, decision in declared]
+        _write(probe, args.out, probe.run(args.case))
+
+
 if __name__ == "__main__":
     # ``python kvprobe_probe.py PROBE_FILE --out OUT``: the probe imports this file as
     # ``kvprobe_probe``; run through that one module, not this ``__main__`` copy.
     import kvprobe_probe
 
-    kvprobe_probe.run_file(sys.argv[1], sys.argv[2:])
+    kvprobe_probe.run_file_reporting(sys.argv[1], sys.argv[2:])

@@ -32,10 +32,11 @@ def version_key(text: str) -> Version | None:
         return None
 
 
-def unserved_reason(profile: str, serves: str | None, version: str) -> str | None:
+def unserved_reason(profile: str, serves: str | None, version: str, why: str | None = None) -> str | None:
     """Why profile ``profile`` (its ``serves`` specifier set) does not run ``version``; None
     when it does. A release below a lower bound (``>=``/``>``) is older than the profile's
-    floor; any other refusal is outside what it serves."""
+    floor; any other refusal is outside what it serves. ``why``: what the profile says of the
+    releases it does not serve (its ``serves_why``), appended."""
     if serves is None:
         return None
     try:
@@ -45,9 +46,10 @@ def unserved_reason(profile: str, serves: str | None, version: str) -> str | Non
     if specifiers.contains(version, prereleases=True):
         return None
     below = [s for s in specifiers if s.operator in (">=", ">") and not s.contains(version, prereleases=True)]
+    because = f": {why}" if why else ""
     if below:
-        return f"older than the profile's floor: profile {profile} serves {serves}"
-    return f"outside what profile {profile} serves ({serves})"
+        return f"older than the profile's floor: profile {profile} serves {serves}{because}"
+    return f"outside what profile {profile} serves ({serves}){because}"
 
 
 def observed_range(
@@ -83,7 +85,7 @@ def _why_not(listing: Listing, profile: ProfileRef, spec: str | None, version: s
     """Why ``version`` (a listed one older than anything observed) was not observed."""
     selected = {e.version: e for e in listing.selected}
     if version not in selected:
-        floor = unserved_reason(profile.name, profile.serves, version)
+        floor = unserved_reason(profile.name, profile.serves, version, profile.serves_why)
         return f"outside --releases {spec}" + (f"; {floor}" if floor else "")
     if selected[version].not_run is not None:
         return str(selected[version].not_run)

@@ -240,12 +240,21 @@ def _selected(
     chosen = releases.select(opts.releases, available) if opts.releases else available
     served = [v for v in chosen if unserved_reason(profile.name, profile.serves, v) is None]
     if not served:
+        why = f" ({profile.serves_why})" if profile.serves_why else ""
         raise UsageError(
-            f"no selected release is served by profile {profile.name!r} (serves {profile.serves}); "
-            f"selected: {', '.join(chosen) or 'none'}"
+            f"no selected release is served by profile {profile.name!r} (serves {profile.serves}){why}: "
+            f"nothing would be observed; selected: {', '.join(chosen) or 'none'}"
         )
     _repeat_fits(exp, opts.repeat, len(served))
     return chosen, served
+
+
+def _shown(versions: list[str], most: int = 6) -> str:
+    """``versions`` for one progress line: the first and last few, and how many between."""
+    if len(versions) <= most:
+        return ", ".join(versions)
+    half = most // 2
+    return f"{', '.join(versions[:half])}, ... ({len(versions) - most} more), {', '.join(versions[-half:])}"
 
 
 def _unit_request(exp: Experiment, pin: WheelPin, opts: SweepOptions, cache_root: Path | None) -> UnitRequest:
@@ -298,6 +307,11 @@ def sweep_experiment(
                 read_utc = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         chosen, served = _selected(exp, opts, available, profile)
         unserved = [v for v in chosen if v not in served]
+        if unserved:  # said before anything runs: these are selected, and will never be observed here
+            reporter.note(
+                f"not run: {len(unserved)} selected release(s) profile {profile.name} does not serve "
+                f"({profile.serves}): {_shown(unserved)}" + (f" ({profile.serves_why})" if profile.serves_why else "")
+            )
         clock = time.monotonic()
         if executor is None and share is not None:  # the invocation's env and server for this profile
             executor = LocalExecutor(
@@ -331,7 +345,7 @@ def sweep_experiment(
             share.index() if share is not None else index_url(),
             read_utc,
             tuple(available),
-            tuple(_listed(v, pins[v], profile.name, profile.serves) for v in chosen),
+            tuple(_listed(v, pins[v], profile.name, profile.serves, profile.serves_why) for v in chosen),
         )
         pins = {v: pins[v] for v in served}
         local_env = executor.session.record if isinstance(executor, LocalExecutor) else None
@@ -424,10 +438,10 @@ def index_url() -> str:
     return " ".join([config.index_url or PYPI_SIMPLE, *config.extra_index_urls, *links])
 
 
-def _listed(version: str, pin: WheelPin | str, profile: str, serves: str | None) -> ListedRelease:
+def _listed(version: str, pin: WheelPin | str, profile: str, serves: str | None, why: str | None) -> ListedRelease:
     """A selected version as the listing records it: its wheel (or why the index named none),
-    and why the sweep does not run it (the profile does not serve it)."""
-    reason = unserved_reason(profile, serves, version)
+    and why the sweep does not run it (the profile does not serve it, and the profile's why)."""
+    reason = unserved_reason(profile, serves, version, why)
     if isinstance(pin, str):
         return ListedRelease(version, None, None, pin, reason)
     return ListedRelease(version, pin.filename, pin.sha256, None, reason)

@@ -327,7 +327,7 @@ def sweep_receipt(exp: Experiment, ran: SweepRun) -> SweepReceipt:
     profile = load_profile(exp.profile)
     stamp = ran.started.strftime("%Y%m%dT%H%M%SZ")
     per_release = [r.duration_s for r in ran.releases]
-    profile_ref = ProfileRef(profile.name, profile.serves)
+    profile_ref = ProfileRef(profile.name, profile.serves, profile.serves_why)
     timings = {**ran.timings, "release_max_s": max(per_release), "release_min_s": min(per_release)}
     return SweepReceipt(
         schema=SWEEP_RECEIPT_SCHEMA,

@@ -118,18 +118,28 @@ def _span(versions: list[str]) -> str:
 
 
 def _profile_defects(receipt: SweepReceipt, notes: list[str]) -> list[BundleDefect]:
-    """The profile's ``serves`` decides what is not run: it must be the installed profile's."""
-    name, serves = receipt.profile.name, receipt.profile.serves
+    """The profile's ``serves`` decides what is not run: it must be the installed profile's, and
+    so must its ``serves_why`` where the receipt states one (receipts before it state none)."""
+    name, serves, why = receipt.profile.name, receipt.profile.serves, receipt.profile.serves_why
     try:
         with builtin_search_path():
-            installed = load_profile(name).serves
+            profile = load_profile(name)
     except ExperimentError:
         notes.append(f"profile {name!r} is not one kvprobe ships: which releases it serves is the bundle's own claim")
         return []
-    if installed != serves:
+    if profile.serves != serves:
         return [
             ReleaseSetDefect(
-                RECEIPT, f"profile {name} serves {installed!r} in this kvprobe; the receipt says it serves {serves!r}"
+                RECEIPT,
+                f"profile {name} serves {profile.serves!r} in this kvprobe; the receipt says it serves {serves!r}",
+            )
+        ]
+    if why is not None and profile.serves_why != why:
+        return [
+            ReleaseSetDefect(
+                RECEIPT,
+                f"profile {name} says why it serves only {serves}: {profile.serves_why!r} in this kvprobe, "
+                f"{why!r} in the receipt",
             )
         ]
     return []
@@ -141,7 +151,7 @@ def _completeness_defects(receipt: SweepReceipt) -> list[BundleDefect]:
     found: list[BundleDefect] = []
     for entry in selected:
         version, stated = entry.version, entry.not_run
-        reason = unserved_reason(profile.name, profile.serves, version)
+        reason = unserved_reason(profile.name, profile.serves, version, profile.serves_why)
         if stated != reason:
             given = f"not run: {stated!r}" if stated else "to be run"
             why = f"not run: {reason!r}" if reason else "served by the profile, so it must be a release entry"

@@ -153,3 +153,33 @@ def test_an_import_before_any_probe_is_declared_is_still_a_crash(tmp_path):
     result = run(tmp_path, {"fakedoor/door.py": DOOR_OLD}, "", probe_text=crash)
     assert not result.ok and result.exit_code != 0
     assert "cannot import name 'retire'" in (tmp_path / "logs" / "doors.stderr").read_text()
+
+
+def test_an_absent_name_is_unobserved_where_the_release_does_not_import_in_this_env(tmp_path):
+    """The helper's import of ``retire`` fails (absent) before the probe reaches its import of
+    ``fakedoor.sched``, which this env cannot import (a kernel it lacks): nothing of the release
+    is observable here, so neither case may claim the code path absent (measured on SGLang
+    0.5.2-0.5.11, whose probe world lacks a set-up name and whose scheduler needs sgl_kernel)."""
+    helper = "from fakedoor.door import add, retire\nimport fakedoor.sched\n"
+    package = {"fakedoor/door.py": DOOR_OLD, "fakedoor/sched.py": "import kvprobe_no_such_kernel\n"}
+    found = cases(run(tmp_path, package, "from doorworld import add, retire", {"doorworld.py": helper}))
+    for case in found.values():
+        assert (case["observation"], case["missing"]) == ("unobserved", []), case
+        assert "kvprobe_no_such_kernel" in case["reason"] and "fakedoor.door.retire" in case["reason"]
+        assert "says nothing of the code path" in case["reason"]
+    # the same release with a scheduler this env imports: the name is absent, as before
+    package["fakedoor/sched.py"] = "X = 1\n"
+    found = cases(run(tmp_path / "importable", package, "from doorworld import add, retire", {"doorworld.py": helper}))
+    assert {(c["observation"], c["missing"][0]) for c in found.values()} == {("not-present", "fakedoor.door.retire")}
+
+
+def test_a_release_module_that_raises_at_import_is_unobserved_per_case_not_a_dead_probe(tmp_path):
+    """SGLang 0.5.1 and 0.5.5.post1-0.5.10.post1 raise ValueError in transformers 5.12.1 while the
+    probe imports them: each declared case says so, where the probe used to die without output."""
+    package = {"fakedoor/door.py": "raise ValueError('Image processor class must inherit from BaseImageProcessor')\n"}
+    found = cases(run(tmp_path, package, "from fakedoor.door import add, retire"))
+    assert list(found) == ["door.retire", "door.add"]
+    for case in found.values():
+        assert (case["observation"], case["missing"]) == ("unobserved", []), case
+        assert case["reason"].startswith("importing fakedoor.door raised ValueError in fakedoor.door: Image processor")
+        assert case["reason"].endswith("this env cannot import the release")

@@ -167,3 +167,24 @@ def test_a_run_on_a_terminal_shows_the_rows_that_matter_and_never_folds_ids():
     full = "\n".join(outputs[1])
     assert all(any(line.strip() == r["case"] for line in outputs[1]) for r in shown)
     assert all(r["observation"] in full for r in shown)
+
+
+def test_sweep_results_name_every_selected_release_a_profile_does_not_serve():
+    """A range reaching below the profile's floor: each release not run has its own line and
+    why, in version order with the observed ones (never left off stdout)."""
+    from kvprobe.cli.console import print_sweep_summary
+    from kvprobe.model.sweep_receipt import SweepReceipt
+    from tests.unit.evidence import test_sweep
+
+    doc = test_sweep.receipt(
+        [("0.5.13", "affected"), ("0.5.14", "fixed")], spec="0.5.11..0.5.14", unserved=["0.5.11", "0.5.12"]
+    )
+    buffer = io.StringIO()
+    print_sweep_summary(Console(file=buffer, width=300), SweepReceipt.from_json(doc), "out", "d" * 64)
+    floor = "older than the profile's floor: profile sglang-cpu serves >=0.5.13"
+    assert buffer.getvalue().splitlines()[:4] == [
+        f"0.5.11  not-served  {floor}",
+        f"0.5.12  not-served  {floor}",
+        "0.5.13  affected",
+        "0.5.14  fixed",
+    ]

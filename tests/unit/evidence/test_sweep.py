@@ -314,7 +314,7 @@ def test_osv_never_folds_a_release_observed_unaffected_into_a_range():
     events = sweep_exports.osv_ranges(SweepReceipt.from_json(r))[0]["events"]
     assert events == [{"introduced": "0.5.18"}, {"fixed": "0.5.20"}]
     text = sweep_exports.introduced_text(sweep_exports.observations(SweepReceipt.from_json(r)), [{"events": events}])
-    assert text.startswith("not observed: 0.5.17 was observed not-present") and "could-not-observe" in text
+    assert text.startswith("unknown, from 0.5.18: 0.5.17 was observed not-present") and "not observed" in text
 
 
 def test_osv_range_takes_in_a_listed_release_the_sweep_skipped():

@@ -268,13 +268,56 @@ def test_introduced_is_0_where_no_older_release_was_observed_unaffected_never_th
     assert events(r) == [[{"introduced": "0"}, {"fixed": "0.5.15"}]]
     specific = osv_of(r, osv_id="GHSA-xxxx-xxxx-xxxx")["affected"][0]["database_specific"]
     assert specific["kvprobe_introduced"].startswith('unknown ("0")')
-    assert specific["kvprobe_not_observed_before"]["older"] == "every release older than 0.5.13: not swept"
+    assert specific["kvprobe_not_observed_before"]["older"] == (
+        "every release older than 0.5.13: not observed (outside --releases 0.5.13..0.5.15; older than the "
+        "profile's floor: profile sglang-cpu serves >=0.5.13)"
+    )
     # a release that could not be observed is no boundary either
     r = sweep_receipt([("0.5.10", "could-not-observe"), ("0.5.11", "affected"), ("0.5.12", "fixed")])
     assert events(r) == [[{"introduced": "0"}, {"fixed": "0.5.12"}]]
     assert osv_of(r, osv_id="GHSA-xxxx-xxxx-xxxx")["affected"][0]["database_specific"]["kvprobe_not_observed_before"][
         "listed_not_observed"
     ] == ["0.5.10"]
+
+
+def test_releases_selected_but_not_served_are_not_observed_never_not_swept():
+    """A range reaching below the profile's floor selected those releases: the record says
+    why they were not observed (the receipt's recomputed reason), not that they were not swept."""
+    r = sweep_receipt(
+        [("0.5.13", "affected"), ("0.5.14", "affected"), ("0.5.15", "fixed")],
+        spec="0.5.10..0.5.15",
+        unserved=["0.5.10", "0.5.11", "0.5.12"],
+    )
+    assert events(r) == [[{"introduced": "0"}, {"fixed": "0.5.15"}]]
+    specific = osv_of(r, osv_id="GHSA-xxxx-xxxx-xxxx")["affected"][0]["database_specific"]
+    floor = "older than the profile's floor: profile sglang-cpu serves >=0.5.13"
+    assert (
+        specific["kvprobe_not_observed_before"]["older"] == f"every release older than 0.5.13: not observed ({floor})"
+    )
+    assert specific["kvprobe_introduced"].endswith(f"releases older than 0.5.13 were not observed ({floor})")
+    assert "not swept" not in json.dumps(specific)
+    assert specific["kvprobe_not_served"] == ["0.5.10", "0.5.11", "0.5.12"]
+    r["profile"]["serves_why"] = "they need sgl_kernel"
+    text = render.render(test_sweep.view(r), "markdown", OSV_OPTS)
+    assert "does not serve: 0.5.10, 0.5.11, 0.5.12. Why: they need sgl_kernel." in text
+
+
+def test_an_unknown_start_never_reaches_back_over_a_release_observed_unaffected():
+    """0.5.17 observed not-present, 0.5.18 not swept, 0.5.19 affected: the start is unknown, but
+    "0" would claim 0.5.17 affected against its own observation; the range starts right after it."""
+    r = sweep_receipt(
+        [("0.5.17", "not-present"), ("0.5.19", "affected"), ("0.5.20", "fixed")], spec="0.5.17,0.5.19..0.5.20"
+    )
+    test_sweep.listed_too(r, "0.5.18")
+    assert events(r) == [[{"introduced": "0.5.18"}, {"fixed": "0.5.20"}]]
+    doc = osv_of(r, osv_id="GHSA-xxxx-xxxx-xxxx")
+    assert schema.errors(doc, "osv") == []
+    assert doc["affected"][0]["database_specific"]["kvprobe_introduced"].startswith(
+        "unknown, from 0.5.18: 0.5.17 was observed not-present, 0.5.19 is the oldest release observed affected"
+    )
+    # the same with the gap observed as could-not-observe: still never before 0.5.18
+    r = sweep_receipt([("0.5.17", "not-present"), ("0.5.18", "could-not-observe"), ("0.5.19", "affected")])
+    assert events(r) == [[{"introduced": "0.5.18"}]]
 
 
 def test_ranges_follow_version_order_whatever_the_receipt_order():

@@ -92,6 +92,8 @@ def test_every_verdict_status_and_outcome_has_its_exit_code():
     assert base.sweep_exit({"affected": ["1"], "fixed": ["2"]}) == 0
     assert base.sweep_exit({"affected": ["1"], "not-present": ["0"]}) == 3
     assert base.sweep_exit({"fixed": ["2"], "could-not-observe": ["3"]}) == 3
+    # a selected release the profile does not serve was never observed: not "every release observed"
+    assert base.sweep_exit({"affected": ["1"], "fixed": ["2"]}, ["0.9"]) == 3
 
 
 # --- no reader indexes a receipt as a dict -------------------------------------------------
@@ -114,7 +116,7 @@ NOT_A_RECEIPT_READ = {
 # Keys of records kvprobe builds and reads before a receipt exists, which the receipt copies:
 # a side's check results (run.side, run.runner: raw, junit, problem, repeats, pin, source,
 # execution, tests_from, overlay, exit_code), the env build record and profile (env.venv:
-# key, torch, torch_index, installer, lock_*, packages, serves), a pytest report's tool, a
+# key, torch, torch_index, installer, lock_*, packages, serves, serves_why), a pytest report's tool, a
 # wheel's materialized identity (fetched_via), the fork server's request (env), a server log's
 # settings (mode, key, source, env) and rules.compare's observation
 # rows and unstable table (unstable: run --repeat; a run receipt keeps both as the comparison's
@@ -122,7 +124,7 @@ NOT_A_RECEIPT_READ = {
 # reading those records, not a receipt.
 SHARED_WITH_RECORDS = {
     "raw", "junit", "problem", "repeats", "pin", "source", "execution", "tests_from", "overlay", "exit_code",
-    "key", "torch", "torch_index", "installer", "lock_name", "lock_sha256", "packages", "serves",
+    "key", "torch", "torch_index", "installer", "lock_name", "lock_sha256", "packages", "serves", "serves_why",
     "tool", "fetched_via", "env", "mode", "unstable",
 }  # fmt: skip
 

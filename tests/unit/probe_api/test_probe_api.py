@@ -395,3 +395,24 @@ def test_import_failure_tells_an_absent_name_from_a_missing_dependency():
     assert isinstance(module, kp.NotPresent) and module.missing == ["door.decode"]
     dependency = kp.import_failure(ModuleNotFoundError("no sgl_kernel", name="sgl_kernel"), ["door.decode"])
     assert isinstance(dependency, kp.CannotObserve) and "sgl_kernel" in str(dependency)
+
+
+def test_an_absent_name_stays_absent_only_where_the_rest_of_the_release_imports(tmp_path, monkeypatch):
+    """unless_unimportable: the probe's other imports of the package decide whether an absence
+    is evidence (they import) or the env cannot import the release at all (could not observe)."""
+    package = tmp_path / "fakerel"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "door.py").write_text("def add(req):\n    return [req]\n")
+    (package / "sched.py").write_text("import kvprobe_no_such_kernel\n")
+    (package / "broken.py").write_text("raise ValueError('image processor classes changed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.split(".")[0] == "fakerel"]:
+        monkeypatch.delitem(sys.modules, name)
+    absent = kp.NotPresent("fakerel.door.retire")
+    assert kp.unless_unimportable(absent, ["fakerel.door", "fakerel.door.add", "fakerel.gone"]) is absent
+    env = kp.unless_unimportable(absent, ["fakerel.door", "fakerel.sched"])
+    assert isinstance(env, kp.CannotObserve) and "kvprobe_no_such_kernel" in str(env)
+    assert "fakerel.door.retire" in str(env) and env.__cause__ is absent
+    raising = kp.unless_unimportable(absent, ["fakerel.broken"])
+    assert isinstance(raising, kp.CannotObserve) and "ValueError: image processor classes changed" in str(raising)

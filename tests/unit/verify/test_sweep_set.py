@@ -191,6 +191,8 @@ def test_a_genuine_release_set_has_no_defects():
         (lambda r: r["releases"][2]["wheel"].update(sha256="f" * 64), "pin-mismatch", "not the one the listing"),
         # the profile's floor moved to hide releases
         (lambda r: r["profile"].update(serves=">=0.5.20"), "release-set", "serves '>=0.5.13' in this kvprobe"),
+        # why the profile does not serve the older ones, rewritten (receipts before it state none)
+        (lambda r: r["profile"].update(serves_why="forged"), "release-set", "says why it serves only >=0.5.13"),
     ],
 )
 def test_each_forged_release_set_is_a_defect(forge, code, words):
@@ -236,3 +238,25 @@ def test_releases_outside_the_spec_are_not_observed_for_the_spec_and_the_profile
     r["unserved"] = []
     assert release_set_defects(typed(r), []) == []
     assert observed_range(r)["not_observed_reason"] == f"outside --releases 0.5.13..0.5.21; {FLOOR}"
+
+
+def test_a_release_not_served_says_why_the_profile_cannot_import_it():
+    """The profile's serves_why goes into every not-run reason (listing, observed range), and a
+    receipt that states it verifies against the installed profile's; one without it, as before."""
+    from kvprobe.env.venv import load_profile
+
+    why = load_profile("sglang-cpu").serves_why
+    assert why and "sgl_kernel" in why
+    assert unserved_reason("sglang-cpu", ">=0.5.13", "0.5.5", why) == f"{FLOOR}: {why}"
+    assert unserved_reason("sglang-cpu", ">=0.5.13", "0.5.13", why) is None
+    r = sweep(B)
+    r["profile"]["serves_why"] = why
+    for listed in r["listing"]["selected"]:
+        if listed["not_run"]:
+            listed["not_run"] = f"{FLOOR}: {why}"
+    r["observed"] = observed_range(r)
+    assert r["observed"]["not_observed_reason"] == f"{FLOOR}: {why}"
+    assert release_set_defects(typed(r), []) == []
+    # the listing keeping the reason without the why is a receipt that does not add up
+    r["listing"]["selected"][0]["not_run"] = FLOOR
+    assert any("the listing says not run" in detail for _, detail in codes(release_set_defects(typed(r), [])))
