@@ -169,7 +169,9 @@ def test_osv_never_states_a_release_observed_fixed_as_affected(sandbox, early_fi
     (affected,) = record["affected"]
     assert affected["ranges"][0]["events"] == [{"introduced": "0.5.13.post1"}, {"fixed": "0.5.20"}]
     assert "0.5.13" not in affected["versions"]
-    assert affected["database_specific"]["kvprobe_introduced"].startswith("unknown, from 0.5.13.post1: 0.5.13 was observed fixed")
+    assert affected["database_specific"]["kvprobe_introduced"].startswith(
+        "unknown, from 0.5.13.post1: 0.5.13 was observed fixed"
+    )
 
 
 def test_openvex_never_advises_upgrading_to_an_older_release(sandbox, early_fixed_sweep):
