@@ -22,11 +22,22 @@ RAM = Path("/dev/shm")
 
 
 def parent() -> str | None:
-    """Where session directories go: KVPROBE_TEST_TMP, else /dev/shm when usable, else the default."""
+    """Where session directories go: KVPROBE_TEST_TMP, else /dev/shm when it is a writable
+    directory with a GiB free, else the system's temp dir."""
     chosen = os.environ.get("KVPROBE_TEST_TMP")
     if chosen:
         return chosen
-    return str(RAM) if RAM.is_dir() and os.access(RAM, os.W_OK | os.X_OK) else None
+    usable = RAM.is_dir() and os.access(RAM, os.W_OK | os.X_OK)
+    return str(RAM) if usable and _free(RAM) >= RAM_FREE_NEEDED else None
+
+
+# The unit tier leaves ~45 MB of scratch by its end; a container's default /dev/shm is 64 MB.
+RAM_FREE_NEEDED = 1 << 30
+
+
+def _free(path: Path) -> int:
+    found = os.statvfs(path)
+    return found.f_bavail * found.f_frsize
 
 
 class Scratch:
