@@ -3,7 +3,7 @@
 Creating a file on this machine's disk costs about 0.3 ms and a forged bundle about 8 ms; on a
 tmpfs, 0.4 ms. The tiers that only write small bundles, logs and keys get their ``tmp_path``
 and ``tmp_path_factory`` from here: one session directory under /dev/shm where it is a
-writable directory (else the system's temp dir), removed when the session ends. The
+writable directory with a GiB free (else the system's temp dir), removed when the session ends. The
 integration tier keeps pytest's own (it builds virtualenvs of gigabytes). KVPROBE_TEST_TMP
 names another parent directory, e.g. to keep a failing test's files on disk.
 """
