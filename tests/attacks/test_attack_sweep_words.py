@@ -87,3 +87,73 @@ def test_an_unshipped_profiles_reason_is_never_kvprobes_word(sandbox, publisher_
     assert_outcome(sandbox, vex, 0)
     notes = {s["status_notes"] for s in json.loads(vex.out)["statements"]}
     assert all("UNSHIPPED PROFILE" in n for n in notes), notes
+
+
+# --- a not-present case whose own error says the release did not import -----------------------
+
+NAME = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
+CANNOT = (
+    "importing sglang.srt.disaggregation.prefill failed: No module named 'sgl_kernel' (a dependency outside the "
+    f"package); this env cannot import the release, so that it lacks {NAME} (which the probe's own code imports) "
+    "says nothing of the code path"
+)
+
+
+def _absent(case: dict, error_type: str, message: str) -> dict:
+    """``case`` rewritten as not-present, its error the probe API's record of ``error_type``."""
+    return {
+        **case,
+        "status": "raised",
+        "observation": "not-present",
+        "observations": {},
+        "missing": [NAME],
+        "reason": f"not present in this release: {NAME}",
+        "preconditions": {},
+        "error": {
+            "type": error_type,
+            "message": message,
+            "root_type": "ModuleNotFoundError",
+            "root_message": "No module named 'sgl_kernel'",
+            "traceback": "ModuleNotFoundError: No module named 'sgl_kernel'\n",
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "error_type",
+    [
+        "kvprobe_probe.CannotObserve",  # the probe API's own words: nothing observable here
+        "AttributeError",  # set-up raised: the probe API writes that as unobserved
+    ],
+)
+def test_a_not_present_case_its_own_error_contradicts_is_refused(sandbox, error_type):
+    """Attack: 0.5.13's cases claim not-present, each recording the probe API's CannotObserve
+    (the release does not import in this env: no evidence of absence) as its error. The
+    classification read only ``observation``, so verify accepted 0.5.13 as not-present and OSV
+    drew ``introduced: 0.5.13.post1`` as "observed: 0.5.13 was observed not-present", a
+    boundary the bundle's own record of the import denies. The probe API writes a case
+    not-present only from its NotPresent, whose message names exactly what is missing."""
+    from tests.attacks.harness import copy_committed
+    from tests.attacks.test_attack_claims import EXP_B_SWEEP, SWEEP_RAW
+
+    bundle = copy_committed(EXP_B_SWEEP, sandbox, "sweep-b")
+    own = forge.load(bundle, SWEEP_RAW.format("0.5.13"))
+    message = CANNOT if error_type.endswith("CannotObserve") else f"type object has no attribute {NAME!r}"
+    _reobserve(bundle, {"0.5.13": {**own, "cases": [_absent(c, error_type, message) for c in own["cases"]]}})
+    assert forge.load(bundle, "receipt.json")["summary"]["not-present"] == ["0.5.13"]
+    result = sandbox.run("verify", bundle)
+    assert_outcome(sandbox, result, 1, "raw-invalid", "not-present", error_type)
+    exported = sandbox.run("report", bundle, "--format", "osv", "--osv-id", "GHSA-aaaa-bbbb-cccc")
+    assert_outcome(sandbox, exported, 1, "raw-invalid")
+    assert exported.out == ""
+
+
+def test_a_genuine_not_present_case_still_verifies(sandbox):
+    """The rule above keeps the probe API's own not-present records: the committed experiment-c
+    sweep's not-present releases verify."""
+    from tests.attacks.harness import COMMITTED, copy_committed
+
+    (sweep_c,) = sorted(COMMITTED.glob("experiment-c-sweep-*"))
+    bundle = copy_committed(sweep_c, sandbox, "sweep-c")
+    assert "not-present" in forge.load(bundle, "receipt.json")["summary"]
+    assert_outcome(sandbox, sandbox.run("verify", bundle), 0)
