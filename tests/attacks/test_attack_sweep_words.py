@@ -17,8 +17,8 @@ import pytest
 
 from kvprobe.rules.sweep_listing import unserved_reason
 from tests import forge
-from tests.attacks.harness import assert_outcome, line_naming
-from tests.attacks.test_attack_claims import _reobserve
+from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed, line_naming
+from tests.attacks.test_attack_claims import EXP_B_SWEEP, SWEEP_RAW, _reobserve
 from tests.relabel import NEW_ID, relabelled_sweep
 
 pytestmark = pytest.mark.attack
@@ -133,9 +133,6 @@ def test_a_not_present_case_its_own_error_contradicts_is_refused(sandbox, error_
     drew ``introduced: 0.5.13.post1`` as "observed: 0.5.13 was observed not-present", a
     boundary the bundle's own record of the import denies. The probe API writes a case
     not-present only from its NotPresent, whose message names exactly what is missing."""
-    from tests.attacks.harness import copy_committed
-    from tests.attacks.test_attack_claims import EXP_B_SWEEP, SWEEP_RAW
-
     bundle = copy_committed(EXP_B_SWEEP, sandbox, "sweep-b")
     own = forge.load(bundle, SWEEP_RAW.format("0.5.13"))
     message = CANNOT if error_type.endswith("CannotObserve") else f"type object has no attribute {NAME!r}"
@@ -151,8 +148,6 @@ def test_a_not_present_case_its_own_error_contradicts_is_refused(sandbox, error_
 def test_a_genuine_not_present_case_still_verifies(sandbox):
     """The rule above keeps the probe API's own not-present records: the committed experiment-c
     sweep's not-present releases verify."""
-    from tests.attacks.harness import COMMITTED, copy_committed
-
     (sweep_c,) = sorted(COMMITTED.glob("experiment-c-sweep-*"))
     bundle = copy_committed(sweep_c, sandbox, "sweep-c")
     assert "not-present" in forge.load(bundle, "receipt.json")["summary"]
