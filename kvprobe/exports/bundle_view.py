@@ -27,6 +27,7 @@ from kvprobe.names import RECEIPT, SIDES
 from kvprobe.text import for_shell
 from kvprobe.verify.anchor import installed_experiment
 from kvprobe.verify.steps import VerifyOptions, verified
+from kvprobe.verify.sweep_set import ships_profile
 
 _GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)(?:\.git)?/?$")
 
@@ -46,6 +47,7 @@ class Provenance:
     anchor: str | None = None
     experiment: str | None = None
     shipped: bool = True
+    unshipped_profile: str | None = None  # a sweep's profile kvprobe does not ship
 
     def caveats(self) -> list[str]:
         """One sentence per missing anchor; empty when the bundle is anchored both ways."""
@@ -62,6 +64,12 @@ class Provenance:
                 f"UNSHIPPED EXPERIMENT: {self.experiment} is not an experiment kvprobe {__version__} ships, "
                 "so nothing held its probes to a known copy: the vulnerability it names, its fix kind "
                 "and its probe code are the bundle publisher's own claims."
+            )
+        if self.unshipped_profile is not None:
+            found.append(
+                f"UNSHIPPED PROFILE: {self.unshipped_profile} is not a dependency profile kvprobe {__version__} "
+                "ships: which releases it serves, and why it does not serve the others, are the bundle "
+                "publisher's own claims."
             )
         return found
 
@@ -161,7 +169,10 @@ def _provenance(receipt: model.AnyReceipt, anchor: str | None) -> Provenance:
     if isinstance(receipt, GatesReceipt):
         return Provenance(anchor, None, True)
     exp_id = receipt.experiment.id
-    return Provenance(anchor, exp_id, installed_experiment(exp_id) is not None)
+    profile = None
+    if isinstance(receipt, SweepReceipt) and not ships_profile(receipt.profile.name):
+        profile = receipt.profile.name
+    return Provenance(anchor, exp_id, installed_experiment(exp_id) is not None, profile)
 
 
 def project(receipt: Receipt) -> str | None:

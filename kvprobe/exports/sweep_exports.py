@@ -83,15 +83,21 @@ class Observations:
         return [v for v in older if v not in seen]
 
 
-def observations(r: SweepReceipt) -> Observations:
+def observations(r: SweepReceipt, *, publisher_why: bool = False) -> Observations:
     """The sweep receipt's observations. Reads ``releases[].version``,
     ``releases[].classification.overall``, ``unserved``, ``spec`` (as text to show, never
-    parsed) and the index ``listing.versions``, nothing else."""
+    parsed) and the index ``listing.versions``, nothing else. ``publisher_why``: the profile's
+    ``serves_why`` is the publisher's (kvprobe does not ship the profile, so verify held it to
+    nothing): the not-observed reason then leaves it out, never stating it as kvprobe's."""
+    reason = r.observed.not_observed_reason
+    why = r.profile.serves_why
+    if publisher_why and why and reason and reason.endswith(f": {why}"):
+        reason = reason[: -len(why) - 2]  # rules.sweep_listing.unserved_reason appended it
     classes = tuple(sorted(((x.version, str(x.classification.overall)) for x in r.releases), key=lambda t: _key(t[0])))
     unserved = tuple(sorted(r.unserved, key=_key))
     listing = tuple(sorted(r.listing.versions, key=_key))
     swept = r.spec or "every release on the index the profile serves"
-    return Observations(classes, listing, unserved, swept, r.observed.not_observed_reason)
+    return Observations(classes, listing, unserved, swept, reason)
 
 
 def osv_ranges(r: SweepReceipt) -> list[dict[str, Any]]:
@@ -232,7 +238,7 @@ def osv(view: BundleView, *, modified: str, osv_id_given: str | None = None) -> 
     vuln = vulnerability(r, fmt="OSV")
     record_id, aliases = osv_id(vuln, osv_id_given)
     package = _package(r)
-    obs = observations(r)
+    obs = observations(r, publisher_why=view.provenance.unshipped_profile is not None)
     ranges = ranges_of(obs)
     observed = dict(obs.classes)
     affected_versions = [v for v, cls in obs.classes if cls == AFFECTED]
@@ -386,12 +392,14 @@ def markdown(view: BundleView, author: str | None = None) -> str:
     if r.unserved:
         shown = ", ".join(sorted(r.unserved, key=_key))
         why = f" Why: {cell(profile.serves_why)}." if profile.serves_why else ""
+        if profile.serves_why and view.provenance.unshipped_profile is not None:
+            why = f" Why, in the words of the bundle's publisher (not kvprobe's): {cell(profile.serves_why)}."
         out += [
             f"Not run: {len(r.unserved)} selected releases that profile {code_span(profile.name)} does not "
             f"serve: {cell(shown)}.{why}",
             "",
         ]
-    obs = observations(r)
+    obs = observations(r, publisher_why=view.provenance.unshipped_profile is not None)
     if obs.classes:
         floor = f"; profile {code_span(profile.name)} serves {code_span(profile.serves)}" if profile.serves else ""
         out += [

@@ -24,6 +24,7 @@ from kvprobe.defects import (
     MissingRequired,
     NotABundle,
     OversizedClaim,
+    RawInvalid,
     SchemaViolation,
     UnknownSchemaVersion,
 )
@@ -364,7 +365,7 @@ def _read_cited(bundle: Bundle, receipt: Receipt, defects: list[BundleDefect]) -
         if doc is None:
             continue
         count += 1
-        found = schema_defects(doc, rel, "kvprobe.probe-output") if kind == "probe" else test_run_defects(doc, rel)
+        found = probe_output_defects(doc, rel) if kind == "probe" else test_run_defects(doc, rel)
         if _append(defects, found):
             bundle.raw_docs[rel] = doc
     return count
@@ -382,9 +383,36 @@ def _read_probe_outputs(
         doc = read_json(bundle, rel, defects)
         if doc is not None:
             count += 1
-            if _append(defects, schema_defects(doc, rel, "kvprobe.probe-output")):
+            if _append(defects, probe_output_defects(doc, rel)):
                 bundle.raw_docs[rel] = doc
     return count
+
+
+NOT_PRESENT_ERROR = "kvprobe_probe.NotPresent"  # probe_api: the only error a not-present case records
+
+
+def probe_output_defects(doc: Any, rel: str) -> list[BundleDefect]:
+    """The probe output passes its schema, and each not-present case is what the probe API
+    writes of one: raised NotPresent (never CannotObserve, the probe API's "this env cannot
+    import the release", nor any set-up error), its reason naming exactly its ``missing``. A
+    case whose own error record says otherwise is no evidence of absence."""
+    found = schema_defects(doc, rel, "kvprobe.probe-output")
+    if found:
+        return found
+    for i, case in enumerate(doc["cases"]):
+        if case.get("observation") != "not-present":
+            continue
+        said = "not present in this release: " + ", ".join(case["missing"])
+        error = case["error"]
+        if error["type"] != NOT_PRESENT_ERROR or case["reason"] != said:
+            found.append(
+                RawInvalid(
+                    rel,
+                    f"cases[{i}] ({case['name']}) is not-present, but its error is {error['type'][:100]!r} "
+                    f"({error['message'][:200]!r}), not {NOT_PRESENT_ERROR} with a reason naming what it lacks",
+                )
+            )
+    return found
 
 
 _TEST_RUN_KEYS = {"schema", "path", "side", "exit_code", "timed_out", "overlay", "problem", "report"}

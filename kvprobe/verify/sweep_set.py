@@ -117,6 +117,17 @@ def _span(versions: list[str]) -> str:
     return f"{len(versions)} versions, {versions[0]} .. {versions[-1]}"
 
 
+def ships_profile(name: str) -> bool:
+    """Whether ``name`` is a dependency profile kvprobe ships: only then did verify hold a sweep
+    receipt's ``serves`` and ``serves_why`` to kvprobe's own words."""
+    try:
+        with builtin_search_path():
+            load_profile(name)
+    except ExperimentError:
+        return False
+    return True
+
+
 def _profile_defects(receipt: SweepReceipt, notes: list[str]) -> list[BundleDefect]:
     """The profile's ``serves`` decides what is not run: it must be the installed profile's, and
     so must its ``serves_why`` where the receipt states one (receipts before it state none)."""
