@@ -361,6 +361,24 @@ def copy_committed(src: Path, sandbox: Sandbox, name: str | None = None) -> Path
     return forge.copy(src, sandbox.inputs / (name or src.name))
 
 
+def reseal_sweep(bundle: Path, receipt: dict) -> None:
+    """Write an edited sweep ``receipt`` back with all a forger can re-derive from it (the
+    summary, the observed range, README.md, the timeline, the hashes): a genuine resealed
+    bundle, which only verify's later steps can tell from a published one."""
+    from kvprobe.evidence.sweep_view import TIMELINE, recomputed_range, render_readme, timeline_svg
+    from kvprobe.model.sweep_receipt import SweepReceipt
+    from kvprobe.rules.sweep_classification import summary
+
+    typed = SweepReceipt.from_json(receipt)  # the edit keeps the schema
+    receipt["summary"] = summary(typed.releases)
+    receipt["observed"] = recomputed_range(typed).to_json()
+    (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
+    resealed = SweepReceipt.from_json(receipt)
+    (bundle / "README.md").write_text(render_readme(resealed), encoding="utf-8")
+    (bundle / TIMELINE).write_text(timeline_svg(resealed), encoding="utf-8")
+    forge.rehash(bundle)
+
+
 def rename_experiment(bundle: Path, new_id: str) -> None:
     """Make a committed bundle name an experiment kvprobe does not ship (same probes, new id)."""
     old_id = forge.load(bundle, "receipt.json")["experiment"]["id"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import forge
-from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed, line_naming
+from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed, line_naming, reseal_sweep
 
 pytestmark = pytest.mark.attack
 
@@ -112,11 +112,9 @@ FIXED_CASE = "result.aborted_final"
 
 def _reobserve(bundle: Path, outputs: dict[str, dict]) -> None:
     """Give releases other raw outputs (``{version: probe output}``) and re-derive all a sweep
-    writer derives from them: the classification, the summary, the observed range, README.md,
-    the timeline and the hashes. The bundle stays self-consistent."""
-    from kvprobe.evidence.sweep_view import TIMELINE, recomputed_range, render_readme, timeline_svg
-    from kvprobe.model.sweep_receipt import SweepReceipt
-    from kvprobe.rules.sweep_classification import classify_release, summary
+    writer derives from them: the classification, then what harness.reseal_sweep re-derives.
+    The bundle stays self-consistent."""
+    from kvprobe.rules.sweep_classification import classify_release
 
     receipt = forge.load(bundle, "receipt.json")
     for release in receipt["releases"]:
@@ -127,14 +125,7 @@ def _reobserve(bundle: Path, outputs: dict[str, dict]) -> None:
         (bundle / probe["raw"]["path"]).write_bytes(forge.dumps(doc))
         probe["raw"]["sha256"] = forge.sha((bundle / probe["raw"]["path"]).read_bytes())
         release["classification"] = classify_release(receipt["expectations"], {probe["name"]: doc}, {})
-    typed = SweepReceipt.from_json(receipt)
-    receipt["summary"] = summary(typed.releases)
-    receipt["observed"] = recomputed_range(typed).to_json()
-    (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
-    resealed = SweepReceipt.from_json(receipt)
-    (bundle / "README.md").write_text(render_readme(resealed), encoding="utf-8")
-    (bundle / TIMELINE).write_text(timeline_svg(resealed), encoding="utf-8")
-    forge.rehash(bundle)
+    reseal_sweep(bundle, receipt)
 
 
 @pytest.fixture

@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.evidence.sweep_view import TIMELINE, recomputed_range, render_readme, timeline_svg
-from kvprobe.model.sweep_receipt import SweepReceipt
+from kvprobe.evidence.sweep_view import TIMELINE
 from kvprobe.resources import builtin_probes_dir
-from kvprobe.rules.sweep_classification import summary
 from tests import forge
-from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed
+from tests.attacks.harness import COMMITTED, assert_outcome, copy_committed, reseal_sweep
 
 pytestmark = pytest.mark.attack
 
@@ -27,18 +25,10 @@ RELEASE = "0.5.20"
 
 
 def _rederive(bundle: Path, change) -> None:
-    """Edit the sweep receipt, then re-derive all a forger can (the summary, the observed
-    range), re-render README.md and the timeline and re-hash: a genuine resealed bundle."""
+    """Edit the sweep receipt, then reseal it as a genuine writer would (harness.reseal_sweep)."""
     receipt = forge.load(bundle, "receipt.json")
     change(receipt)
-    typed = SweepReceipt.from_json(receipt)  # the edit keeps the schema: only later steps can tell
-    receipt["summary"] = summary(typed.releases)
-    receipt["observed"] = recomputed_range(typed).to_json()
-    (bundle / "receipt.json").write_bytes(forge.dumps(receipt))
-    resealed = SweepReceipt.from_json(receipt)
-    (bundle / "README.md").write_text(render_readme(resealed), encoding="utf-8")
-    (bundle / TIMELINE).write_text(timeline_svg(resealed), encoding="utf-8")
-    forge.rehash(bundle)
+    reseal_sweep(bundle, receipt)
 
 
 @pytest.fixture
