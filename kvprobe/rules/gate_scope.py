@@ -32,51 +32,44 @@ class Statement:
     limits: tuple[str, ...]
 
 
+# Sentences more than one version wrote, word for word.
+_SHOWS_AB = (
+    "What this deployment's own startup logs, server arguments and SGLang code say about the "
+    "four acceptance gates, and how the experiment A/B probes behave on that code (CPU, "
+    "mocked transport)."
+)
+_NO_EXPOSURE = "that no cross-request KV exposure happened or can happen: nothing here serves a request"
+_TRANSPORT_AB = "GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler"
+_DEFERRED_ENV = (
+    "settings the process really ran with beyond what its log and the given files show: no "
+    "SGLang release logs SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, so deferred "
+    "release is seen only in an environment given with --env (or an args file's env object)"
+)
+_LOGS_NOT_COPIED = (
+    "operator logs and argument files are not copied into the bundle: their sha256 and the deciding lines are"
+)
+
 # By the version's number: the words kvprobe wrote under it (/1 and /2 wrote the same).
 _BY_NUMBER: dict[str, Statement] = {
     "2": Statement(
-        shows=(
-            "What this deployment's own startup logs, server arguments and SGLang code say about the "
-            "four acceptance gates, and how the experiment A/B probes behave on that code (CPU, "
-            "mocked transport)."
-        ),
+        shows=_SHOWS_AB,
         does_not_show=(
-            ("that no cross-request KV exposure happened or can happen: nothing here serves a request"),
-            ("GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler"),
-            (
-                "settings the process really ran with beyond what its log and the given files show "
-                "(environment variables are seen only when given)"
-            ),
+            _NO_EXPOSURE,
+            _TRANSPORT_AB,
+            "settings the process really ran with beyond what its log and the given files show "
+            "(environment variables are seen only when given)",
         ),
         limits=(
-            ("fix markers are code patterns measured on 0.5.19..0.5.22; a refactor may read as unknown"),
-            (
-                "operator logs and argument files are not copied into the bundle: their sha256 and the "
-                "deciding lines are"
-            ),
+            "fix markers are code patterns measured on 0.5.19..0.5.22; a refactor may read as unknown",
+            _LOGS_NOT_COPIED,
         ),
     ),
     "3": Statement(
-        shows=(
-            "What this deployment's own startup logs, server arguments and SGLang code say about the "
-            "four acceptance gates, and how the experiment A/B probes behave on that code (CPU, "
-            "mocked transport)."
-        ),
-        does_not_show=(
-            ("that no cross-request KV exposure happened or can happen: nothing here serves a request"),
-            ("GPU, RDMA or transport behaviour: gate 2 probes mock the KV transport, pools and scheduler"),
-            (
-                "settings the process really ran with beyond what its log and the given files show: no "
-                "SGLang release logs SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, so deferred "
-                "release is seen only in an environment given with --env (or an args file's env object)"
-            ),
-        ),
+        shows=_SHOWS_AB,
+        does_not_show=(_NO_EXPOSURE, _TRANSPORT_AB, _DEFERRED_ENV),
         limits=(
-            ("fix markers are code patterns measured on 0.5.13..0.5.23; a refactor may read as unknown"),
-            (
-                "operator logs and argument files are not copied into the bundle: their sha256 and the "
-                "deciding lines are"
-            ),
+            "fix markers are code patterns measured on 0.5.13..0.5.23; a refactor may read as unknown",
+            _LOGS_NOT_COPIED,
         ),
     ),
     "4": Statement(
@@ -86,26 +79,15 @@ _BY_NUMBER: dict[str, Statement] = {
             "(CPU, mocked transport): A/B for gate 2, F for gate 3, C/D/E for gate 4."
         ),
         does_not_show=(
-            ("that no cross-request KV exposure happened or can happen: nothing here serves a request"),
-            (
-                "GPU, RDMA or transport behaviour: the gates' probes mock the KV transport, pools and "
-                "scheduler (gate 3's checksum digest is a CPU stand-in for SGLang's CUDA kernel)"
-            ),
-            (
-                "settings the process really ran with beyond what its log and the given files show: no "
-                "SGLang release logs SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, so deferred "
-                "release is seen only in an environment given with --env (or an args file's env object)"
-            ),
+            _NO_EXPOSURE,
+            "GPU, RDMA or transport behaviour: the gates' probes mock the KV transport, pools and "
+            "scheduler (gate 3's checksum digest is a CPU stand-in for SGLang's CUDA kernel)",
+            _DEFERRED_ENV,
         ),
         limits=(
-            (
-                "fix markers are code patterns measured on 0.5.13..0.5.23, supporting detail only; a "
-                "refactor may read as unknown"
-            ),
-            (
-                "operator logs and argument files are not copied into the bundle: their sha256 and the "
-                "deciding lines are"
-            ),
+            "fix markers are code patterns measured on 0.5.13..0.5.23, supporting detail only; a "
+            "refactor may read as unknown",
+            _LOGS_NOT_COPIED,
         ),
     ),
 }
