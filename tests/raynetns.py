@@ -101,20 +101,19 @@ def main(config_path: str) -> None:
         )  # fmt: skip
     try:
         _wait_ready(ray_bin, address, env, 120)
-        cli = _out(
-            [sys.executable, "-m", "kvprobe", "sweep", "scrub-sweep", "--releases", "1.0..2.1",
-             "--executor", "ray", "--address", address, "--unit-timeout", str(config["unit_timeout"]),
-             "--out", config["out_cli"], "--json"],
-            600, env=env,
-        )  # fmt: skip
-        results["cli"] = {"rc": cli.returncode, "stdout": cli.stdout, "stderr": cli.stderr[-4000:]}
-        again = _out(  # the units the first sweep kept: looked up, checked and reused, none sent
-            [sys.executable, "-m", "kvprobe", "sweep", "scrub-sweep", "--releases", "1.0,1.1,2.0,2.1",
-             "--executor", "ray", "--address", address, "--unit-timeout", str(config["unit_timeout"]),
-             "--out", config["out_again"], "--json"],
-            600, env=env,
-        )  # fmt: skip
-        results["again"] = {"rc": again.returncode, "stdout": again.stdout, "stderr": again.stderr[-4000:]}
+
+        def sweep(releases: str, out: str) -> dict:
+            done = _out(
+                [sys.executable, "-m", "kvprobe", "sweep", "scrub-sweep", "--releases", releases,
+                 "--executor", "ray", "--address", address, "--unit-timeout", str(config["unit_timeout"]),
+                 "--out", out, "--json"],
+                600, env=env,
+            )  # fmt: skip
+            return {"rc": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-4000:]}
+
+        results["cli"] = sweep("1.0..2.1", config["out_cli"])
+        # the units the first sweep kept: looked up, checked and reused, none sent
+        results["again"] = sweep("1.0,1.1,2.0,2.1", config["out_again"])
         results["ss"] = _out(["ss", "-ltnp"], 10).stdout
         results["tampered"] = _tampered_sweep(address, config)
     finally:
